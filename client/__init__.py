@@ -1,0 +1,32 @@
+"""The Isthmus client: `connect()`, slices, `jit`, `Buffer` futures.
+
+    import client as isthmus
+    c = isthmus.connect()
+    s = c.slice({"data": 2, "model": 2})
+    f = c.jit(layer, slice=s, in_specs=(P(None, "model"), P("data", None)), out_specs=P("data"))
+    y = f(w, x)        # a Buffer future
+    y.numpy()
+"""
+
+from client.buffer import Buffer
+from client.connection import Client, Slice, connect
+from client.devices import DeviceTable
+from client.jit import Function
+from client.transport import Unauthorized
+from ir import Conflict, InvalidArgument, IsthmusError, NotFound, RemoteError, Unavailable
+
+__all__ = [
+    "Buffer",
+    "Client",
+    "Conflict",
+    "DeviceTable",
+    "Function",
+    "InvalidArgument",
+    "IsthmusError",
+    "NotFound",
+    "RemoteError",
+    "Slice",
+    "Unauthorized",
+    "Unavailable",
+    "connect",
+]

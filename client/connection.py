@@ -1,0 +1,175 @@
+"""`connect()` and the `Client`: slices, buffers, jitted functions, device status."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from client.buffer import Buffer
+from client.devices import DeviceTable
+from client.jit import Function, as_array, leaf_specs
+from client.transport import Transport
+from ir import MeshAxes, NotFound, Spec, dtype_name
+
+DEFAULT_ADDRESS = "http://127.0.0.1:8470"
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("ISTHMUS_STATE_DIR") or Path.home() / ".isthmus")
+
+
+def find_token() -> str:
+    """`ISTHMUS_TOKEN`, else the token the local server wrote into its state dir."""
+    token = os.environ.get("ISTHMUS_TOKEN")
+    if token:
+        return token
+    path = state_dir() / "token"
+    if not path.exists():
+        raise NotFound(f"no token: set ISTHMUS_TOKEN or start a local server (it writes {path})")
+    return path.read_text().strip()
+
+
+class Slice:
+    """A virtual slice: named mesh axes mapped by the server onto physical devices."""
+
+    def __init__(self, client: Client, record: dict[str, Any]) -> None:
+        self._client = client
+        self.id: str = record["id"]
+        self.mesh: dict[str, int] = dict(record["mesh"])
+        self.island: str = record["island"]
+        self.hosts: list[str] = record["hosts"]
+        self.device_ids: list[int] = record["device_ids"]
+        self.platform: str = record["platform"]
+
+    @property
+    def mesh_axes(self) -> MeshAxes:
+        return MeshAxes.of(self.mesh)
+
+    @property
+    def size(self) -> int:
+        return self.mesh_axes.size
+
+    @property
+    def export_platform(self) -> str:
+        return {"gpu": "cuda"}.get(self.platform, self.platform)
+
+    def delete(self) -> None:
+        self._client._transport.request("DELETE", f"/v1/slices/{self.id}")
+
+    def __repr__(self) -> str:
+        return f"Slice({self.id}, {self.mesh}, island={self.island}, devices={self.device_ids})"
+
+
+class Client:
+    def __init__(self, address: str, token: str, name: str = "", timeout: float = 600.0) -> None:
+        self._transport = Transport(address, token, timeout)
+        self._released: list[str] = []
+        self._lock = threading.Lock()
+        record = self._transport.json("POST", "/v1/clients", json={"name": name})
+        self.id: str = record["id"]
+        self._transport.client_id = self.id
+        self._closed = False
+
+    # -- buffers a program dropped are freed with the next request ---------------------------
+
+    def _release(self, buffer_id: str) -> None:
+        with self._lock:
+            self._released.append(buffer_id)
+
+    def _take_released(self) -> list[str]:
+        with self._lock:
+            ids, self._released = self._released, []
+        return ids
+
+    def _flush(self) -> None:
+        ids = self._take_released()
+        if ids and not self._closed:
+            self._transport.request("POST", "/v1/buffers/delete", json={"ids": ids})
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        self._flush()
+        return self._transport.json(method, path, **kwargs)
+
+    # -- API -------------------------------------------------------------------------------
+
+    def devices(self) -> DeviceTable:
+        """Islands, hosts and devices, with their status and load."""
+        return DeviceTable(self._json("GET", "/v1/islands"), self._json("GET", "/v1/devices"))
+
+    def slice(self, mesh: dict[str, int], island: str | None = None,
+              device_kind: str | None = None) -> Slice:
+        """Ask for a virtual slice with these named mesh axes, e.g. {"data": 2, "model": 2}."""
+        body = {"mesh": mesh, "island": island, "device_kind": device_kind}
+        return Slice(self, self._json("POST", "/v1/slices", json=body))
+
+    def put(self, tree: Any, slice: Slice, spec: Any = None) -> Any:
+        """Upload arrays (a pytree) onto a slice; `spec` is one spec or a pytree prefix."""
+        leaves, treedef = jax.tree_util.tree_flatten(tree)
+        specs = leaf_specs(spec, tree, "specs")
+        bufs = [self._upload(as_array(x)[0], slice, s) for x, s in zip(leaves, specs, strict=True)]
+        return jax.tree_util.tree_unflatten(treedef, bufs)
+
+    def _upload(self, array: np.ndarray, slice: Slice, spec: Spec) -> Buffer:
+        self._flush()
+        params = {"slice_id": slice.id, "dtype": dtype_name(array.dtype),
+                  "shape": ",".join(map(str, array.shape)), "spec": _json_spec(spec)}
+        record = self._transport.json(
+            "POST", "/v1/buffers", params=params, content=np.ascontiguousarray(array).tobytes(),
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        return Buffer(self, record)
+
+    def _call(self, computation_id: str, inputs: list[str]) -> list[Buffer]:
+        body = {"computation_id": computation_id, "inputs": inputs,
+                "release": self._take_released()}
+        record = self._transport.json("POST", "/v1/calls", json=body)
+        return [Buffer(self, o) for o in record["outputs"]]
+
+    def jit(self, fn: Callable[..., Any] | None = None, *, slice: Slice, in_specs: Any = None,
+            out_specs: Any = None, name: str | None = None) -> Any:
+        """Compile `fn` for `slice`; use directly or as a decorator. See `client.jit`."""
+        if fn is None:
+            return lambda f: Function(self, f, slice, in_specs, out_specs, name)
+        return Function(self, fn, slice, in_specs, out_specs, name)
+
+    def buffers(self) -> list[dict[str, Any]]:
+        """The server's records of this client's live buffers."""
+        return self._json("GET", "/v1/buffers")
+
+    def close(self) -> None:
+        """Free every buffer and slice of this client on the server."""
+        if self._closed:
+            return
+        try:
+            self._transport.request("DELETE", f"/v1/clients/{self.id}")
+        finally:
+            self._closed = True
+            self._transport.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _json_spec(spec: Spec) -> str:
+    import json
+
+    return json.dumps(spec.to_json())
+
+
+def connect(address: str | None = None, token: str | None = None, name: str = "") -> Client:
+    """Connect to an Isthmus server (default: `ISTHMUS_ADDRESS`, else the local one)."""
+    address = address or os.environ.get("ISTHMUS_ADDRESS") or DEFAULT_ADDRESS
+    return Client(address, token or find_token(), name=name)
+
+
+__all__ = ["Client", "PartitionSpec", "Slice", "connect"]

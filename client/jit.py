@@ -1,0 +1,127 @@
+"""`Client.jit`: export a JAX function for a slice, register it once per signature, call it.
+
+Arguments and results are pytrees. The function is exported over flat leaves with
+`jax.export` against the slice's `AbstractMesh`, so the client needs no accelerator; the
+tree structure stays here. `in_specs` / `out_specs` are either one spec for every leaf or a
+pytree prefix of the arguments / results, as in `jax.jit`'s shardings.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
+
+from client.buffer import Buffer
+from ir import Aval, InvalidArgument, Spec, dtype_name
+
+if TYPE_CHECKING:
+    from client.connection import Client, Slice
+
+Signature = tuple[Any, tuple[tuple[tuple[int, ...], str, bool], ...]]
+
+
+def _is_spec(x: Any) -> bool:
+    return x is None or isinstance(x, PartitionSpec)
+
+
+def leaf_specs(specs: Any, tree: Any, what: str) -> list[Spec]:
+    """One `Spec` per leaf of `tree`, from one spec or a pytree prefix of specs."""
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+    if _is_spec(specs):
+        return [Spec.of(specs)] * len(paths)
+    spec_leaves, spec_tree = jax.tree_util.tree_flatten(specs, is_leaf=_is_spec)
+    try:
+        subtrees = spec_tree.flatten_up_to(tree)
+    except (ValueError, TypeError) as e:
+        raise InvalidArgument(f"{what}: not a prefix of the structure {what[:-6]}: {e}") from None
+    out: list[Spec] = []
+    for spec, sub in zip(spec_leaves, subtrees, strict=True):
+        out += [Spec.of(spec)] * len(jax.tree_util.tree_leaves(sub))
+    return out
+
+
+def as_array(x: Any) -> tuple[np.ndarray, bool]:
+    """A leaf as a numpy array of JAX's canonical dtype, and whether it is weakly typed."""
+    weak = isinstance(x, int | float | complex) and not isinstance(x, bool)
+    array = np.asarray(x)
+    return array.astype(jax.dtypes.canonicalize_dtype(array.dtype), copy=False), weak
+
+
+class Function:
+    def __init__(self, client: Client, fn: Callable[..., Any], slice: Slice,
+                 in_specs: Any = None, out_specs: Any = None, name: str | None = None) -> None:
+        self._client = client
+        self.fn = fn
+        self.slice = slice
+        self.in_specs = in_specs
+        self.out_specs = out_specs
+        self.name = name or getattr(fn, "__name__", "computation")
+        self._cache: dict[Signature, tuple[str, Any, list[Spec]]] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        leaves, in_tree = jax.tree_util.tree_flatten(args)
+        arrays: list[Buffer | tuple[np.ndarray, bool]] = [
+            x if isinstance(x, Buffer) else as_array(x) for x in leaves
+        ]
+        sig: Signature = (in_tree, tuple(
+            (a.shape, a.aval.dtype, False) if isinstance(a, Buffer)
+            else (a[0].shape, dtype_name(a[0].dtype), a[1])
+            for a in arrays
+        ))
+        if sig not in self._cache:
+            self._cache[sig] = self._register(args, in_tree, sig[1])
+        computation_id, out_tree, in_specs = self._cache[sig]
+        # Uploads stay referenced until the call is sent, so their release comes after it.
+        inputs = [x if isinstance(x, Buffer) else self._client._upload(x[0], self.slice, spec)
+                  for x, spec in zip(arrays, in_specs, strict=True)]
+        outs = self._client._call(computation_id, [b.id for b in inputs])
+        return jax.tree_util.tree_unflatten(out_tree, outs)
+
+    def _register(self, args: Any, in_tree: Any,
+                  leaves: Sequence[tuple[tuple[int, ...], str, bool]]) -> tuple[str, Any, list[Spec]]:
+        s = self.slice
+        mesh = AbstractMesh(tuple(s.mesh.values()), tuple(s.mesh))
+        in_specs = leaf_specs(self.in_specs, args, "in_specs")
+        avals = [jax.ShapeDtypeStruct(shape, np.dtype(dtype) if dtype != "bfloat16"
+                                      else jax.numpy.bfloat16, weak_type=weak)
+                 for shape, dtype, weak in leaves]
+        axes = s.mesh_axes
+        for i, (spec, a) in enumerate(zip(in_specs, avals, strict=True)):
+            spec.check(Aval(tuple(a.shape), dtype_name(a.dtype)), axes, f"in_specs (leaf {i})")
+        out_tree_box: list[Any] = []
+
+        def flat(*flat_args: Any) -> tuple[Any, ...]:
+            out = self.fn(*jax.tree_util.tree_unflatten(in_tree, list(flat_args)))
+            out_leaves, out_tree = jax.tree_util.tree_flatten(out)
+            out_tree_box[:] = [out_tree]
+            return tuple(out_leaves)
+
+        shapes = jax.eval_shape(flat, *avals)
+        out_tree = out_tree_box[0]
+        out_example = jax.tree_util.tree_unflatten(out_tree, list(shapes))
+        out_specs = leaf_specs(self.out_specs, out_example, "out_specs")
+        for i, (spec, a) in enumerate(zip(out_specs, shapes, strict=True)):
+            spec.check(Aval(tuple(a.shape), dtype_name(a.dtype)), axes, f"out_specs (leaf {i})")
+
+        def sharding(spec: Spec) -> NamedSharding:
+            return NamedSharding(mesh, PartitionSpec(*spec.entries))
+
+        jitted = jax.jit(flat, in_shardings=tuple(map(sharding, in_specs)),
+                         out_shardings=tuple(map(sharding, out_specs)))
+        exported = jax.export.export(jitted, platforms=[s.export_platform])(*avals)
+        record = self._client._transport.json("POST", "/v1/computations", json={
+            "slice_id": s.id,
+            "artifact": base64.b64encode(exported.serialize()).decode(),
+            "in_specs": [sp.to_json() for sp in in_specs],
+            "out_specs": [sp.to_json() for sp in out_specs],
+            "name": self.name,
+        })
+        return record["id"], out_tree, in_specs
+
+    def __repr__(self) -> str:
+        return f"isthmus.Function({self.name} on {self.slice.id})"

@@ -1,0 +1,9 @@
+"""Per-host executors: Ray actors that own devices, compile artifacts and hold buffers.
+
+This is the only package that imports Ray.
+"""
+
+from executors.host import Host, Placement
+from executors.pool import ExecutorPool, RayOptions
+
+__all__ = ["ExecutorPool", "Host", "Placement", "RayOptions"]

@@ -1,0 +1,59 @@
+"""Turn a serialized `jax.export` artifact into an executable on concrete local devices.
+
+The artifact was exported by the client against an `AbstractMesh`; here the slice's
+physical devices give the concrete `Mesh` of the same axes. The shardings the client
+declared must be the ones the artifact carries, or compiling fails with both named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from ir import Spec
+
+
+def make_mesh(device_indices: Sequence[int], axes: Sequence[tuple[str, int]]) -> Mesh:
+    local = jax.local_devices()
+    devices = np.array([local[i] for i in device_indices], dtype=object)
+    return Mesh(devices.reshape([s for _, s in axes]), tuple(n for n, _ in axes))
+
+
+def named(mesh: Mesh, spec: Spec) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec(*spec.entries))
+
+
+def compile_artifact(
+    artifact: bytes, mesh: Mesh, in_specs: Sequence[Spec], out_specs: Sequence[Spec]
+) -> Callable[..., Any]:
+    """Deserialize, check the declared shardings against the artifact, and compile."""
+    exported = jax.export.deserialize(bytearray(artifact))
+    in_sh = [named(mesh, s) for s in in_specs]
+    out_sh = [named(mesh, s) for s in out_specs]
+    if len(in_sh) != len(exported.in_avals) or len(out_sh) != len(exported.out_avals):
+        raise ValueError(
+            f"declared {len(in_sh)} inputs / {len(out_sh)} outputs; the artifact has "
+            f"{len(exported.in_avals)} / {len(exported.out_avals)}"
+        )
+    _check_shardings("input", exported.in_shardings_jax(mesh), in_sh, exported.in_avals)
+    _check_shardings("output", exported.out_shardings_jax(mesh), out_sh, exported.out_avals)
+    jitted = jax.jit(exported.call, in_shardings=tuple(in_sh), out_shardings=tuple(out_sh))
+    args = [
+        jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
+        for a, s in zip(exported.in_avals, in_sh, strict=True)
+    ]
+    return jitted.lower(*args).compile()
+
+
+def _check_shardings(what: str, carried: Sequence[Any], declared: Sequence[NamedSharding],
+                     avals: Sequence[Any]) -> None:
+    for i, (c, d, aval) in enumerate(zip(carried, declared, avals, strict=True)):
+        if c is not None and not c.is_equivalent_to(d, len(aval.shape)):
+            raise ValueError(
+                f"{what} {i}: the artifact is sharded {getattr(c, 'spec', c)}, "
+                f"but {d.spec} was declared"
+            )

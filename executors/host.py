@@ -1,0 +1,258 @@
+"""One executor per host: the body of the Ray actor that owns a host's devices.
+
+Contract:
+- Every request that touches the buffer store carries a sequence number, given by the
+  server per host, and the host executes requests strictly in that order on one dispatch
+  thread, whatever order they arrive in. Because the server numbers requests in one global
+  order, hosts never wait on each other in a cycle; and because each computation is
+  complete before the next starts, XLA's CPU collectives never see two exported programs
+  in flight at once (where they can deadlock).
+- Buffers are futures: a consumer waits for its producer; readers await without blocking
+  the actor's event loop.
+- A failure never hangs: a failed computation fails its outputs with the remote traceback,
+  and every computation reading a failed buffer fails with the same cause.
+
+The class is plain Python (no Ray); `executors.pool` wraps it in a Ray actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+
+from executors.compile import compile_artifact, make_mesh, named
+from executors.store import BufferStore, Failure
+from ir import Spec, parse_dtype
+
+Placement = tuple[tuple[int, ...], tuple[tuple[str, int], ...]]  # local device indices, axes
+Settled = tuple[str, Any]  # ("ready", value) or ("failed", cause)
+
+
+def _cause() -> str:
+    return traceback.format_exc(limit=8)
+
+
+class Host:
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.store = BufferStore()
+        self._executables: dict[str, Future[Any]] = {}
+        self._ops: dict[int, Callable[[], None]] = {}
+        self._next = 0
+        self._cond = threading.Condition()
+        self._completed = 0
+        self._running: str | None = None
+        self._busy_s = 0.0
+        self._closed = False
+        self._thread = threading.Thread(target=self._dispatch, name=f"dispatch-{host}", daemon=True)
+        self._thread.start()
+
+    # -- inventory -------------------------------------------------------------------------
+
+    def info(self) -> list[dict[str, Any]]:
+        import jax
+
+        out = []
+        for d in jax.local_devices():
+            stats = d.memory_stats() if hasattr(d, "memory_stats") else None
+            memory = (stats or {}).get("bytes_limit")
+            out.append({"platform": d.platform, "kind": d.device_kind, "memory_bytes": memory})
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        with self._cond:
+            queued = len(self._ops)
+        return {
+            "host": self.host,
+            "queued": queued,
+            "completed": self._completed,
+            "running": self._running,
+            "buffers": len(self.store),
+            "busy_s": self._busy_s,
+        }
+
+    # -- the dispatch thread ---------------------------------------------------------------
+
+    def _submit(self, seq: int, op: Callable[[], None]) -> None:
+        with self._cond:
+            self._ops[seq] = op
+            self._cond.notify()
+
+    def _dispatch(self) -> None:
+        while True:
+            with self._cond:
+                while self._next not in self._ops and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                op = self._ops.pop(self._next)
+                self._next += 1
+            start = time.perf_counter()
+            try:
+                op()
+            finally:
+                self._busy_s += time.perf_counter() - start
+                self._completed += 1
+                self._running = None
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def skip(self, seq: int) -> None:
+        """Fill a sequence number whose request could not be sent."""
+        self._submit(seq, lambda: None)
+
+    # -- compile (not sequenced: a call waits for its executable) -----------------------------
+
+    def _executable(self, key: str) -> Future[Any]:
+        return self._executables.setdefault(key, Future())
+
+    async def compile(
+        self, key: str, artifact: bytes, placement: Placement,
+        in_specs: list[Any], out_specs: list[Any],
+    ) -> str | None:
+        """Compile once per key; return None when ready, else the compiler's message."""
+        fut = self._executable(key)
+        if not fut.done() and not getattr(fut, "building", False):
+            fut.building = True  # type: ignore[attr-defined]
+            devices, axes = placement
+            ins = [Spec.from_json(s) for s in in_specs]
+            outs = [Spec.from_json(s) for s in out_specs]
+
+            def build() -> None:
+                try:
+                    fut.set_result(compile_artifact(artifact, make_mesh(devices, axes), ins, outs))
+                except Exception as e:  # the compiler's message is the user's answer
+                    fut.set_exception(Failure(f"compiling failed: {type(e).__name__}: {e}"))
+
+            await asyncio.to_thread(build)
+        try:
+            await asyncio.wrap_future(fut)
+        except Failure as f:
+            return f.cause
+        return None
+
+    # -- sequenced requests ------------------------------------------------------------------
+
+    def put(self, seq: int, buffer_id: str, data: bytes, dtype: str, shape: Sequence[int],
+            placement: Placement, spec: Any) -> None:
+        def op() -> None:
+            try:
+                array = np.frombuffer(data, dtype=parse_dtype(dtype)).reshape(shape)
+                self.store.set(buffer_id, self._place(array, placement, spec))
+            except Exception:
+                self.store.fail(buffer_id, Failure(f"upload of {buffer_id} failed:\n{_cause()}"))
+
+        self._submit(seq, op)
+
+    def _place(self, array: Any, placement: Placement, spec: Any) -> Any:
+        import jax
+
+        devices, axes = placement
+        sharding = named(make_mesh(devices, axes), Spec.from_json(spec))
+        return jax.block_until_ready(jax.device_put(array, sharding))
+
+    def call(self, seq: int, key: str, inputs: Sequence[str], outputs: Sequence[str],
+             label: str) -> None:
+        self._submit(seq, lambda: self._call(key, list(inputs), list(outputs), label))
+
+    def _call(self, key: str, inputs: list[str], outputs: list[str], label: str) -> None:
+        import jax
+
+        self._running = label
+        try:
+            exe = self._executable(key).result()
+            args = [self.store.value(b) for b in inputs]
+            shardings = exe.input_shardings[0]
+            args = [
+                a if a.sharding.is_equivalent_to(s, a.ndim) else jax.device_put(a, s)
+                for a, s in zip(args, shardings, strict=True)
+            ]
+            results = jax.block_until_ready(exe(*args))
+        except Failure as f:
+            failure = f
+        except Exception:
+            failure = Failure(f"{label} failed on host {self.host}:\n{_cause()}")
+        else:
+            for b, r in zip(outputs, results, strict=True):
+                self.store.set(b, r)
+            return
+        for b in outputs:
+            self.store.fail(b, failure)
+
+    async def receive(self, seq: int, buffer_id: str, source: list[Any], placement: Placement,
+                      spec: Any) -> None:
+        """Take a buffer sent by another host through the object store (DCN).
+
+        `source` holds the sender's ObjectRef inside a list, so Ray hands it over unresolved
+        and this request is not held back until the data exists.
+        """
+        loop = asyncio.get_running_loop()
+
+        def op() -> None:
+            self.store.reserve(buffer_id)
+            asyncio.run_coroutine_threadsafe(self._receive(buffer_id, source[0], placement, spec),
+                                             loop)
+
+        self._submit(seq, op)
+
+    async def _receive(self, buffer_id: str, ref: Any, placement: Placement, spec: Any) -> None:
+        try:
+            state, value = await ref
+            if state == "failed":
+                raise Failure(value)
+            placed = await asyncio.to_thread(self._place, value, placement, spec)
+            self.store.set(buffer_id, placed)
+        except Failure as f:
+            self.store.fail(buffer_id, f)
+        except Exception:
+            self.store.fail(buffer_id, Failure(f"transfer into {buffer_id} failed:\n{_cause()}"))
+
+    async def _settled(self, seq: int, buffer_id: str, to_host: bool = True) -> Settled:
+        """The buffer (as a host numpy array if `to_host`), once its turn has come."""
+        taken: Future[Future[Any]] = Future()
+
+        def op() -> None:
+            try:
+                taken.set_result(self.store.future(buffer_id))
+            except Failure as f:
+                taken.set_exception(f)
+
+        self._submit(seq, op)
+        try:
+            value = await asyncio.wrap_future(await asyncio.wrap_future(taken))
+        except Failure as f:
+            return "failed", f.cause
+        return "ready", (await asyncio.to_thread(np.asarray, value)) if to_host else None
+
+    async def wait(self, seq: int, buffer_id: str) -> Settled:
+        """("ready", None) or ("failed", cause): settle a buffer without copying it."""
+        return await self._settled(seq, buffer_id, to_host=False)
+
+    async def send(self, seq: int, buffer_id: str) -> Settled:
+        """The sending side of a transfer: the result goes into Ray's object store."""
+        return await self._settled(seq, buffer_id)
+
+    async def fetch(self, seq: int, buffer_id: str) -> Settled:
+        """("ready", raw bytes) or ("failed", cause)."""
+        state, value = await self._settled(seq, buffer_id)
+        if state == "failed":
+            return state, value
+        return state, np.ascontiguousarray(value).tobytes()
+
+    def delete(self, seq: int, buffer_ids: Sequence[str]) -> None:
+        ids = list(buffer_ids)
+        self._submit(seq, lambda: self.store.delete(ids))
+
+    def states(self, buffer_ids: Sequence[str]) -> list[str]:
+        """Unsequenced: a buffer whose producer has not arrived yet reads as pending."""
+        return ["pending" if (s := self.store.state(b)) == "missing" else s for b in buffer_ids]

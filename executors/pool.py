@@ -1,0 +1,166 @@
+"""Start Ray and one executor actor per host, and give the server a Ray-free face.
+
+The server talks to hosts only through `ExecutorPool`: plain ids and bytes in, plain values
+or typed errors out. Calls that produce buffers are fire-and-forget and keep their
+submission order per host (Ray orders one caller's calls to one actor); reads are awaited
+with a deadline, so a dead host turns into `Unavailable` instead of a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from executors.host import Host, Placement
+from ir import RemoteError, Unavailable
+from resource_manager import ClusterSpec, DeviceReport, HostSpec
+
+log = logging.getLogger("isthmus.executors")
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    address: str | None = None  # None: start a local Ray owned by this process
+    num_cpus: int = 2
+    object_store_bytes: int = 1 << 30
+    namespace: str = "isthmus"
+
+
+def _actor_options(host: HostSpec) -> dict[str, Any]:
+    env = {"PYTHONUNBUFFERED": "1"}
+    if host.platform == "cpu":
+        env["JAX_PLATFORMS"] = "cpu"
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={host.num_devices}"
+        gpus = 0
+    else:
+        gpus = host.num_devices
+    # num_cpus=0: executors are long-lived and must never wait for a CPU slot.
+    return {
+        "num_cpus": 0,
+        "num_gpus": gpus,
+        "name": f"isthmus-host-{host.name}",
+        "runtime_env": {"env_vars": env},
+        "max_concurrency": 64,
+    }
+
+
+class ExecutorPool:
+    def __init__(self, handles: Mapping[str, Any], owns_ray: bool) -> None:
+        self._handles = dict(handles)
+        self._owns_ray = owns_ray
+        self._seq = {h: itertools.count() for h in handles}
+        self._lock = threading.Lock()
+
+    def _send(self, host: str, method: str, *args: Any) -> Any:
+        """Number the request in this host's order and send it; never leave a gap."""
+        handle = self._handles[host]
+        with self._lock:
+            seq = next(self._seq[host])
+            try:
+                return getattr(handle, method).remote(seq, *args)
+            except Exception:
+                handle.skip.remote(seq)
+                raise
+
+    @classmethod
+    async def start(cls, spec: ClusterSpec, options: RayOptions) -> ExecutorPool:
+        owns = options.address is None and not ray.is_initialized()
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {"namespace": options.namespace, "logging_level": "WARNING",
+                                      "log_to_driver": True}
+            if options.address is None:
+                kwargs |= {"num_cpus": options.num_cpus, "include_dashboard": False,
+                           "object_store_memory": options.object_store_bytes}
+            else:
+                kwargs["address"] = options.address
+            os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+            ray.init(**kwargs)
+        actor = ray.remote(Host)
+        handles = {h.name: actor.options(**_actor_options(h)).remote(h.name) for _, h in spec.hosts()}
+        return cls(handles, owns)
+
+    @property
+    def hosts(self) -> list[str]:
+        return list(self._handles)
+
+    async def _await(self, ref: Any, host: str, timeout: float | None, what: str) -> Any:
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout)
+        except TimeoutError:
+            raise Unavailable(f"host {host} did not answer {what} within {timeout:g}s") from None
+        except ray.exceptions.RayActorError as e:
+            raise Unavailable(f"host {host} is down: {e}") from None
+        except ray.exceptions.RayTaskError as e:
+            raise RemoteError(f"{what} on host {host} failed: {e}") from None
+
+    async def reports(self, timeout: float) -> dict[str, list[DeviceReport]]:
+        infos = await asyncio.gather(
+            *(self._await(h.info.remote(), n, timeout, "info") for n, h in self._handles.items())
+        )
+        return {
+            n: [DeviceReport(d["platform"], d["kind"], d["memory_bytes"]) for d in info]
+            for n, info in zip(self._handles, infos, strict=True)
+        }
+
+    async def compile(self, host: str, key: str, artifact: bytes, placement: Placement,
+                      in_specs: list[Any], out_specs: list[Any], timeout: float) -> str | None:
+        ref = self._handles[host].compile.remote(key, artifact, placement, in_specs, out_specs)
+        return await self._await(ref, host, timeout, f"compile {key}")
+
+    def put(self, host: str, buffer_id: str, data: bytes, dtype: str, shape: Sequence[int],
+            placement: Placement, spec: Any) -> None:
+        self._send(host, "put", buffer_id, data, dtype, list(shape), placement, spec)
+
+    def call(self, host: str, key: str, inputs: Sequence[str], outputs: Sequence[str],
+             label: str) -> None:
+        self._send(host, "call", key, list(inputs), list(outputs), label)
+
+    def transfer(self, src: str, buffer_id: str, dst: str, new_id: str, placement: Placement,
+                 spec: Any) -> None:
+        """Move a buffer host to host through Ray's object store, never through the server."""
+        ref = self._send(src, "send", buffer_id)
+        self._send(dst, "receive", new_id, [ref], placement, spec)
+
+    async def fetch(self, host: str, buffer_id: str, timeout: float) -> bytes:
+        state, value = await self._await(
+            self._send(host, "fetch", buffer_id), host, timeout, f"fetch {buffer_id}"
+        )
+        if state == "failed":
+            raise RemoteError(value)
+        return value
+
+    async def wait(self, host: str, buffer_id: str, timeout: float) -> None:
+        state, value = await self._await(
+            self._send(host, "wait", buffer_id), host, timeout, f"wait {buffer_id}"
+        )
+        if state == "failed":
+            raise RemoteError(value)
+
+    async def states(self, host: str, buffer_ids: Sequence[str], timeout: float) -> list[str]:
+        ref = self._handles[host].states.remote(list(buffer_ids))
+        return await self._await(ref, host, timeout, "states")
+
+    async def stats(self, host: str, timeout: float) -> dict[str, Any]:
+        return await self._await(self._handles[host].stats.remote(), host, timeout, "stats")
+
+    def delete(self, host: str, buffer_ids: Sequence[str]) -> None:
+        if buffer_ids:
+            self._send(host, "delete", list(buffer_ids))
+
+    def shutdown(self) -> None:
+        for h in self._handles.values():
+            try:
+                ray.kill(h)
+            except Exception as e:  # a host already gone is what shutdown wants
+                log.debug("kill: %s", e)
+        self._handles.clear()
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()

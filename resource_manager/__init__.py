@@ -1,0 +1,39 @@
+"""The resource manager: islands, hosts and devices; virtual slices placed on them.
+
+Pure: imports the standard library and `ir` only (pyyaml lazily, for YAML cluster files);
+no Ray, no JAX. It takes plain names and ids and returns plain values, so it is tested
+without either. Other packages import only from this module.
+
+- `cluster`: `ClusterSpec` (islands → hosts → device counts), `default_cluster`,
+  `load_cluster`.
+- `inventory`: `Device` (global id, island, host, host-local index), `DeviceReport`.
+- `slices`: `Slice`, a virtual mesh mapped one-to-one onto physical device ids.
+- `placement`: `place`, the pure placement heuristic.
+- `manager`: `ResourceManager`, the thread-safe state (inventory, slices, loads).
+"""
+
+from resource_manager.cluster import (
+    ClusterSpec,
+    HostSpec,
+    IslandSpec,
+    default_cluster,
+    load_cluster,
+)
+from resource_manager.inventory import Device, DeviceReport
+from resource_manager.manager import ResourceManager
+from resource_manager.placement import Placement, place
+from resource_manager.slices import Slice
+
+__all__ = [
+    "ClusterSpec",
+    "Device",
+    "DeviceReport",
+    "HostSpec",
+    "IslandSpec",
+    "Placement",
+    "ResourceManager",
+    "Slice",
+    "default_cluster",
+    "load_cluster",
+    "place",
+]

@@ -1,0 +1,48 @@
+"""What the server knows of each client, buffer and computation: control metadata only.
+
+Array data never lives here; it lives on the executors, keyed by the same ids.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+
+from ir import Aval, Spec
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(6)}"
+
+
+@dataclass
+class ClientRecord:
+    id: str
+    name: str
+    buffers: set[str] = field(default_factory=set)
+    computations: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class BufferRecord:
+    id: str
+    owner: str
+    slice_id: str
+    host: str
+    aval: Aval
+    spec: Spec
+
+
+@dataclass
+class ComputationRecord:
+    id: str
+    owner: str
+    slice_id: str
+    key: str  # the executable's cache key on the host: artifact hash @ devices
+    name: str
+    in_avals: tuple[Aval, ...]
+    out_avals: tuple[Aval, ...]
+    in_specs: tuple[Spec, ...]
+    out_specs: tuple[Spec, ...]
+    status: str = "pending"
+    message: str | None = None

@@ -1,0 +1,105 @@
+"""Buffers: upload raw bytes onto a slice, read state, download, free.
+
+Array data travels as raw little-endian bytes in C order (`application/octet-stream`);
+dtype, shape and partition spec travel beside it, never inside a pickle.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request, Response
+
+from ir import Aval, InvalidArgument, Spec
+from server.deps import ClientDep, ServiceDep
+from server.errors import PayloadTooLarge, UnsupportedMedia
+from server.records import BufferRecord
+from server.schemas import BufferIds, BufferPublic
+
+router = APIRouter(prefix="/v1/buffers", tags=["buffers"])
+OCTETS = "application/octet-stream"
+
+
+def public(rec: BufferRecord, state: str | None = None) -> BufferPublic:
+    return BufferPublic(id=rec.id, slice_id=rec.slice_id, shape=list(rec.aval.shape),
+                        dtype=rec.aval.dtype, spec=rec.spec.to_json(), state=state)
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in text.split(",")) if text.strip() else ()
+    except ValueError:
+        raise InvalidArgument(f"shape: expected comma-separated ints such as '4,8', got {text!r}") from None
+    if any(d < 0 for d in dims):
+        raise InvalidArgument(f"shape: dimensions must be >= 0, got {text!r}")
+    return dims
+
+
+def _spec(text: str) -> Spec:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        raise InvalidArgument(f"spec: not JSON: {text!r}; expected e.g. [null, \"model\"]") from None
+    return Spec.from_json(value)
+
+
+@router.post("", status_code=201)
+async def upload(
+    request: Request,
+    client: ClientDep,
+    service: ServiceDep,
+    slice_id: Annotated[str, Query(description="the slice that will hold the buffer")],
+    dtype: Annotated[str, Query(examples=["float32"])],
+    shape: Annotated[str, Query(description="comma-separated dims; empty for a scalar")] = "",
+    spec: Annotated[str, Query(description="JSON partition spec, e.g. [null, \"model\"]")] = "[]",
+    content_type: Annotated[str | None, Header()] = None,
+) -> BufferPublic:
+    if (content_type or "").split(";")[0].strip() != OCTETS:
+        raise UnsupportedMedia(
+            f"content-type: expected {OCTETS} (raw array bytes), got {content_type!r}"
+        )
+    aval = Aval(_shape(shape), dtype)
+    limit = service.settings.max_upload_mb << 20
+    if int(request.headers.get("content-length") or 0) > limit:
+        raise PayloadTooLarge(f"body: larger than the {service.settings.max_upload_mb} MiB limit")
+    data = await request.body()
+    return public(service.upload(client, slice_id, aval, _spec(spec), data))
+
+
+@router.get("")
+def list_buffers(client: ClientDep, service: ServiceDep) -> list[BufferPublic]:
+    return [public(service.buffers[b]) for b in sorted(client.buffers)]
+
+
+@router.get("/{buffer_id}")
+async def get_buffer(
+    buffer_id: str, client: ClientDep, service: ServiceDep,
+    wait: Annotated[bool, Query(description="wait until ready; a failure answers 424")] = False,
+) -> BufferPublic:
+    rec = service.buffer(client, buffer_id)
+    return public(rec, await (service.wait(rec) if wait else service.state(rec)))
+
+
+@router.get("/{buffer_id}/data", response_class=Response,
+            responses={200: {"content": {OCTETS: {}}}})
+async def download(buffer_id: str, client: ClientDep, service: ServiceDep) -> Response:
+    """Wait for the buffer and return its bytes; dtype and shape are in the headers."""
+    rec, data = await service.fetch(client, buffer_id)
+    return Response(content=data, media_type=OCTETS, headers={
+        "X-Isthmus-Dtype": rec.aval.dtype,
+        "X-Isthmus-Shape": ",".join(map(str, rec.aval.shape)),
+    })
+
+
+@router.delete("/{buffer_id}", status_code=204)
+def delete_buffer(buffer_id: str, client: ClientDep, service: ServiceDep) -> Response:
+    service.delete_buffers(client, [buffer_id])
+    return Response(status_code=204)
+
+
+@router.post("/delete", status_code=204)
+def delete_buffers(body: BufferIds, client: ClientDep, service: ServiceDep) -> Response:
+    """Free many buffers at once (what a client does for the futures it dropped)."""
+    service.delete_buffers(client, body.ids)
+    return Response(status_code=204)

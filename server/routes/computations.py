@@ -1,0 +1,50 @@
+"""Computations (registered `jax.export` artifacts) and calls of them."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from server.deps import ClientDep, ServiceDep
+from server.records import ComputationRecord
+from server.routes.buffers import public as buffer_public
+from server.schemas import CallCreate, CallPublic, ComputationCreate, ComputationPublic
+
+router = APIRouter(prefix="/v1", tags=["computations"])
+
+
+def public(rec: ComputationRecord) -> ComputationPublic:
+    return ComputationPublic(
+        id=rec.id, slice_id=rec.slice_id, name=rec.name, status=rec.status, message=rec.message,
+        in_avals=[a.to_json() for a in rec.in_avals],
+        out_avals=[a.to_json() for a in rec.out_avals],
+        in_specs=[s.to_json() for s in rec.in_specs],
+        out_specs=[s.to_json() for s in rec.out_specs],
+    )
+
+
+@router.post("/computations", status_code=201)
+async def register(body: ComputationCreate, client: ClientDep,
+                   service: ServiceDep) -> ComputationPublic:
+    """Register an artifact for a slice; it compiles in the background on the slice's hosts."""
+    rec = service.register(client, body.slice_id, body.artifact, body.in_specs, body.out_specs,
+                           body.name)
+    return public(rec)
+
+
+@router.get("/computations/{computation_id}")
+def get_computation(computation_id: str, client: ClientDep,
+                    service: ServiceDep) -> ComputationPublic:
+    return public(service.computation(client, computation_id))
+
+
+@router.get("/computations")
+def list_computations(client: ClientDep, service: ServiceDep) -> list[ComputationPublic]:
+    return [public(service.computations[c]) for c in sorted(client.computations)]
+
+
+@router.post("/calls", status_code=201)
+def call(body: CallCreate, client: ClientDep, service: ServiceDep) -> CallPublic:
+    """Enqueue a call; the outputs are returned at once as buffer futures."""
+    outs = service.call(client, body.computation_id, body.inputs)
+    service.delete_buffers(client, [b for b in body.release if b in client.buffers])
+    return CallPublic(outputs=[buffer_public(o) for o in outs])

@@ -1,0 +1,54 @@
+"""Device status: `/v1/devices`, `/v1/islands`."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter
+
+from ir import IsthmusError
+from server.deps import ServiceDep
+from server.schemas import DevicePublic, HostPublic, IslandPublic
+
+router = APIRouter(prefix="/v1", tags=["devices"])
+
+
+@router.get("/devices")
+def list_devices(service: ServiceDep) -> list[DevicePublic]:
+    rm = service.rm
+    return [
+        DevicePublic(id=d.id, island=d.island, host=d.host, index=d.index, platform=d.platform,
+                     kind=d.kind, memory_bytes=d.memory_bytes, status=rm.host_status(d.host),
+                     load=rm.load(d.id))
+        for d in rm.devices()
+    ]
+
+
+@router.get("/islands")
+async def list_islands(service: ServiceDep) -> list[IslandPublic]:
+    rm = service.rm
+    hosts = rm.hosts()
+
+    async def stats(host: str) -> dict | None:
+        try:
+            return await service.pool.stats(host, timeout=5.0)
+        except IsthmusError:
+            return None
+
+    all_stats = dict(zip(hosts, await asyncio.gather(*(stats(h) for h in hosts)), strict=True))
+    islands = []
+    for summary in rm.island_summary():
+        host_rows = []
+        for h in summary["hosts"]:
+            st = all_stats[h]
+            host_rows.append(HostPublic(
+                name=h, island=summary["name"],
+                status="up" if st is not None and rm.host_status(h) == "up" else "down",
+                devices=[d.id for d in rm.devices() if d.host == h],
+                queued=(st or {}).get("queued", 0), completed=(st or {}).get("completed", 0),
+                running=(st or {}).get("running"),
+            ))
+        islands.append(IslandPublic(name=summary["name"], devices=summary["devices"],
+                                    slices=summary["slices"], load=summary["load"],
+                                    hosts=host_rows))
+    return islands

@@ -1,0 +1,114 @@
+"""Request and response bodies of the REST API (`/v1`). JSON only; array data is raw bytes."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+SpecJSON = list[str | list[str] | None]
+
+
+class ClientCreate(BaseModel):
+    name: str = Field("", max_length=200)
+
+
+class ClientPublic(BaseModel):
+    id: str
+    name: str
+
+
+class DevicePublic(BaseModel):
+    id: int
+    island: str
+    host: str
+    index: int
+    platform: str
+    kind: str
+    memory_bytes: int | None
+    status: Literal["up", "down"]
+    load: int = Field(description="virtual devices (slice members) mapped onto this device")
+
+
+class HostPublic(BaseModel):
+    name: str
+    island: str
+    status: Literal["up", "down"]
+    devices: list[int]
+    queued: int
+    completed: int
+    running: str | None
+
+
+class IslandPublic(BaseModel):
+    name: str
+    devices: int
+    slices: int
+    load: float
+    hosts: list[HostPublic]
+
+
+class SliceCreate(BaseModel):
+    mesh: dict[str, int] = Field(description='named mesh axes in order, e.g. {"data": 2, "model": 2}')
+    island: str | None = None
+    device_kind: str | None = None
+
+
+class SlicePublic(BaseModel):
+    id: str
+    mesh: dict[str, int]
+    island: str
+    hosts: list[str]
+    device_ids: list[int]
+    platform: str
+
+
+class BufferPublic(BaseModel):
+    id: str
+    slice_id: str
+    shape: list[int]
+    dtype: str
+    spec: SpecJSON
+    state: Literal["pending", "ready", "failed", "missing"] | None = None
+
+
+class BufferIds(BaseModel):
+    ids: list[str]
+
+
+class ComputationCreate(BaseModel):
+    slice_id: str
+    artifact: str = Field(description="the serialized jax.export artifact, base64")
+    in_specs: list[SpecJSON]
+    out_specs: list[SpecJSON]
+    name: str = Field("", max_length=200)
+
+
+class ComputationPublic(BaseModel):
+    id: str
+    slice_id: str
+    name: str
+    status: Literal["pending", "ready", "failed"]
+    message: str | None
+    in_avals: list[dict[str, Any]]
+    out_avals: list[dict[str, Any]]
+    in_specs: list[SpecJSON]
+    out_specs: list[SpecJSON]
+
+
+class CallCreate(BaseModel):
+    computation_id: str
+    inputs: list[str]
+    release: list[str] = Field(
+        default_factory=list, description="buffers the client dropped: freed after this call"
+    )
+
+
+class CallPublic(BaseModel):
+    outputs: list[BufferPublic]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    hosts: int
+    version: str

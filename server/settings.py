@@ -1,0 +1,72 @@
+"""The server's one settings object, read from flags and `ISTHMUS_*` environment variables.
+
+Built once at start-up (`isthmus serve`) and passed down; nothing reads settings at import.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_PORT = 8470
+
+
+def default_state_dir() -> Path:
+    return Path.home() / ".isthmus"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ISTHMUS_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535)
+    cluster_file: Path | None = None
+    state_dir: Path = Field(default_factory=default_state_dir)
+    token: str | None = Field(None, min_length=16)
+    ray_address: str | None = None
+    ray_num_cpus: int = Field(2, ge=1)
+    object_store_mb: int = Field(1024, ge=64)
+    max_upload_mb: int = Field(1024, ge=1)
+    rpc_timeout_s: float = Field(120.0, gt=0)
+    fetch_timeout_s: float = Field(600.0, gt=0)
+    allow_remote: bool = False
+
+    @model_validator(mode="after")
+    def _refuse_unsafe(self) -> Settings:
+        if not self.allow_remote and not _is_loopback(self.host):
+            raise ValueError(
+                f"host {self.host!r} is not a loopback address; serving beyond this machine "
+                "needs ISTHMUS_ALLOW_REMOTE=1 and an explicit ISTHMUS_TOKEN"
+            )
+        if self.allow_remote and self.token is None:
+            raise ValueError("ISTHMUS_ALLOW_REMOTE needs an explicit ISTHMUS_TOKEN")
+        return self
+
+    @property
+    def token_file(self) -> Path:
+        return self.state_dir / "token"
+
+    def resolve_token(self) -> str:
+        """The configured token, else the one in the state dir, else a new one written there."""
+        if self.token:
+            return self.token
+        if self.token_file.exists():
+            return self.token_file.read_text().strip()
+        token = secrets.token_urlsafe(24)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.token_file.touch(mode=0o600)
+        self.token_file.write_text(token)
+        return token
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
