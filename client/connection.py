@@ -10,7 +10,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import PartitionSpec
+from jax.sharding import AbstractMesh, PartitionSpec
 
 from client.buffer import Buffer
 from client.devices import DeviceTable
@@ -51,6 +51,11 @@ class Slice:
     @property
     def mesh_axes(self) -> MeshAxes:
         return MeshAxes.of(self.mesh)
+
+    @property
+    def abstract_mesh(self) -> AbstractMesh:
+        """The slice's mesh without devices: what `shard_map` inside a jitted function names."""
+        return AbstractMesh(tuple(self.mesh.values()), tuple(self.mesh))
 
     @property
     def size(self) -> int:

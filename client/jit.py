@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
-from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from client.buffer import Buffer
 from ir import Aval, InvalidArgument, Spec, dtype_name
@@ -47,7 +47,7 @@ def leaf_specs(specs: Any, tree: Any, what: str) -> list[Spec]:
 
 def as_array(x: Any) -> tuple[np.ndarray, bool]:
     """A leaf as a numpy array of JAX's canonical dtype, and whether it is weakly typed."""
-    weak = isinstance(x, int | float | complex) and not isinstance(x, bool)
+    weak = type(x) in (int, float, complex)  # np.float64 subclasses float but is not weak
     array = np.asarray(x)
     return array.astype(jax.dtypes.canonicalize_dtype(array.dtype), copy=False), weak
 
@@ -85,7 +85,7 @@ class Function:
     def _register(self, args: Any, in_tree: Any,
                   leaves: Sequence[tuple[tuple[int, ...], str, bool]]) -> tuple[str, Any, list[Spec]]:
         s = self.slice
-        mesh = AbstractMesh(tuple(s.mesh.values()), tuple(s.mesh))
+        mesh = s.abstract_mesh
         in_specs = leaf_specs(self.in_specs, args, "in_specs")
         avals = [jax.ShapeDtypeStruct(shape, np.dtype(dtype) if dtype != "bfloat16"
                                       else jax.numpy.bfloat16, weak_type=weak)

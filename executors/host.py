@@ -18,6 +18,7 @@ The class is plain Python (no Ray); `executors.pool` wraps it in a Ray actor.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 import traceback
@@ -71,6 +72,7 @@ class Host:
             queued = len(self._ops)
         return {
             "host": self.host,
+            "pid": os.getpid(),
             "queued": queued,
             "completed": self._completed,
             "running": self._running,

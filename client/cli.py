@@ -1,0 +1,76 @@
+"""The `isthmus` command: `serve`, `devices`, `demo`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import client.connection as connection
+from ir import IsthmusError
+
+
+def _serve(rest: list[str]) -> None:
+    # The server is its own program (it imports Ray and the executors; the client does not).
+    os.execv(sys.executable, [sys.executable, "-m", "server", *rest])
+
+
+def _devices(args: argparse.Namespace) -> None:
+    with connection.connect(args.address) as c:
+        print(c.devices())
+
+
+def _server_running(address: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"{address.rstrip('/')}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _demo(args: argparse.Namespace) -> None:
+    from client.demo import run
+    from client.embedded import EmbeddedServer
+
+    address = args.address or os.environ.get("ISTHMUS_ADDRESS") or connection.DEFAULT_ADDRESS
+    if _server_running(address):
+        with connection.connect(address, name="demo") as c:
+            run(c, steps=args.steps)
+        return
+    print("No Isthmus server is running: starting the embedded one "
+          "(local Ray, 2 islands x 2 hosts x 4 CPU devices) ...", flush=True)
+    state = Path(tempfile.mkdtemp(prefix="isthmus-demo-"))
+    server = EmbeddedServer.start(state)
+    try:
+        token = (state / "token").read_text().strip()
+        with connection.connect(server.address, token=token, name="demo") as c:
+            run(c, steps=args.steps)
+    finally:
+        server.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:
+        _serve(argv[1:])
+        return
+    parser = argparse.ArgumentParser(prog="isthmus", description="Run JAX on islands of devices.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("serve", help="start the server (see `isthmus serve --help`)")
+    devices = sub.add_parser("devices", help="print islands, hosts and devices with their load")
+    devices.add_argument("--address", help="server address (env ISTHMUS_ADDRESS)")
+    demo = sub.add_parser("demo", help="train a small MLP through Isthmus")
+    demo.add_argument("--address", help="use this server instead of starting one")
+    demo.add_argument("--steps", type=int, default=300)
+    args = parser.parse_args(argv)
+    try:
+        {"devices": _devices, "demo": _demo}[args.command](args)
+    except IsthmusError as e:
+        sys.exit(f"isthmus {args.command}: {e}")
+
+
+if __name__ == "__main__":
+    main()

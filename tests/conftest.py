@@ -1,0 +1,51 @@
+"""Shared fixtures: a real Isthmus server (uvicorn, local Ray, executor actors), started once
+per test session in its own process group and stopped by its pid at the end."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+# The test process itself is a JAX client with 8 simulated CPU devices: enough to run the
+# local `jax.jit` oracle on the same shardings as the slices.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    from client.embedded import EmbeddedServer
+
+    state = tmp_path_factory.mktemp("isthmus-state")
+    srv = EmbeddedServer.start(state)
+    srv.state_dir = state  # type: ignore[attr-defined]
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def connect(server: object) -> Iterator[Callable[..., object]]:
+    """Open clients to the session's server; every one is closed after the test."""
+    import client as isthmus
+
+    token = (Path(server.state_dir) / "token").read_text().strip()  # type: ignore[attr-defined]
+    opened: list[isthmus.Client] = []
+
+    def open_client(name: str = "") -> isthmus.Client:
+        c = isthmus.connect(server.address, token=token, name=name)  # type: ignore[attr-defined]
+        opened.append(c)
+        return c
+
+    yield open_client
+    for c in opened:
+        c.close()
+
+
+@pytest.fixture
+def c(connect: Callable[..., object]) -> object:
+    return connect()

@@ -1,0 +1,53 @@
+import httpx
+import numpy as np
+import pytest
+
+import client as isthmus
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+
+def test_devices_on_the_embedded_default(c):
+    table = c.devices()
+    assert table.summary() == "2 islands, 4 hosts, 16 CPU devices"
+    assert [i["name"] for i in table.islands] == ["a", "b"]
+    assert sorted(d["id"] for d in table.devices) == list(range(16))
+    assert {d["status"] for d in table.devices} == {"up"}
+    assert all(len(h["devices"]) == 4 for h in table.hosts)
+    assert "a0" in str(table)
+
+
+def test_load_follows_slices(c):
+    before = {d["id"]: d["load"] for d in c.devices().devices}
+    s = c.slice({"x": 4}, island="b")
+    after = {d["id"]: d["load"] for d in c.devices().devices}
+    assert all(after[d] == before[d] + 1 for d in s.device_ids)
+    s.delete()
+    assert {d["id"]: d["load"] for d in c.devices().devices} == before
+
+
+def test_two_clients_see_only_their_own_buffers_and_slices(connect):
+    alice, bob = connect("alice"), connect("bob")
+    sa = alice.slice({"x": 2})
+    xa = alice.put(np.arange(4, dtype=np.float32), sa)
+    f = alice.jit(lambda a: a + 1, slice=sa)
+    ya = f(xa)
+    sb = bob.slice({"x": 2})
+    assert [s["id"] for s in bob._transport.json("GET", "/v1/slices")] == [sb.id]
+    assert bob.buffers() == []
+    for path in (f"/v1/buffers/{xa.id}", f"/v1/buffers/{xa.id}/data", f"/v1/slices/{sa.id}"):
+        with pytest.raises(isthmus.NotFound):
+            bob._transport.json("GET", path)
+    with pytest.raises(isthmus.NotFound, match="does not exist"):
+        bob._transport.json("POST", "/v1/calls",
+                            json={"computation_id": f._cache[next(iter(f._cache))][0], "inputs": []})
+    with pytest.raises(isthmus.NotFound):
+        bob._transport.json("POST", "/v1/buffers/delete", json={"ids": [xa.id]})
+    np.testing.assert_array_equal(ya.numpy(), np.arange(4) + 1)  # untouched by bob's attempts
+
+
+def test_requests_without_the_token_are_refused(server):
+    r = httpx.get(f"{server.address}/v1/devices")
+    assert r.status_code == 401 and "bearer token" in r.json()["detail"]
+    r = httpx.get(f"{server.address}/v1/devices", headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401

@@ -1,0 +1,109 @@
+"""Buffers are futures: returned before the work is done, chained without being fetched,
+freed when dropped, failed (never hung) when their producer fails."""
+
+import base64
+import gc
+
+import httpx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import client as isthmus
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+
+def test_a_future_feeds_a_second_call_without_being_fetched(c):
+    s = c.slice({"x": 2})
+    double = c.jit(lambda a: a * 2, slice=s, in_specs=P("x"), out_specs=P("x"))
+    shift = c.jit(lambda a: a - 1, slice=s, in_specs=P("x"), out_specs=P("x"))
+    x = np.arange(6, dtype=np.float32)
+    y = double(x)
+    assert y.shape == (6,) and y.dtype == np.float32  # known before any fetch
+    z = shift(y)
+    np.testing.assert_array_equal(z.numpy(), x * 2 - 1)
+    assert y.ready() and z.result() is z
+
+
+def test_a_chain_of_100_collective_calls(c):
+    """Back-to-back sharded programs with a collective each: the executor's dispatch keeps
+    XLA's CPU collectives from overlapping, so this neither deadlocks nor drifts."""
+    s = c.slice({"x": 4})
+
+    def step(v):
+        return v + jnp.mean(v) * 0 + 1.0  # the mean is an all-reduce over the slice
+
+    f = c.jit(step, slice=s, in_specs=P("x"), out_specs=P("x"))
+    y = c.put(np.zeros(8, np.float32), s, P("x"))
+    for _ in range(100):
+        y = f(y)
+    np.testing.assert_array_equal(y.numpy(), np.full(8, 100, np.float32))
+    oracle = jax.jit(step)
+    want = np.zeros(8, np.float32)
+    for _ in range(100):
+        want = oracle(want)
+    np.testing.assert_array_equal(y.numpy(), np.asarray(want))
+
+
+def test_a_future_moves_between_slices_on_different_islands(c):
+    sa = c.slice({"x": 2}, island="a")
+    sb = c.slice({"x": 4}, island="b")
+    produce = c.jit(lambda a: a + 1, slice=sa, in_specs=P("x"), out_specs=P("x"))
+    consume = c.jit(lambda a: a * 3, slice=sb, in_specs=P("x"), out_specs=P())
+    y = produce(np.arange(8, dtype=np.float32))
+    z = consume(y)  # y travels host to host through Ray's object store, not through the server
+    np.testing.assert_array_equal(z.numpy(), (np.arange(8) + 1) * 3)
+
+
+def test_dropped_buffers_are_freed_and_close_frees_everything(connect):
+    c = connect()
+    s = c.slice({"x": 1})
+    inc = c.jit(lambda a: a + 1, slice=s)
+    kept = c.put(np.float32(0), s)
+    y = kept
+    for _ in range(10):
+        y = inc(y)
+    gc.collect()
+    inc(y)  # any call carries the releases of the futures dropped so far
+    live = {b["id"] for b in c.buffers()}
+    assert kept.id in live and y.id in live
+    assert len(live) <= 4, live  # not the 10 dropped intermediates
+    c.close()
+    other = connect()
+    with pytest.raises(isthmus.NotFound):
+        other._transport.json("GET", f"/v1/buffers/{kept.id}")
+
+
+def test_a_failed_computation_fails_its_dependents_with_the_same_cause(c):
+    s = c.slice({"x": 2})
+    f = c.jit(lambda a: a + 1, slice=s, in_specs=P(), out_specs=P())
+    # The artifact replicates its input; declaring it split over "x" makes compiling fail.
+    rep = jax.NamedSharding(s.abstract_mesh, P())
+    fn = jax.jit(lambda a: (a + 1,), in_shardings=(rep,), out_shardings=(rep,))
+    exported = jax.export.export(fn, platforms=["cpu"])(jax.ShapeDtypeStruct((4,), jnp.float32))
+    body = {"slice_id": s.id, "artifact": base64.b64encode(exported.serialize()).decode(),
+            "in_specs": [["x"]], "out_specs": [[]], "name": "mis-declared"}
+    bad = c._transport.json("POST", "/v1/computations", json=body)
+    x = c.put(np.zeros(4, np.float32), s)
+    try:
+        out = c._call(bad["id"], [x.id])[0]
+    except isthmus.Conflict as e:  # compiling had already failed: the call is refused at once
+        assert "declared" in str(e)
+        return
+    then = f(out)
+    with pytest.raises(isthmus.RemoteError, match="declared") as first:
+        out.result()
+    with pytest.raises(isthmus.RemoteError) as second:
+        then.numpy()
+    cause = str(first.value).split(": ", 1)[1]
+    assert str(second.value).split(": ", 1)[1] == cause
+    assert c._transport.json("GET", f"/v1/computations/{bad['id']}")["status"] == "failed"
+
+
+def test_the_server_answers_without_a_client_library(server):
+    token = (server.state_dir / "token").read_text().strip()
+    r = httpx.get(f"{server.address}/v1/devices", headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 200 and len(r.json()) == 16

@@ -1,0 +1,74 @@
+"""The executors on a real local Ray, driven through `ExecutorPool` without the server."""
+
+import asyncio
+import os
+import signal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AbstractMesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from executors import ExecutorPool, RayOptions
+from ir import Unavailable
+from resource_manager import ClusterSpec
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+CLUSTER = ClusterSpec.from_json({"islands": [{"name": "a", "hosts": 2, "devices_per_host": 2}]})
+PAIR = ((0, 1), (("x", 2),))  # both local devices of a host, mesh {"x": 2}
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = asyncio.run(ExecutorPool.start(CLUSTER, RayOptions(num_cpus=2, object_store_bytes=256 << 20)))
+    try:
+        yield p
+    finally:
+        p.shutdown()  # kills the actors and stops the Ray this module started
+
+
+def exported(fn, avals, in_specs, out_specs):
+    mesh = AbstractMesh((2,), ("x",))
+    jitted = jax.jit(fn, in_shardings=tuple(NamedSharding(mesh, s) for s in in_specs),
+                     out_shardings=tuple(NamedSharding(mesh, s) for s in out_specs))
+    return jax.export.export(jitted, platforms=["cpu"])(*avals).serialize()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_each_host_has_its_own_devices(pool):
+    reports = run(pool.reports(timeout=60))
+    assert sorted(reports) == ["a0", "a1"]
+    assert all(len(r) == 2 and r[0].platform == "cpu" for r in reports.values())
+
+
+def test_compute_on_one_host_and_move_to_another(pool):
+    art = exported(lambda a: (jnp.cumsum(a) * 2,), [jax.ShapeDtypeStruct((8,), jnp.float32)],
+                   [P("x")], [P("x")])
+
+    async def scenario():
+        for host in ("a0", "a1"):
+            assert await pool.compile(host, "cumsum", art, PAIR, [["x"]], [["x"]], 120) is None
+        x = np.arange(8, dtype=np.float32)
+        pool.put("a0", "x", x.tobytes(), "float32", (8,), PAIR, ["x"])
+        pool.call("a0", "cumsum", ["x"], ["y"], "cumsum")
+        pool.transfer("a0", "y", "a1", "y@a1", PAIR, ["x"])
+        pool.call("a1", "cumsum", ["y@a1"], ["z"], "cumsum")
+        return await pool.fetch("a1", "z", 60)
+
+    got = np.frombuffer(run(scenario()), np.float32)
+    f = jax.jit(lambda a: jnp.cumsum(a) * 2)
+    np.testing.assert_array_equal(got, np.asarray(f(f(np.arange(8, dtype=np.float32)))))
+
+
+def test_a_dead_host_is_an_error_not_a_hang(pool):
+    pid = run(pool.stats("a1", 30))["pid"]
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(Unavailable, match="a1"):
+        run(pool.fetch("a1", "z", 30))
+    assert run(pool.stats("a0", 30))["host"] == "a0"  # the other host goes on

@@ -1,0 +1,67 @@
+import numpy as np
+import pytest
+
+from ir import Aval, InvalidArgument, MeshAxes, Spec, dtype_name
+
+pytestmark = pytest.mark.unit
+
+
+def test_aval_nbytes_and_text():
+    a = Aval((4, 8), "float32")
+    assert a.nbytes == 128
+    assert str(a) == "float32[4,8]"
+    assert Aval.from_json(a.to_json()) == a
+
+
+@pytest.mark.parametrize("shape", [(-1,), (2.0,), ("3",)])
+def test_aval_rejects_bad_shapes(shape):
+    with pytest.raises(InvalidArgument, match="shape"):
+        Aval(shape, "float32")
+
+
+def test_aval_rejects_unknown_dtype():
+    with pytest.raises(InvalidArgument, match="unknown dtype 'float8'"):
+        Aval((1,), "float8")
+
+
+def test_dtype_name_refuses_object():
+    assert dtype_name(np.float32) == "float32"
+    with pytest.raises(InvalidArgument, match="not supported"):
+        dtype_name(object)
+
+
+def test_mesh_axes_validation():
+    m = MeshAxes.of({"data": 2, "model": 2})
+    assert m.size == 4 and m.names == ("data", "model")
+    with pytest.raises(InvalidArgument, match="at least one axis"):
+        MeshAxes.of({})
+    with pytest.raises(InvalidArgument, match="axis 'x' has size 0"):
+        MeshAxes.of({"x": 0})
+    with pytest.raises(InvalidArgument, match="identifier"):
+        MeshAxes.of({"a b": 2})
+
+
+def test_spec_json_round_trip():
+    s = Spec.of((None, ("data", "model"), "x"))
+    assert Spec.from_json(s.to_json()) == s
+    assert Spec.from_json(None) == Spec(())
+
+
+def test_spec_check_messages():
+    mesh = MeshAxes.of({"data": 2, "model": 2})
+    Spec.of(("data", None)).check(Aval((4, 3), "float32"), mesh, "x")
+    with pytest.raises(InvalidArgument, match="rank 1"):
+        Spec.of(("data", None)).check(Aval((4,), "float32"), mesh, "x")
+    with pytest.raises(InvalidArgument, match="names axis 'y'"):
+        Spec.of(("y",)).check(Aval((4,), "float32"), mesh, "x")
+    with pytest.raises(InvalidArgument, match=r"size 3 .* 2 shards"):
+        Spec.of(("data",)).check(Aval((3,), "float32"), mesh, "x")
+    with pytest.raises(InvalidArgument, match="twice"):
+        Spec.of(("data", "data")).check(Aval((4, 4), "float32"), mesh, "x")
+
+
+def test_spec_from_json_rejects_non_lists():
+    with pytest.raises(InvalidArgument, match="expected a list"):
+        Spec.from_json("data")
+    with pytest.raises(InvalidArgument, match="entry 3"):
+        Spec.from_json([3])
