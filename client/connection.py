@@ -96,7 +96,7 @@ class Client:
     def _flush(self) -> None:
         ids = self._take_released()
         if ids and not self._closed:
-            self._transport.request("POST", "/v1/buffers/delete", json={"ids": ids})
+            self._transport.request("POST", "/v1/buffers/delete", json_body={"ids": ids})
 
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
         self._flush()

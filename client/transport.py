@@ -1,10 +1,18 @@
-"""HTTP to the server: one `httpx.Client`, the token, the client id, errors mapped back."""
+"""HTTP to the server: keep-alive connections, the token, the client id, errors mapped back.
+
+Built on the standard library's `http.client`, one persistent connection per thread: every
+call is one request, so the per-request cost of the client is on the hot path of every call
+(docs/benchmarks.md has the measured split).
+"""
 
 from __future__ import annotations
 
+import http.client
+import json
+import threading
+from dataclasses import dataclass
 from typing import Any
-
-import httpx
+from urllib.parse import urlencode, urlsplit
 
 from ir import Conflict, InvalidArgument, IsthmusError, NotFound, RemoteError, Unavailable
 
@@ -19,43 +27,89 @@ ERRORS: dict[int, type[IsthmusError]] = {
 }
 
 
-def error_of(response: httpx.Response) -> IsthmusError:
+@dataclass(frozen=True)
+class Response:
+    status: int
+    headers: dict[str, str]
+    content: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.content) if self.content else None
+
+
+def error_of(method: str, path: str, response: Response) -> IsthmusError:
     try:
-        detail = response.json().get("detail", response.text)
-    except ValueError:
-        detail = response.text
+        detail = response.json().get("detail", response.content.decode(errors="replace"))
+    except (ValueError, AttributeError):
+        detail = response.content.decode(errors="replace")
     if isinstance(detail, list):  # FastAPI's validation errors: name each field at fault
         detail = "; ".join(
             f"{'.'.join(str(p) for p in d.get('loc', ()))}: {d.get('msg')}" for d in detail
         )
-    cls = ERRORS.get(response.status_code, IsthmusError)
-    return cls(f"{response.request.method} {response.request.url.path}: {detail}")
+    cls = ERRORS.get(response.status, IsthmusError)
+    return cls(f"{method} {path}: {detail}")
 
 
 class Transport:
     def __init__(self, address: str, token: str, timeout: float) -> None:
         self.address = address.rstrip("/")
+        parts = urlsplit(self.address)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise InvalidArgument(f"address: expected http://HOST:PORT, got {address!r}")
+        self._scheme, self._host = parts.scheme, parts.hostname
+        self._port = parts.port or (443 if parts.scheme == "https" else 80)
+        self._timeout = timeout
+        self._auth = f"Bearer {token}"
+        self._local = threading.local()
         self.client_id: str | None = None
-        self._http = httpx.Client(
-            base_url=self.address,
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=httpx.Timeout(timeout, connect=10.0),
-        )
 
-    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        headers = kwargs.pop("headers", {})
+    def _connection(self) -> http.client.HTTPConnection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            kind = http.client.HTTPSConnection if self._scheme == "https" else http.client.HTTPConnection
+            conn = self._local.conn = kind(self._host, self._port, timeout=self._timeout)
+        return conn
+
+    def request(self, method: str, path: str, *, params: dict[str, Any] | None = None,
+                json_body: Any = None, content: bytes | None = None,
+                headers: dict[str, str] | None = None) -> Response:
+        url = f"{path}?{urlencode(params)}" if params else path
+        head = {"Authorization": self._auth, **(headers or {})}
         if self.client_id:
-            headers["X-Isthmus-Client"] = self.client_id
-        try:
-            response = self._http.request(method, path, headers=headers, **kwargs)
-        except httpx.TransportError as e:
-            raise Unavailable(f"cannot reach the Isthmus server at {self.address}: {e}") from None
-        if response.is_error:
-            raise error_of(response)
+            head["X-Isthmus-Client"] = self.client_id
+        body = content
+        if json_body is not None:
+            body = json.dumps(json_body).encode()
+            head["Content-Type"] = "application/json"
+        for attempt in (1, 2):  # a kept-alive connection the server closed is reopened once
+            conn = self._connection()
+            try:
+                conn.request(method, url, body=body, headers=head)
+                raw = conn.getresponse()
+                response = Response(raw.status, {k.lower(): v for k, v in raw.getheaders()}, raw.read())
+                break
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as e:
+                conn.close()
+                self._local.conn = None
+                if attempt == 2:
+                    raise Unavailable(
+                        f"the Isthmus server at {self.address} dropped the connection: {e}"
+                    ) from None
+            except OSError as e:
+                conn.close()
+                self._local.conn = None
+                raise Unavailable(f"cannot reach the Isthmus server at {self.address}: {e}") from None
+        if response.status >= 400:
+            raise error_of(method, path, response)
         return response
 
     def json(self, method: str, path: str, **kwargs: Any) -> Any:
+        if "json" in kwargs:
+            kwargs["json_body"] = kwargs.pop("json")
         return self.request(method, path, **kwargs).json()
 
     def close(self) -> None:
-        self._http.close()
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None

@@ -32,7 +32,7 @@ def create_app(settings: Settings) -> FastAPI:
     errors.install(app)
 
     @app.get("/healthz", tags=["health"])
-    def healthz(service: ServiceDep) -> Health:
+    async def healthz(service: ServiceDep) -> Health:
         return Health(status="ok", hosts=len(service.pool.hosts), version=VERSION)
 
     secured = [Depends(authorize)]

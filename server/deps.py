@@ -1,4 +1,8 @@
-"""Typed dependencies of the handlers: the service, the token check, the calling client."""
+"""Typed dependencies of the handlers: the service, the token check, the calling client.
+
+All are `async def`: none blocks, and FastAPI would run a plain `def` in its threadpool,
+a thread hop per dependency per request.
+"""
 
 from __future__ import annotations
 
@@ -12,21 +16,21 @@ from server.records import ClientRecord
 from server.service import Service
 
 
-def get_service(request: Request) -> Service:
+async def get_service(request: Request) -> Service:
     return request.app.state.service
 
 
 ServiceDep = Annotated[Service, Depends(get_service)]
 
 
-def authorize(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
+async def authorize(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
     token: str = request.app.state.token
     scheme, _, given = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not secrets.compare_digest(given.encode(), token.encode()):
         raise Unauthorized("missing or wrong bearer token (Authorization: Bearer <token>)")
 
 
-def current_client(
+async def current_client(
     service: ServiceDep, x_isthmus_client: Annotated[str | None, Header()] = None
 ) -> ClientRecord:
     return service.client(x_isthmus_client)

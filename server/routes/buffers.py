@@ -68,7 +68,7 @@ async def upload(
 
 
 @router.get("")
-def list_buffers(client: ClientDep, service: ServiceDep) -> list[BufferPublic]:
+async def list_buffers(client: ClientDep, service: ServiceDep) -> list[BufferPublic]:
     return [public(service.buffers[b]) for b in sorted(client.buffers)]
 
 
@@ -93,13 +93,13 @@ async def download(buffer_id: str, client: ClientDep, service: ServiceDep) -> Re
 
 
 @router.delete("/{buffer_id}", status_code=204)
-def delete_buffer(buffer_id: str, client: ClientDep, service: ServiceDep) -> Response:
+async def delete_buffer(buffer_id: str, client: ClientDep, service: ServiceDep) -> Response:
     service.delete_buffers(client, [buffer_id])
     return Response(status_code=204)
 
 
 @router.post("/delete", status_code=204)
-def delete_buffers(body: BufferIds, client: ClientDep, service: ServiceDep) -> Response:
+async def delete_buffers(body: BufferIds, client: ClientDep, service: ServiceDep) -> Response:
     """Free many buffers at once (what a client does for the futures it dropped)."""
     service.delete_buffers(client, body.ids)
     return Response(status_code=204)

@@ -12,13 +12,13 @@ router = APIRouter(prefix="/v1/clients", tags=["clients"])
 
 
 @router.post("", status_code=201)
-def create_client(body: ClientCreate, service: ServiceDep) -> ClientPublic:
+async def create_client(body: ClientCreate, service: ServiceDep) -> ClientPublic:
     rec = service.create_client(body.name)
     return ClientPublic(id=rec.id, name=rec.name)
 
 
 @router.delete("/{client_id}", status_code=204)
-def close_client(client_id: str, client: ClientDep, service: ServiceDep) -> Response:
+async def close_client(client_id: str, client: ClientDep, service: ServiceDep) -> Response:
     """Free every buffer, computation and slice of the client, and forget it."""
     if client.id != client_id:
         raise Unauthorized(f"client {client.id} cannot close client {client_id!r}")

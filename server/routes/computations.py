@@ -32,18 +32,18 @@ async def register(body: ComputationCreate, client: ClientDep,
 
 
 @router.get("/computations/{computation_id}")
-def get_computation(computation_id: str, client: ClientDep,
+async def get_computation(computation_id: str, client: ClientDep,
                     service: ServiceDep) -> ComputationPublic:
     return public(service.computation(client, computation_id))
 
 
 @router.get("/computations")
-def list_computations(client: ClientDep, service: ServiceDep) -> list[ComputationPublic]:
+async def list_computations(client: ClientDep, service: ServiceDep) -> list[ComputationPublic]:
     return [public(service.computations[c]) for c in sorted(client.computations)]
 
 
 @router.post("/calls", status_code=201)
-def call(body: CallCreate, client: ClientDep, service: ServiceDep) -> CallPublic:
+async def call(body: CallCreate, client: ClientDep, service: ServiceDep) -> CallPublic:
     """Enqueue a call; the outputs are returned at once as buffer futures."""
     outs = service.call(client, body.computation_id, body.inputs)
     service.delete_buffers(client, [b for b in body.release if b in client.buffers])

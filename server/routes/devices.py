@@ -14,7 +14,7 @@ router = APIRouter(prefix="/v1", tags=["devices"])
 
 
 @router.get("/devices")
-def list_devices(service: ServiceDep) -> list[DevicePublic]:
+async def list_devices(service: ServiceDep) -> list[DevicePublic]:
     rm = service.rm
     return [
         DevicePublic(id=d.id, island=d.island, host=d.host, index=d.index, platform=d.platform,

@@ -18,23 +18,23 @@ def public(service: Service, s: Slice) -> SlicePublic:
 
 
 @router.post("", status_code=201)
-def create_slice(body: SliceCreate, client: ClientDep, service: ServiceDep) -> SlicePublic:
+async def create_slice(body: SliceCreate, client: ClientDep, service: ServiceDep) -> SlicePublic:
     s = service.create_slice(client, body.mesh, body.island, body.device_kind)
     return public(service, s)
 
 
 @router.get("")
-def list_slices(client: ClientDep, service: ServiceDep) -> list[SlicePublic]:
+async def list_slices(client: ClientDep, service: ServiceDep) -> list[SlicePublic]:
     return [public(service, s) for s in service.rm.slices(owner=client.id)]
 
 
 @router.get("/{slice_id}")
-def get_slice(slice_id: str, client: ClientDep, service: ServiceDep) -> SlicePublic:
+async def get_slice(slice_id: str, client: ClientDep, service: ServiceDep) -> SlicePublic:
     return public(service, service.slice(client, slice_id))
 
 
 @router.delete("/{slice_id}", status_code=204)
-def delete_slice(slice_id: str, client: ClientDep, service: ServiceDep) -> Response:
+async def delete_slice(slice_id: str, client: ClientDep, service: ServiceDep) -> Response:
     """Release the slice, with the buffers and computations on it."""
     service.delete_slice(client, slice_id)
     return Response(status_code=204)
