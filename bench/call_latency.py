@@ -1,0 +1,345 @@
+"""Per-call latency of a trivial computation through Isthmus, against JAX and a plain Ray actor.
+
+    python -m bench.call_latency --json /tmp/call_latency.json [--iters 300] [--repeats 3]
+
+The computation is `a + 1` on a float32[8] held on one CPU device, chained: each call's output
+is the next call's input. Six modes, all measured in one run on the same machine:
+
+- `jax_jit`: `jax.jit` in this process, `block_until_ready` after every call (the physical
+  limit for dispatch); `jax_jit_async`: the same, blocking only after the last call.
+- `ray_actor_sync`: a plain Ray actor (its own process, its own array) doing the same jitted
+  call, with `ray.get` on every call, which is what a user would write instead of Isthmus;
+  `ray_actor_pipelined`: submit every call, then `ray.get` them all.
+- `isthmus_sync`: `y = f(y); y.result()` on a 1-device slice through the server;
+  `isthmus_pipelined`: `y = f(y)` back to back (chained futures), `.result()` at the end.
+
+Each mode is warmed up (compile, first calls), then timed `--repeats` times over `--iters`
+calls; the median of the repeats is reported in microseconds per call. Every mode's final
+value must equal the number of calls it made, or the run fails: a broken mode cannot report a
+fast time. Only one Ray runs at a time: the baseline's own Ray is shut down before the Isthmus
+server starts its own. This baseline imports Ray directly, as a user would; it is the one
+place outside `executors/` that does.
+
+Beside the modes, two requests isolate parts of an Isthmus call (`components_us`): an HTTP
+round trip the server answers without Ray (`Client.buffers()`), and one that also awaits a
+Ray actor call to the host executor (`Buffer.ready()`).
+
+Output (`--json PATH`): `us_per_call` (mode -> median µs), `ratios` (A µs / baseline µs, so
+1.0 is parity and larger is slower), `ratio_definition`, `components_us`,
+`components_definition`, `samples_us` (every repeat), `machine`, `iters`, `repeats`, `warmup`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import ray
+
+import client as isthmus
+from client.embedded import EmbeddedServer
+
+SHAPE = (8,)
+
+RATIOS: dict[str, tuple[str, str]] = {
+    "isthmus_sync_vs_jax_jit": ("isthmus_sync", "jax_jit"),
+    "isthmus_pipelined_vs_jax_jit_async": ("isthmus_pipelined", "jax_jit_async"),
+    "isthmus_sync_vs_ray_actor_sync": ("isthmus_sync", "ray_actor_sync"),
+    "isthmus_pipelined_vs_ray_actor_pipelined": ("isthmus_pipelined", "ray_actor_pipelined"),
+    "ray_actor_sync_vs_jax_jit": ("ray_actor_sync", "jax_jit"),
+    "ray_actor_pipelined_vs_jax_jit_async": ("ray_actor_pipelined", "jax_jit_async"),
+}
+RATIO_DEFINITION = (
+    "ratio 'A_vs_B' = us_per_call[A] / us_per_call[B] (median microseconds per call); "
+    "1.0 is parity, larger means A is slower than the baseline B"
+)
+
+
+class BenchError(RuntimeError):
+    """A mode computed the wrong value or could not run; its timing would mean nothing."""
+
+
+def add_one(a: jax.Array) -> jax.Array:
+    return a + 1
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    run: Callable[[int], None]  # n chained calls; returns once the last one is complete
+    value: Callable[[], float]  # the current value of the chain (not timed)
+
+
+class JaxLoop:
+    """The chain held in one process: this one, or a Ray actor's."""
+
+    def __init__(self) -> None:
+        self._f = jax.jit(add_one)
+        self._x = jnp.zeros(SHAPE, jnp.float32)
+
+    def step(self) -> None:
+        self._x = self._f(self._x).block_until_ready()
+
+    def sync(self, n: int) -> None:
+        for _ in range(n):
+            self._x = self._f(self._x).block_until_ready()
+
+    def pipelined(self, n: int) -> None:
+        x = self._x
+        for _ in range(n):
+            x = self._f(x)
+        self._x = x.block_until_ready()
+
+    def value(self) -> float:
+        return float(self._x[0])
+
+
+class RayActorLoop:
+    """The chain held by a plain Ray actor, driven from here."""
+
+    def __init__(self) -> None:
+        actor = ray.remote(num_cpus=0)(JaxLoop)
+        self._actor = actor.options(runtime_env={"env_vars": {"JAX_PLATFORMS": "cpu"}}).remote()
+
+    def sync(self, n: int) -> None:
+        for _ in range(n):
+            ray.get(self._actor.step.remote())
+
+    def pipelined(self, n: int) -> None:
+        ray.get([self._actor.step.remote() for _ in range(n)])
+
+    def value(self) -> float:
+        return float(ray.get(self._actor.value.remote()))
+
+
+class IsthmusLoop:
+    """The chain held on an Isthmus slice, as `Buffer` futures."""
+
+    def __init__(self, c: isthmus.Client, s: isthmus.Slice) -> None:
+        self._f = c.jit(add_one, slice=s)
+        self._y: isthmus.Buffer = c.put(np.zeros(SHAPE, np.float32), s)
+
+    def sync(self, n: int) -> None:
+        for _ in range(n):
+            self._y = self._f(self._y).result()
+
+    def pipelined(self, n: int) -> None:
+        y = self._y
+        for _ in range(n):
+            y = self._f(y)
+        self._y = y.result()
+
+    @property
+    def last(self) -> isthmus.Buffer:
+        return self._y
+
+    def value(self) -> float:
+        return float(self._y.numpy()[0])
+
+
+def time_calls(run: Callable[[int], None], iters: int, repeats: int, warmup: int) -> list[float]:
+    """µs per call of each of `repeats` timed runs of `iters` calls, after `warmup` untimed ones."""
+    run(warmup)
+    samples = []
+    for _ in range(repeats):
+        gc.collect()
+        start = time.perf_counter()
+        run(iters)
+        samples.append((time.perf_counter() - start) / iters * 1e6)
+    return samples
+
+
+def measure(mode: Mode, iters: int, repeats: int, warmup: int) -> list[float]:
+    """Time a mode, then check that its chain ends where that many calls must leave it."""
+    samples = time_calls(mode.run, iters, repeats, warmup)
+    expected = float(warmup + repeats * iters)
+    got = mode.value()
+    if got != expected:
+        raise BenchError(f"mode {mode.name}: expected the chain to end at {expected:g} "
+                         f"(warm-up {warmup} + {repeats} x {iters} calls), found {got:g}")
+    print(f"  {mode.name:<34} {statistics.median(samples):10.1f} us/call", file=sys.stderr)
+    return samples
+
+
+def isthmus_components(c: isthmus.Client, y: isthmus.Buffer) -> dict[str, Callable[[int], None]]:
+    """Requests that isolate the parts of an Isthmus call, through the public client API."""
+
+    def http(n: int) -> None:
+        for _ in range(n):
+            c.buffers()
+
+    def http_and_actor(n: int) -> None:
+        for _ in range(n):
+            if not y.ready():
+                raise BenchError(f"buffer {y.id} should be ready after its chain was waited for")
+
+    return {"isthmus_http_roundtrip": http, "isthmus_http_plus_actor_roundtrip": http_and_actor}
+
+
+COMPONENTS_DEFINITION = (
+    "isthmus_http_roundtrip: Client.buffers(), an authenticated request the server answers from "
+    "memory (no Ray); isthmus_http_plus_actor_roundtrip: Buffer.ready(), the same plus one Ray "
+    "actor call from the server to the host executor, awaited"
+)
+
+
+@contextlib.contextmanager
+def fork_exec_allowed() -> Iterator[None]:
+    """Silence JAX's warning about `os.fork()` for children that exec at once (Ray, the server)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+        yield
+
+
+@contextlib.contextmanager
+def local_ray() -> Iterator[None]:
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    with fork_exec_allowed():
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@contextlib.contextmanager
+def isthmus_client() -> Iterator[isthmus.Client]:
+    """A local server (its own Ray) in a temp state dir, and a client of it; both stopped."""
+    with tempfile.TemporaryDirectory(prefix="isthmus-bench-") as tmp:
+        state_dir = Path(tmp)
+        with fork_exec_allowed():
+            server = EmbeddedServer.start(state_dir)
+        try:
+            token = (state_dir / "token").read_text().strip()
+            with isthmus.connect(server.address, token=token, name="bench.call_latency") as c:
+                yield c
+        finally:
+            server.stop()
+
+
+def run_all(iters: int, repeats: int, warmup: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Every mode's samples, then the Isthmus components' samples (µs per call)."""
+    samples: dict[str, list[float]] = {}
+    components: dict[str, list[float]] = {}
+
+    def time_modes(*modes: Mode) -> None:
+        for m in modes:
+            samples[m.name] = measure(m, iters, repeats, warmup)
+
+    print("jax.jit in this process", file=sys.stderr)
+    a, b = JaxLoop(), JaxLoop()
+    time_modes(Mode("jax_jit", a.sync, a.value), Mode("jax_jit_async", b.pipelined, b.value))
+
+    print("plain Ray actor", file=sys.stderr)
+    with local_ray():
+        r1, r2 = RayActorLoop(), RayActorLoop()
+        time_modes(Mode("ray_actor_sync", r1.sync, r1.value),
+                   Mode("ray_actor_pipelined", r2.pipelined, r2.value))
+
+    print("Isthmus (starting the server)", file=sys.stderr)
+    with isthmus_client() as c:
+        s = c.slice({"x": 1})
+        i1, i2 = IsthmusLoop(c, s), IsthmusLoop(c, s)
+        time_modes(Mode("isthmus_sync", i1.sync, i1.value),
+                   Mode("isthmus_pipelined", i2.pipelined, i2.value))
+        for name, run in isthmus_components(c, i1.last).items():
+            components[name] = time_calls(run, iters, repeats, warmup)
+            print(f"  {name:<34} {statistics.median(components[name]):10.1f} us/call", file=sys.stderr)
+    return samples, components
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "platform": platform.platform(),
+        "arch": platform.machine(),
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jaxlib": jax.lib.__version__,
+        "ray": ray.__version__,
+        "devices": "simulated CPU devices (jax_platforms=cpu)",
+    }
+
+
+def report(samples: dict[str, list[float]], components: dict[str, list[float]], iters: int,
+           repeats: int, warmup: int) -> dict[str, Any]:
+    us = {m: statistics.median(v) for m, v in samples.items()}
+    return {
+        "us_per_call": us,
+        "ratios": {name: us[a] / us[b] for name, (a, b) in RATIOS.items()},
+        "ratio_definition": RATIO_DEFINITION,
+        "components_us": {m: statistics.median(v) for m, v in components.items()},
+        "components_definition": COMPONENTS_DEFINITION,
+        "samples_us": samples | components,
+        "machine": machine(),
+        "iters": iters,
+        "repeats": repeats,
+        "warmup": warmup,
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    rows = [f"{'mode (median of repeats)':<34} {'us/call':>10} {'min':>10} {'max':>10}"]
+    for m, median in result["us_per_call"].items():
+        xs = result["samples_us"][m]
+        rows.append(f"{m:<34} {median:10.1f} {min(xs):10.1f} {max(xs):10.1f}")
+    rows.append("components of an Isthmus call:")
+    for m, median in result["components_us"].items():
+        xs = result["samples_us"][m]
+        rows.append(f"{'  ' + m:<34} {median:10.1f} {min(xs):10.1f} {max(xs):10.1f}")
+    rows.append("")
+    rows.append("ratio (A us / B us)")
+    rows += [f"{name:<42} {r:8.2f}" for name, r in result["ratios"].items()]
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.call_latency", description=__doc__.split("\n")[0])
+    p.add_argument("--json", type=Path, default=None, help="write the results here")
+    p.add_argument("--iters", type=int, default=300, help="calls per timed repeat (default 300)")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats per mode (default 3)")
+    p.add_argument("--warmup", type=int, default=20, help="untimed calls first (default 20)")
+    args = p.parse_args(argv)
+    if min(args.iters, args.repeats) < 1 or args.warmup < 1:
+        p.error("--iters, --repeats and --warmup must be at least 1")
+    # Every mode runs on CPU devices, so the baselines are the same hardware as the executors.
+    jax.config.update("jax_platforms", "cpu")
+    samples, components = run_all(args.iters, args.repeats, args.warmup)
+    result = report(samples, components, args.iters, args.repeats, args.warmup)
+    m = result["machine"]
+    print(f"call latency, {args.iters} calls x {args.repeats} repeats (median); "
+          f"{m['cpus_usable']} CPUs, python {m['python']}, jax {m['jax']}, ray {m['ray']}")
+    print(table(result))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
