@@ -1,0 +1,122 @@
+"""`ProgramBuilder`: build a program node by node, checking each node as it is added.
+
+Contract: every method that adds a node returns the names of the values it defines and
+runs that node's type rule at once (abstract evaluation, as a JAX trace does), so a builder
+never holds an ill-typed node: a mismatch raises `InvalidArgument` naming the node. Value
+names are `%0`, `%1`, ... in order of definition. Sub-graphs for `while_` and `cond` come
+from `sub()`, a builder with its own value scope sharing this one's slice and artifact
+tables. `build()` returns a verified `Program`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ir.errors import InvalidArgument
+from ir.node import Node, Op, Sig, Type
+from ir.ops import ArgAttrs, Attrs, ComputeAttrs, CondAttrs, ResultAttrs, TransferAttrs, WhileAttrs
+from ir.program import Artifact, Graph, Program, SliceDef
+from ir.text import node_line
+from ir.types import Aval, MeshAxes, Spec
+from ir.verify import VerifyError, infer_node, verify
+
+SigLike = Sig | tuple[Aval, Any]
+
+
+class ProgramBuilder:
+    def __init__(
+        self, slices: dict[str, SliceDef] | None = None, artifacts: dict[str, Artifact] | None = None
+    ) -> None:
+        self._slices = {} if slices is None else slices
+        self._artifacts = {} if artifacts is None else artifacts
+        self._nodes: list[Node] = []
+        self._types: dict[str, Type] = {}
+
+    # --- tables -----------------------------------------------------------------------------
+
+    def slice(self, name: str, mesh: Mapping[str, int] | MeshAxes, island: str | None = None) -> str:
+        """Declare a virtual slice; declaring the same slice again is a no-op."""
+        axes = mesh if isinstance(mesh, MeshAxes) else MeshAxes.of(dict(mesh))
+        new = SliceDef(name, axes, island)
+        if self._slices.setdefault(name, new) != new:
+            raise InvalidArgument(f"slice {name}: expected {self._slices[name]} again, found {new}")
+        return name
+
+    def artifact(self, data: bytes, meta: Mapping[str, str] | None = None) -> str:
+        """Add an artifact's bytes to the table; returns its content hash."""
+        art = Artifact.of(data, meta)
+        self._artifacts.setdefault(art.hash, art)
+        return art.hash
+
+    def sub(self) -> ProgramBuilder:
+        """A builder for a sub-graph (`while_`, `cond`): own values, shared tables."""
+        return ProgramBuilder(self._slices, self._artifacts)
+
+    def type_of(self, value: str) -> Type:
+        if value not in self._types:
+            raise InvalidArgument(f"value: expected one defined by this builder, found {value!r}")
+        return self._types[value]
+
+    # --- nodes ------------------------------------------------------------------------------
+
+    def arg(self, aval: Aval, spec: Any, slice: str) -> str:
+        return self._add(Op.ARG, (), 1, ArgAttrs(Type(aval, Spec.of(spec), slice)))[0]
+
+    def compute(
+        self,
+        name: str,
+        artifact: str | bytes,
+        slice: str,
+        inputs: Sequence[str],
+        outs: Sequence[SigLike],
+        ins: Sequence[SigLike] | None = None,
+    ) -> tuple[str, ...]:
+        """One sharded computation; `ins` defaults to the operands' avals and specs."""
+        ref = self.artifact(artifact) if isinstance(artifact, bytes) else artifact
+        declared = [self.type_of(v).sig for v in inputs] if ins is None else [_sig(s) for s in ins]
+        attrs = ComputeAttrs(name, ref, slice, tuple(declared), tuple(_sig(s) for s in outs))
+        return self._add(Op.COMPUTE, tuple(inputs), len(outs), attrs)
+
+    def transfer(self, value: str, spec: Any, slice: str) -> str:
+        target = Type(self.type_of(value).aval, Spec.of(spec), slice)
+        return self._add(Op.TRANSFER, (value,), 1, TransferAttrs(target))[0]
+
+    def while_(self, carry: Sequence[str], cond: Graph, body: Graph) -> tuple[str, ...]:
+        return self._add(Op.WHILE, tuple(carry), len(carry), WhileAttrs(cond, body))
+
+    def cond(self, pred: str, operands: Sequence[str], branches: Sequence[Graph]) -> tuple[str, ...]:
+        count = len(branches[0].results) if branches else 0
+        return self._add(Op.COND, (pred, *operands), count, CondAttrs(tuple(branches)))
+
+    def result(self, *values: str) -> None:
+        self._add(Op.RESULT, tuple(values), 0, ResultAttrs())
+
+    def graph(self) -> Graph:
+        return Graph(tuple(self._nodes))
+
+    def build(self) -> Program:
+        program = Program(self.graph(), tuple(self._slices.values()), tuple(self._artifacts.values()))
+        verify(program)
+        return program
+
+    def _add(self, op: Op, inputs: tuple[str, ...], count: int, attrs: Attrs) -> tuple[str, ...]:
+        if self._nodes and self._nodes[-1].op is Op.RESULT:
+            raise InvalidArgument(f"{op.value}: expected no node after the result, found one")
+        for value in inputs:
+            self.type_of(value)
+        outputs = tuple(f"%{len(self._types) + k}" for k in range(count))
+        node = Node(op, inputs, outputs, attrs)
+        try:
+            types = infer_node(node, self._types, self._slices, frozenset(self._artifacts))
+        except VerifyError as e:
+            raise e.within(f"`{node_line(node)}`, in ") from None
+        except InvalidArgument as e:
+            raise InvalidArgument(f"`{node_line(node)}`: {e}") from None
+        self._nodes.append(node)
+        self._types.update(zip(outputs, types, strict=True))
+        return outputs
+
+
+def _sig(s: SigLike) -> Sig:
+    return s if isinstance(s, Sig) else Sig(s[0], Spec.of(s[1]))

@@ -1,0 +1,146 @@
+"""Graphs and programs of the sharded dataflow IR.
+
+Contract:
+- A `Graph` is a tuple of nodes in topological order whose last node, and only that one, is
+  a `RESULT`; its inputs are the `ARG` nodes, in order. The bodies of `WHILE` and `COND`
+  are graphs too.
+- A `Program` is a graph plus the tables its nodes refer to by name: the slice table (name
+  -> `MeshAxes` and an optional island) and the artifact table (content hash -> bytes and
+  optional string metadata), so the graph itself stays small and readable. Sub-graphs
+  share their program's tables.
+- Everything is frozen and checks itself when built; `verify` checks the whole program.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ir.errors import InvalidArgument
+from ir.node import IDENTIFIER, Node, Op, check_name, subgraphs
+from ir.types import MeshAxes
+
+VERSIONS = (1,)
+
+
+@dataclass(frozen=True)
+class SliceDef:
+    """One virtual slice: its mesh's named axes and, optionally, the island it must live on."""
+
+    name: str
+    mesh: MeshAxes
+    island: str | None = None
+
+    def __post_init__(self) -> None:
+        check_name(self.name, IDENTIFIER, "slice name")
+        if not isinstance(self.mesh, MeshAxes):
+            raise InvalidArgument(f"slice {self.name}: expected MeshAxes, found {self.mesh!r}")
+        if self.island is not None:
+            check_name(self.island, IDENTIFIER, f"slice {self.name}: island")
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A serialized computation, addressed by `sha256:<hex digest of data>`."""
+
+    hash: str
+    data: bytes
+    meta: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.data, bytes):
+            raise InvalidArgument(f"artifact {self.hash}: expected bytes, found {type(self.data).__name__}")
+        digest = content_hash(self.data)
+        if self.hash != digest:
+            raise InvalidArgument(f"artifact: expected hash {digest} of its bytes, found {self.hash!r}")
+        if not isinstance(self.meta, tuple) or not all(
+            isinstance(kv, tuple) and len(kv) == 2 and all(isinstance(s, str) for s in kv) for kv in self.meta
+        ):
+            raise InvalidArgument(f"artifact {self.hash}: meta must be (str, str) pairs, found {self.meta!r}")
+        object.__setattr__(self, "meta", tuple(sorted(dict(self.meta).items())))
+
+    @classmethod
+    def of(cls, data: bytes, meta: Mapping[str, str] | None = None) -> Artifact:
+        return cls(content_hash(data), data, tuple((meta or {}).items()))
+
+
+def content_hash(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class Graph:
+    nodes: tuple[Node, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.nodes, tuple) or not all(isinstance(n, Node) for n in self.nodes):
+            raise InvalidArgument(f"graph: expected a tuple of Nodes, found {self.nodes!r}")
+        results = [i for i, n in enumerate(self.nodes) if n.op is Op.RESULT]
+        if results != [len(self.nodes) - 1]:
+            raise InvalidArgument(
+                f"graph: expected exactly one result node, last; found result nodes at {results} "
+                f"of {len(self.nodes)} nodes"
+            )
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        return tuple(n.outputs[0] for n in self.nodes if n.op is Op.ARG and n.outputs)
+
+    @property
+    def results(self) -> tuple[str, ...]:
+        return self.nodes[-1].inputs
+
+    def stats(self) -> dict[str, int]:
+        """Nodes and edges (operand uses), sub-graphs included."""
+        nodes, edges = len(self.nodes), sum(len(n.inputs) for n in self.nodes)
+        for node in self.nodes:
+            for sub in subgraphs(node):
+                inner = sub.stats()
+                nodes, edges = nodes + inner["nodes"], edges + inner["edges"]
+        return {"nodes": nodes, "edges": edges}
+
+
+@dataclass(frozen=True)
+class Program:
+    graph: Graph
+    slices: tuple[SliceDef, ...] = ()
+    artifacts: tuple[Artifact, ...] = ()
+    version: int = 1
+
+    def __post_init__(self) -> None:
+        if self.version not in VERSIONS:
+            raise InvalidArgument(f"program: expected a version in {VERSIONS}, found {self.version!r}")
+        if not isinstance(self.graph, Graph):
+            raise InvalidArgument(f"program: expected a Graph, found {self.graph!r}")
+        if not isinstance(self.slices, tuple) or not all(isinstance(s, SliceDef) for s in self.slices):
+            raise InvalidArgument(f"program: expected a tuple of SliceDef, found {self.slices!r}")
+        if not isinstance(self.artifacts, tuple) or not all(isinstance(a, Artifact) for a in self.artifacts):
+            raise InvalidArgument(f"program: expected a tuple of Artifact, found {self.artifacts!r}")
+        names = [s.name for s in self.slices]
+        if len(set(names)) != len(names):
+            raise InvalidArgument(f"program: expected distinct slice names, found {names}")
+        hashes = [a.hash for a in self.artifacts]
+        if len(set(hashes)) != len(hashes):
+            raise InvalidArgument(f"program: expected distinct artifacts, found {hashes}")
+        # The artifact table is a set: keep it in one order so equal programs compare equal.
+        object.__setattr__(self, "artifacts", tuple(sorted(self.artifacts, key=lambda a: a.hash)))
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        return self.graph.nodes
+
+    @property
+    def results(self) -> tuple[str, ...]:
+        return self.graph.results
+
+    @property
+    def slice_table(self) -> dict[str, SliceDef]:
+        return {s.name: s for s in self.slices}
+
+    @property
+    def artifact_table(self) -> dict[str, Artifact]:
+        return {a.hash: a for a in self.artifacts}
+
+    def stats(self) -> dict[str, int]:
+        return self.graph.stats()

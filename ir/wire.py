@@ -1,0 +1,208 @@
+"""The JSON wire format of a program: `to_wire` and `from_wire`, exact inverses. No pickle.
+
+Contract: `from_wire(to_wire(p)) == p`, and `to_wire(p)` is plain JSON (dicts, lists, str,
+int, bool, None). Shape, version 1:
+
+    {"format": "isthmus.ir", "version": 1,
+     "slices": [{"name": "s0", "mesh": [["data", 2], ["model", 2]], "island": "a" | null}],
+     "artifacts": [{"hash": "sha256:...", "data": "<base64>", "meta": {"k": "v"}}],
+     "graph": {"nodes": [{"op": "compute", "inputs": ["%0"], "outputs": ["%1"], "attrs": {...}}]}}
+
+Mesh axes are a list of pairs because their order matters. A type is
+`{"aval": {"shape": [...], "dtype": ...}, "spec": [...], "slice": ...}`; a computation's
+`ins`/`outs` are types without `slice`. Per-op attribute codecs are tables (`_ENCODE`,
+`_DECODE`). Any unknown format or version, or malformed field, is an `InvalidArgument`
+(`WireError`) naming the JSON path, e.g. `$.graph.nodes[2].attrs.outs[0].aval.dtype`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from ir.errors import InvalidArgument
+from ir.node import Node, Op, Sig, Type
+from ir.ops import ArgAttrs, Attrs, ComputeAttrs, CondAttrs, ResultAttrs, TransferAttrs, WhileAttrs
+from ir.program import Artifact, Graph, Program, SliceDef
+from ir.types import Aval, MeshAxes, Spec
+
+FORMAT, VERSION = "isthmus.ir", 1
+
+
+class WireError(InvalidArgument):
+    """A wire document that is not a program; the message starts with the JSON path."""
+
+
+def _sig(s: Sig) -> dict[str, Any]:
+    return {"aval": s.aval.to_json(), "spec": s.spec.to_json()}
+
+
+def _type(t: Type) -> dict[str, Any]:
+    return {**_sig(t.sig), "slice": t.slice}
+
+
+def _graph(g: Graph) -> dict[str, Any]:
+    return {"nodes": [
+        {"op": n.op.value, "inputs": list(n.inputs), "outputs": list(n.outputs),
+         "attrs": _ENCODE[n.op](n.attrs)}
+        for n in g.nodes
+    ]}
+
+
+_ENCODE: dict[Op, Callable[[Any], dict[str, Any]]] = {
+    Op.ARG: lambda a: {"type": _type(a.type)},
+    Op.COMPUTE: lambda a: {"name": a.name, "artifact": a.artifact, "slice": a.slice,
+                           "ins": [_sig(s) for s in a.ins], "outs": [_sig(s) for s in a.outs]},
+    Op.TRANSFER: lambda a: {"type": _type(a.type)},
+    Op.RESULT: lambda a: {},
+    Op.WHILE: lambda a: {"cond": _graph(a.cond), "body": _graph(a.body)},
+    Op.COND: lambda a: {"branches": [_graph(b) for b in a.branches]},
+}
+
+
+def to_wire(program: Program) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "version": program.version,
+        "slices": [{"name": s.name, "mesh": [list(a) for a in s.mesh.axes], "island": s.island}
+                   for s in program.slices],
+        "artifacts": [{"hash": a.hash, "data": base64.b64encode(a.data).decode("ascii"), "meta": dict(a.meta)}
+                      for a in program.artifacts],
+        "graph": _graph(program.graph),
+    }
+
+
+# --- decoding --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _At:
+    """A JSON value and the path it was found at, with typed accessors that name the path."""
+
+    value: Any
+    path: str
+
+    def fail(self, expected: str) -> NoReturn:
+        raise WireError(f"{self.path}: expected {expected}, found {_show(self.value)}")
+
+    def __getitem__(self, key: str) -> _At:
+        if not isinstance(self.value, dict):
+            self.fail(f"an object with field {key!r}")
+        if key not in self.value:
+            raise WireError(f"{self.path}: expected a field {key!r}, found fields {sorted(self.value)}")
+        return _At(self.value[key], f"{self.path}.{key}")
+
+    def items(self) -> list[_At]:
+        if not isinstance(self.value, list):
+            self.fail("a list")
+        return [_At(v, f"{self.path}[{i}]") for i, v in enumerate(self.value)]
+
+    def text(self) -> str:
+        return self.value if isinstance(self.value, str) else self.fail("a string")
+
+    def integer(self) -> int:
+        ok = isinstance(self.value, int) and not isinstance(self.value, bool)
+        return self.value if ok else self.fail("an integer")
+
+    def build(self, make: Callable[[], Any]) -> Any:
+        """Run a constructor, turning its InvalidArgument into one that names this path."""
+        try:
+            return make()
+        except WireError:
+            raise
+        except InvalidArgument as e:
+            raise WireError(f"{self.path}: {e}") from None
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def from_wire(doc: Any) -> Program:
+    root = _At(doc, "$")
+    if root["format"].value != FORMAT:
+        root["format"].fail(repr(FORMAT))
+    version = root["version"]
+    if version.value != VERSION:
+        version.fail(f"version {VERSION} (the only one this build reads)")
+    slices = tuple(_slice(s) for s in root["slices"].items())
+    artifacts = tuple(_artifact(a) for a in root["artifacts"].items())
+    graph = _read_graph(root["graph"])
+    return root.build(lambda: Program(graph, slices, artifacts, VERSION))
+
+
+def _slice(at: _At) -> SliceDef:
+    axes = []
+    for pair in at["mesh"].items():
+        parts = pair.items()
+        if len(parts) != 2:
+            pair.fail("a pair [axis name, size]")
+        axes.append((parts[0].text(), parts[1].integer()))
+    island = at["island"]
+    name, isle = at["name"].text(), None if island.value is None else island.text()
+    return at.build(lambda: SliceDef(name, at["mesh"].build(lambda: MeshAxes(tuple(axes))), isle))
+
+
+def _artifact(at: _At) -> Artifact:
+    data = at["data"]
+    try:
+        raw = base64.b64decode(data.text(), validate=True)
+    except binascii.Error:
+        data.fail("base64 bytes")
+    meta = at["meta"]
+    if not isinstance(meta.value, dict):
+        meta.fail("an object of strings")
+    pairs = tuple((k, meta[k].text()) for k in meta.value)
+    return at["hash"].build(lambda: Artifact(at["hash"].text(), raw, pairs))
+
+
+def _read_sig(at: _At) -> Sig:
+    aval = at["aval"]
+    shape = tuple(d.integer() for d in aval["shape"].items())
+    dtype = aval["dtype"].text()
+    spec = at["spec"]
+    parsed = aval.build(lambda: Aval(shape, dtype)), spec.build(lambda: Spec.from_json(spec.value))
+    return at.build(lambda: Sig(*parsed))
+
+
+def _read_type(at: _At) -> Type:
+    sig, slice_name = _read_sig(at), at["slice"].text()
+    return at.build(lambda: sig.on(slice_name))
+
+
+def _read_graph(at: _At) -> Graph:
+    nodes = tuple(_read_node(n) for n in at["nodes"].items())
+    return at.build(lambda: Graph(nodes))
+
+
+def _read_node(at: _At) -> Node:
+    op_at = at["op"]
+    try:
+        op = Op(op_at.text())
+    except ValueError:
+        op_at.fail(f"an op in {[o.value for o in Op]}")
+    inputs = tuple(v.text() for v in at["inputs"].items())
+    outputs = tuple(v.text() for v in at["outputs"].items())
+    attrs = _DECODE[op](at["attrs"])
+    return at.build(lambda: Node(op, inputs, outputs, attrs))
+
+
+def _read_compute(at: _At) -> Attrs:
+    name, artifact, slice_name = at["name"].text(), at["artifact"].text(), at["slice"].text()
+    ins = tuple(_read_sig(s) for s in at["ins"].items())
+    outs = tuple(_read_sig(s) for s in at["outs"].items())
+    return at.build(lambda: ComputeAttrs(name, artifact, slice_name, ins, outs))
+
+
+_DECODE: dict[Op, Callable[[_At], Attrs]] = {
+    Op.ARG: lambda at: ArgAttrs(_read_type(at["type"])),
+    Op.COMPUTE: _read_compute,
+    Op.TRANSFER: lambda at: TransferAttrs(_read_type(at["type"])),
+    Op.RESULT: lambda at: ResultAttrs() if isinstance(at.value, dict) else at.fail("an object"),
+    Op.WHILE: lambda at: at.build(lambda: WhileAttrs(_read_graph(at["cond"]), _read_graph(at["body"]))),
+    Op.COND: lambda at: at.build(lambda: CondAttrs(tuple(_read_graph(b) for b in at["branches"].items()))),
+}

@@ -1,0 +1,78 @@
+import copy
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from ir_chains import build_chain, chains
+
+from ir import InvalidArgument, WireError, from_wire, to_wire, verify
+
+pytestmark = pytest.mark.unit
+
+
+def round_trip(program):
+    return from_wire(json.loads(json.dumps(to_wire(program))))
+
+
+def test_wire_round_trip(example, control_flow):
+    assert round_trip(example) == example
+    assert round_trip(control_flow) == control_flow
+
+
+def test_wire_header_and_artifact_bytes(example):
+    doc = to_wire(example)
+    assert doc["format"] == "isthmus.ir" and doc["version"] == 1
+    assert doc["slices"][0] == {"name": "s0", "mesh": [["data", 2], ["model", 2]], "island": "a"}
+    assert {a["data"] for a in doc["artifacts"]} == {"bGF5ZXI=", "bm9ybQ==", "aGVhZA=="}
+
+
+def test_unknown_version_is_refused(example):
+    doc = to_wire(example) | {"version": 2}
+    with pytest.raises(WireError, match=r"\$\.version: expected version 1 .*found 2"):
+        from_wire(doc)
+    with pytest.raises(WireError, match=r"\$\.format: expected 'isthmus.ir', found 'pickle'"):
+        from_wire(to_wire(example) | {"format": "pickle"})
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (("graph", "nodes", 2, "attrs", "outs", 0, "aval", "dtype"), "float99",
+         r"\$\.graph\.nodes\[2\]\.attrs\.outs\[0\]\.aval: .*unknown dtype 'float99'"),
+        (("graph", "nodes", 0, "attrs", "type", "aval", "shape", 1), "16",
+         r"\$\.graph\.nodes\[0\]\.attrs\.type\.aval\.shape\[1\]: expected an integer, found '16'"),
+        (("graph", "nodes", 4, "op"), "teleport", r"\$\.graph\.nodes\[4\]\.op: expected an op in"),
+        (("slices", 1, "mesh"), {"x": 4}, r"\$\.slices\[1\]\.mesh: expected a list"),
+        (("artifacts", 0, "data"), "!!", r"\$\.artifacts\[0\]\.data: expected base64 bytes"),
+        (("graph", "nodes", 3, "inputs", 0), "two", r"\$\.graph\.nodes\[3\]: .*name matching"),
+    ],
+)
+def test_malformed_fields_name_the_json_path(example, path, value, message):
+    doc = copy.deepcopy(to_wire(example))
+    target = doc
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    with pytest.raises(InvalidArgument, match=message):
+        from_wire(doc)
+
+
+def test_missing_field_names_the_path(example):
+    doc = to_wire(example)
+    del doc["graph"]["nodes"][1]["attrs"]["type"]["slice"]
+    with pytest.raises(WireError, match=r"\$\.graph\.nodes\[1\]\.attrs\.type: expected a field 'slice'"):
+        from_wire(doc)
+
+
+def test_not_an_object():
+    with pytest.raises(WireError, match=r"\$: expected an object with field 'format', found \[\]"):
+        from_wire([])
+
+
+@settings(max_examples=60, deadline=None)
+@given(chains(), st.sampled_from([4, 8]))
+def test_random_chains_round_trip_through_wire(steps, width):
+    program = build_chain(steps, width)
+    verify(program)
+    assert round_trip(program) == program
