@@ -17,7 +17,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from client.buffer import Buffer
-from ir import Aval, InvalidArgument, Spec, dtype_name
+from ir import Aval, InvalidArgument, Spec, dtype_name, parse_dtype
 
 if TYPE_CHECKING:
     from client.connection import Client, Slice
@@ -87,8 +87,7 @@ class Function:
         s = self.slice
         mesh = s.abstract_mesh
         in_specs = leaf_specs(self.in_specs, args, "in_specs")
-        avals = [jax.ShapeDtypeStruct(shape, np.dtype(dtype) if dtype != "bfloat16"
-                                      else jax.numpy.bfloat16, weak_type=weak)
+        avals = [jax.ShapeDtypeStruct(shape, parse_dtype(dtype), weak_type=weak)
                  for shape, dtype, weak in leaves]
         axes = s.mesh_axes
         for i, (spec, a) in enumerate(zip(in_specs, avals, strict=True)):

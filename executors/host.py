@@ -45,6 +45,7 @@ class Host:
         self.host = host
         self.store = BufferStore()
         self._executables: dict[str, Future[Any]] = {}
+        self._building: set[str] = set()
         self._ops: dict[int, Callable[[], None]] = {}
         self._next = 0
         self._cond = threading.Condition()
@@ -124,8 +125,8 @@ class Host:
     ) -> str | None:
         """Compile once per key; return None when ready, else the compiler's message."""
         fut = self._executable(key)
-        if not fut.done() and not getattr(fut, "building", False):
-            fut.building = True  # type: ignore[attr-defined]
+        if not fut.done() and key not in self._building:
+            self._building.add(key)
             devices, axes = placement
             ins = [Spec.from_json(s) for s in in_specs]
             outs = [Spec.from_json(s) for s in out_specs]

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from executors import ExecutorPool, Placement, RayOptions
-from ir import Aval, Conflict, InvalidArgument, NotFound, Spec, Unavailable
+from ir import Aval, Conflict, InvalidArgument, MeshAxes, NotFound, Spec, Unavailable
 from resource_manager import ClusterSpec, ResourceManager, Slice, default_cluster, load_cluster
 from server.artifacts import inspect_artifact
 from server.errors import Unauthorized
@@ -86,8 +86,6 @@ class Service:
 
     def create_slice(self, owner: ClientRecord, mesh: dict[str, int], island: str | None,
                      device_kind: str | None) -> Slice:
-        from ir import MeshAxes
-
         return self.rm.create_slice(MeshAxes.of(mesh), owner.id, island=island,
                                     device_kind=device_kind)
 
