@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Callable
@@ -124,7 +125,7 @@ class Client:
     def _upload(self, array: np.ndarray, slice: Slice, spec: Spec) -> Buffer:
         self._flush()
         params = {"slice_id": slice.id, "dtype": dtype_name(array.dtype),
-                  "shape": ",".join(map(str, array.shape)), "spec": _json_spec(spec)}
+                  "shape": ",".join(map(str, array.shape)), "spec": json.dumps(spec.to_json())}
         record = self._transport.json(
             "POST", "/v1/buffers", params=params, content=np.ascontiguousarray(array).tobytes(),
             headers={"Content-Type": "application/octet-stream"},
@@ -163,12 +164,6 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _json_spec(spec: Spec) -> str:
-    import json
-
-    return json.dumps(spec.to_json())
 
 
 def connect(address: str | None = None, token: str | None = None, name: str = "") -> Client:

@@ -90,11 +90,8 @@ class Service:
                                     device_kind=device_kind)
 
     def slice(self, owner: ClientRecord, slice_id: str) -> Slice:
-        try:
-            s = self.rm.get_slice(slice_id)
-        except NotFound:
-            s = None
-        if s is None or s.owner != owner.id:
+        s = self.rm.get_slice(slice_id)  # NotFound names the id
+        if s.owner != owner.id:  # another client's slice reads exactly like a missing one
             raise NotFound(f"slice {slice_id!r} does not exist")
         return s
 
