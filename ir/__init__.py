@@ -2,32 +2,49 @@
 
 Pure: imports numpy and nothing that touches devices. `Program` (a `Graph` of `Node`s plus
 its slice and artifact tables), the per-op type rules, the verifier, the text form, the JSON
-wire format and a checking builder. Passes (`ir/passes/`) grow here.
+wire format, a checking builder, and the host plans lowering ends in (`ir.plan`). The
+lowering passes are a package of their own: `ir.passes` (`lower`, `host_plans`).
 """
 
 from ir.builder import ProgramBuilder
 from ir.errors import Conflict, InvalidArgument, IsthmusError, NotFound, RemoteError, Unavailable
 from ir.node import ATTRS, SUBGRAPHS, TYPE_RULES, Env, Node, Op, RuleError, Sig, Type, subgraphs
-from ir.ops import ArgAttrs, ComputeAttrs, CondAttrs, ResultAttrs, TransferAttrs, WhileAttrs
-from ir.program import Artifact, Graph, Program, SliceDef, content_hash
+from ir.ops import (
+    ROUTES,
+    ArgAttrs,
+    ComputeAttrs,
+    CondAttrs,
+    RecvAttrs,
+    ResultAttrs,
+    SendAttrs,
+    TransferAttrs,
+    WhileAttrs,
+    transfer_route,
+)
+from ir.plan import CompileJob, Compute, HostPlan, Recv, Reshard, Send, Step, executable_key
+from ir.program import Artifact, Graph, Placement, Program, SliceDef, content_hash
 from ir.text import ParseError, node_line, parse_program, print_program
 from ir.types import DTYPES, Aval, MeshAxes, Spec, dtype_name, parse_dtype
-from ir.verify import VerifyError, graph_signature, infer_node, verify
+from ir.verify import VerifyError, graph_signature, infer_node, value_types, verify
 from ir.wire import WireError, from_wire, to_wire
 
 __all__ = [
     "ATTRS",
     "DTYPES",
+    "ROUTES",
     "SUBGRAPHS",
     "TYPE_RULES",
     "ArgAttrs",
     "Artifact",
     "Aval",
+    "CompileJob",
+    "Compute",
     "ComputeAttrs",
     "CondAttrs",
     "Conflict",
     "Env",
     "Graph",
+    "HostPlan",
     "InvalidArgument",
     "IsthmusError",
     "MeshAxes",
@@ -35,14 +52,21 @@ __all__ = [
     "NotFound",
     "Op",
     "ParseError",
+    "Placement",
     "Program",
     "ProgramBuilder",
+    "Recv",
+    "RecvAttrs",
     "RemoteError",
+    "Reshard",
     "ResultAttrs",
     "RuleError",
+    "Send",
+    "SendAttrs",
     "Sig",
     "SliceDef",
     "Spec",
+    "Step",
     "TransferAttrs",
     "Type",
     "Unavailable",
@@ -51,6 +75,7 @@ __all__ = [
     "WireError",
     "content_hash",
     "dtype_name",
+    "executable_key",
     "from_wire",
     "graph_signature",
     "infer_node",
@@ -60,5 +85,7 @@ __all__ = [
     "print_program",
     "subgraphs",
     "to_wire",
+    "transfer_route",
+    "value_types",
     "verify",
 ]

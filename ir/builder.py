@@ -66,14 +66,14 @@ class ProgramBuilder:
     def compute(
         self,
         name: str,
-        artifact: str | bytes,
+        artifact: str | bytes | bytearray,
         slice: str,
         inputs: Sequence[str],
         outs: Sequence[SigLike],
         ins: Sequence[SigLike] | None = None,
     ) -> tuple[str, ...]:
         """One sharded computation; `ins` defaults to the operands' avals and specs."""
-        ref = self.artifact(artifact) if isinstance(artifact, bytes) else artifact
+        ref = self.artifact(bytes(artifact)) if isinstance(artifact, bytes | bytearray) else artifact
         declared = [self.type_of(v).sig for v in inputs] if ins is None else [_sig(s) for s in ins]
         attrs = ComputeAttrs(name, ref, slice, tuple(declared), tuple(_sig(s) for s in outs))
         return self._add(Op.COMPUTE, tuple(inputs), len(outs), attrs)

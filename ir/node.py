@@ -35,6 +35,8 @@ class Op(enum.Enum):
     ARG = "arg"
     COMPUTE = "compute"
     TRANSFER = "transfer"
+    SEND = "send"
+    RECV = "recv"
     RESULT = "result"
     WHILE = "while"
     COND = "cond"

@@ -3,7 +3,10 @@
 Contract:
 - `ARG` a program input; `COMPUTE` one sharded computation (one node whatever its shard
   count: shard counts live only in the slice table); `TRANSFER` a move and/or reshard of one
-  value, aval unchanged; `RESULT` the graph's outputs, in order, always its last node;
+  value, aval unchanged: *logical* (`route` None) as the tracer inserts it, or *physical* once
+  its slices are placed (`route` in `ROUTES`, which must agree with the placements);
+  `SEND`/`RECV` one value from one host to another, paired by `tag` (the verifier checks the
+  pairs), on placed slices only; `RESULT` the graph's outputs, in order, always its last node;
   `WHILE` and `COND` functional control flow whose sub-graphs are closed (they see only
   their own `ARG`s) and have their own value scope.
 - Importing this module fills `ATTRS` and `TYPE_RULES` (`ir/__init__.py` always does).
@@ -21,7 +24,7 @@ from ir.node import ATTRS, IDENTIFIER, SUBGRAPHS, TYPE_RULES, Env, Node, Op, Rul
 from ir.types import Aval
 
 if TYPE_CHECKING:
-    from ir.program import Graph
+    from ir.program import Graph, SliceDef
 
 BOOL_SCALAR = Aval((), "bool")
 INT32_SCALAR = Aval((), "int32")
@@ -40,6 +43,16 @@ def _same(what: str, expected: Sequence[Type], found: Sequence[Type]) -> None:
         raise RuleError(what, show(expected), show(found))
 
 
+def _hosts(env: Env, slice_name: str, what: str) -> tuple[str, ...]:
+    """The hosts a slice is placed on; sends and receives exist only between placed slices.
+    (A slice missing from the table is the verifier's to report, naming the value.)"""
+    if slice_name not in env.slices:
+        return ()
+    placement = env.slices[slice_name].placement
+    if placement is None:
+        raise RuleError(f"slice of {what}", "a placed slice (sends and receives run between hosts)",
+                        f"@{slice_name} unplaced")
+    return placement.hosts
 
 
 # --- ARG: one program input ------------------------------------------------------------------
@@ -110,26 +123,108 @@ ATTRS[Op.COMPUTE], TYPE_RULES[Op.COMPUTE] = ComputeAttrs, _compute_rule
 # --- TRANSFER: move and/or reshard one value; the aval never changes ------------------------
 
 
+ROUTES = ("local", "island", "dcn")
+
+
+def transfer_route(source: SliceDef, target: SliceDef) -> str | None:
+    """How a value moves between two slices: `local` when both lie on one and the same host,
+    `island` between hosts of one island, `dcn` between islands; None while either is unplaced."""
+    if source.placement is None or target.placement is None:
+        return None
+    if source.placement.island != target.placement.island:
+        return "dcn"
+    return "local" if len({*source.placement.hosts, *target.placement.hosts}) == 1 else "island"
+
+
 @dataclass(frozen=True)
 class TransferAttrs:
     type: Type
+    route: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.type, Type):
             raise InvalidArgument(f"transfer: expected a Type, found {self.type!r}")
+        if self.route is not None and self.route not in ROUTES:
+            raise InvalidArgument(
+                f"transfer to {self.type}: expected a route in {ROUTES}, found {self.route!r}"
+            )
 
 
 def _transfer_rule(node: Node, env: Env) -> list[Type]:
-    assert isinstance(node.attrs, TransferAttrs)
+    a = node.attrs
+    assert isinstance(a, TransferAttrs)
     _arity(node, 1, 1)
-    source, target = env.types[node.inputs[0]], node.attrs.type
+    source, target = env.types[node.inputs[0]], a.type
     if source.aval != target.aval:
         raise RuleError(f"transfer of {node.inputs[0]}", f"aval {source.aval} (a transfer keeps the aval)",
                         f"{target.aval}")
+    if a.route is not None and target.slice in env.slices:
+        src, dst = env.slices[source.slice], env.slices[target.slice]
+        expected = transfer_route(src, dst)
+        if expected is None:
+            unplaced = ", ".join(f"@{s.name}" for s in (src, dst) if s.placement is None)
+            raise RuleError(f"route of the transfer of {node.inputs[0]}",
+                            "placed slices (a route is physical)", f"via {a.route} with {unplaced} unplaced")
+        if expected != a.route:
+            where = ", ".join(f"@{s.name} on {s.placement.island}[{', '.join(s.placement.hosts)}]"
+                              for s in (src, dst) if s.placement is not None)
+            raise RuleError(f"route of the transfer of {node.inputs[0]}", f"via {expected} ({where})",
+                            f"via {a.route}")
     return [target]
 
 
 ATTRS[Op.TRANSFER], TYPE_RULES[Op.TRANSFER] = TransferAttrs, _transfer_rule
+
+
+# --- SEND / RECV: one value from one host to another, paired by tag ------------------------
+
+
+@dataclass(frozen=True)
+class SendAttrs:
+    """Hand the operand to host `to`; the `RECV` with the same `tag` takes it there."""
+
+    to: str
+    tag: str
+
+    def __post_init__(self) -> None:
+        check_name(self.to, IDENTIFIER, "send: host")
+        check_name(self.tag, IDENTIFIER, f"send to {self.to}: tag")
+
+
+def _send_rule(node: Node, env: Env) -> list[Type]:
+    assert isinstance(node.attrs, SendAttrs)
+    _arity(node, 1, 0)
+    _hosts(env, env.types[node.inputs[0]].slice, f"{node.inputs[0]} (sent with tag {node.attrs.tag})")
+    return []
+
+
+ATTRS[Op.SEND], TYPE_RULES[Op.SEND] = SendAttrs, _send_rule
+
+
+@dataclass(frozen=True)
+class RecvAttrs:
+    """Take the value the `SEND` with the same `tag` hands over from host `source`."""
+
+    type: Type
+    source: str
+    tag: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.type, Type):
+            raise InvalidArgument(f"recv: expected a Type, found {self.type!r}")
+        check_name(self.source, IDENTIFIER, "recv: host")
+        check_name(self.tag, IDENTIFIER, f"recv from {self.source}: tag")
+
+
+def _recv_rule(node: Node, env: Env) -> list[Type]:
+    a = node.attrs
+    assert isinstance(a, RecvAttrs)
+    _arity(node, 0, 1)
+    _hosts(env, a.type.slice, f"{node.outputs[0]} (received with tag {a.tag})")
+    return [a.type]
+
+
+ATTRS[Op.RECV], TYPE_RULES[Op.RECV] = RecvAttrs, _recv_rule
 
 
 # --- RESULT: the graph's outputs, in order; always the last node -----------------------------
@@ -221,4 +316,4 @@ def _cond_rule(node: Node, env: Env) -> list[Type]:
 ATTRS[Op.COND], TYPE_RULES[Op.COND] = CondAttrs, _cond_rule
 SUBGRAPHS[Op.COND] = lambda a: a.branches
 
-Attrs = ArgAttrs | ComputeAttrs | TransferAttrs | ResultAttrs | WhileAttrs | CondAttrs
+Attrs = ArgAttrs | ComputeAttrs | TransferAttrs | SendAttrs | RecvAttrs | ResultAttrs | WhileAttrs | CondAttrs

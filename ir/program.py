@@ -25,12 +25,49 @@ VERSIONS = (1,)
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Where a slice's mesh lives: its island, and (host, local device index) per mesh position.
+
+    Positions are the mesh's devices in row-major order, as `jax.sharding.Mesh` lays them out.
+    """
+
+    island: str
+    devices: tuple[tuple[str, int], ...]
+
+    def __post_init__(self) -> None:
+        check_name(self.island, IDENTIFIER, "placement: island")
+        if not isinstance(self.devices, tuple) or not self.devices or not all(
+            isinstance(d, tuple) and len(d) == 2 and isinstance(d[0], str) and isinstance(d[1], int)
+            and not isinstance(d[1], bool) and d[1] >= 0
+            for d in self.devices
+        ):
+            raise InvalidArgument(
+                f"placement: expected a non-empty tuple of (host, local index) pairs, found {self.devices!r}"
+            )
+        for host, _ in self.devices:
+            check_name(host, IDENTIFIER, "placement: host")
+        if len(set(self.devices)) != len(self.devices):
+            raise InvalidArgument(f"placement: expected distinct devices, found {self.devices!r}")
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """The hosts, in order of first appearance."""
+        return tuple(dict.fromkeys(h for h, _ in self.devices))
+
+    def local(self, host: str) -> tuple[int, ...]:
+        """The local device indices on `host`, in mesh order."""
+        return tuple(i for h, i in self.devices if h == host)
+
+
+@dataclass(frozen=True)
 class SliceDef:
-    """One virtual slice: its mesh's named axes and, optionally, the island it must live on."""
+    """One virtual slice: its mesh's named axes, optionally the island it must live on, and,
+    once the `place` pass has run, the physical devices it is mapped onto."""
 
     name: str
     mesh: MeshAxes
     island: str | None = None
+    placement: Placement | None = None
 
     def __post_init__(self) -> None:
         check_name(self.name, IDENTIFIER, "slice name")
@@ -38,6 +75,19 @@ class SliceDef:
             raise InvalidArgument(f"slice {self.name}: expected MeshAxes, found {self.mesh!r}")
         if self.island is not None:
             check_name(self.island, IDENTIFIER, f"slice {self.name}: island")
+        if self.placement is not None:
+            if not isinstance(self.placement, Placement):
+                raise InvalidArgument(f"slice {self.name}: expected a Placement, found {self.placement!r}")
+            if len(self.placement.devices) != self.mesh.size:
+                raise InvalidArgument(
+                    f"slice {self.name}: expected {self.mesh.size} placed devices for mesh "
+                    f"{self.mesh.to_json()}, found {len(self.placement.devices)}"
+                )
+            if self.island is not None and self.placement.island != self.island:
+                raise InvalidArgument(
+                    f"slice {self.name}: expected a placement on island {self.island}, "
+                    f"found one on {self.placement.island}"
+                )
 
 
 @dataclass(frozen=True)

@@ -4,22 +4,27 @@ Contract: `parse_program(print_program(p), p.artifacts) == p` for every program.
 names artifacts by content hash only; their bytes travel separately (`artifacts=`). Shape:
 
     isthmus.program v1
-    slice s0 = {data: 2, model: 2} island a
+    slice s0 = {data: 2, model: 2} island a placed a[a0:0, a0:1, a0:2, a0:3]
+    slice s1 = {x: 4} placed b[b0:0, b0:1, b0:2, b0:3]
     %0 = arg float32[8,16] P(None, 'model') @s0
     %1 = compute layer sha256:ab12... @s0 (%0: float32[8,16] P(None, 'model')) -> (float32[8,16] P())
-    %2 = transfer %1 -> float32[8,16] P() @s1
-    %3, %4 = while (%2, %n) cond {
+    %2 = transfer %1 -> float32[8,16] P() @s1 via dcn
+    send %1 to b0 tag t0
+    %3 = recv float32[8,16] P() @s1 from a0 tag t0
+    %4, %5 = while (%3, %n) cond {
       ...sub-graph, ending in `result`...
     } body {
       ...
     }
-    %5 = cond %p (%3) branch {
+    %6 = cond %p (%4) branch {
       ...
     } branch {
       ...
     }
-    result %5
+    result %6
 
+A slice's placement is `placed ISLAND[HOST:LOCAL_INDEX, ...]`, one entry per mesh position in
+row-major order; a transfer's route is a trailing `via ROUTE`, absent while it is logical.
 Per-op printers and parsers are tables (`_PRINT`, `_PARSE`) filled below, one entry per op.
 Blank lines and lines starting with `#` are ignored. Errors are `ParseError`s naming the line.
 """
@@ -33,8 +38,18 @@ from typing import Any
 
 from ir.errors import InvalidArgument
 from ir.node import SUBGRAPHS, Node, Op, Sig, Type, subgraphs
-from ir.ops import ArgAttrs, Attrs, ComputeAttrs, CondAttrs, ResultAttrs, TransferAttrs, WhileAttrs
-from ir.program import Artifact, Graph, Program, SliceDef
+from ir.ops import (
+    ArgAttrs,
+    Attrs,
+    ComputeAttrs,
+    CondAttrs,
+    RecvAttrs,
+    ResultAttrs,
+    SendAttrs,
+    TransferAttrs,
+    WhileAttrs,
+)
+from ir.program import Artifact, Graph, Placement, Program, SliceDef
 from ir.types import Aval, MeshAxes, Spec
 
 
@@ -62,7 +77,11 @@ _PRINT: dict[Op, Callable[[Node, Any], str]] = {
         + _values(f"{v}: {s}" for v, s in zip(node.inputs, a.ins, strict=False))
         + f") -> ({_values(map(str, a.outs))})"
     ),
-    Op.TRANSFER: lambda node, a: f"transfer {_values(node.inputs)} -> {a.type}",
+    Op.TRANSFER: lambda node, a: (
+        f"transfer {_values(node.inputs)} -> {a.type}" + (f" via {a.route}" if a.route else "")
+    ),
+    Op.SEND: lambda node, a: f"send {_values(node.inputs)} to {a.to} tag {a.tag}",
+    Op.RECV: lambda node, a: f"recv {a.type} from {a.source} tag {a.tag}",
     Op.RESULT: lambda node, a: f"result {_values(node.inputs)}".rstrip(),
     Op.WHILE: lambda node, a: f"while ({_values(node.inputs)})",
     Op.COND: lambda node, a: f"cond {node.inputs[0] if node.inputs else ''} ({_values(node.inputs[1:])})",
@@ -84,9 +103,14 @@ def print_program(program: Program) -> str:
     lines = [f"isthmus.program v{program.version}"]
     for s in program.slices:
         mesh = ", ".join(f"{name}: {size}" for name, size in s.mesh.axes)
-        lines.append(f"slice {s.name} = {{{mesh}}}" + (f" island {s.island}" if s.island else ""))
+        line = f"slice {s.name} = {{{mesh}}}" + (f" island {s.island}" if s.island else "")
+        lines.append(line + (f" placed {_placement(s.placement)}" if s.placement else ""))
     lines += _graph_lines(program.graph, "")
     return "\n".join(lines) + "\n"
+
+
+def _placement(p: Placement) -> str:
+    return f"{p.island}[" + ", ".join(f"{host}:{index}" for host, index in p.devices) + "]"
 
 
 def _graph_lines(graph: Graph, indent: str) -> list[str]:
@@ -148,9 +172,13 @@ def _build(n: int, make: Callable[[], Any]) -> Any:
 
 
 def _slice(n: int, line: str) -> SliceDef:
-    m = _match(r"slice (\S+) = \{([^}]*)\}(?: island (\S+))?", line, n, "'slice NAME = {axis: size, ...}'")
-    axes = _items(m[2], r"(\w+): (\d+)", n, "'axis: size'")
-    return _build(n, lambda: SliceDef(m[1], MeshAxes(tuple((a[1], int(a[2])) for a in axes)), m[3]))
+    expected = "'slice NAME = {axis: size, ...}[ island ISLAND][ placed ISLAND[HOST:INDEX, ...]]'"
+    pattern = r"slice (\S+) = \{([^}]*)\}(?: island (\S+))?(?: placed ([^\s\[]+)\[([^\]]*)\])?"
+    m = _match(pattern, line, n, expected)
+    mesh = tuple((a[1], int(a[2])) for a in _items(m[2], r"(\w+): (\d+)", n, "'axis: size'"))
+    devices = tuple((d[1], int(d[2])) for d in _items(m[5] or "", r"([^\s:,]+):(\d+)", n, "'host:index'"))
+    placement = None if m[4] is None else _build(n, lambda: Placement(m[4], devices))
+    return _build(n, lambda: SliceDef(m[1], _build(n, lambda: MeshAxes(mesh)), m[3], placement))
 
 
 def _items(text: str, pattern: str, n: int, expected: str) -> list[re.Match[str]]:
@@ -240,8 +268,20 @@ def _compute(rest: str, n: int) -> tuple[tuple[str, ...], Attrs]:
 
 
 def _transfer(rest: str, n: int) -> tuple[tuple[str, ...], Attrs]:
-    m = _match(rf"({_VALUE}) -> (.*)", rest, n, "'transfer %value -> TYPE'")
-    return (m[1],), TransferAttrs(_type(m[2], n))
+    m = _match(rf"({_VALUE}) -> (.*?)(?: via (\S+))?", rest, n, "'transfer %value -> TYPE[ via ROUTE]'")
+    target = _type(m[2], n)
+    return (m[1],), _build(n, lambda: TransferAttrs(target, m[3]))
+
+
+def _send(rest: str, n: int) -> tuple[tuple[str, ...], Attrs]:
+    m = _match(rf"({_VALUE}) to (\S+) tag (\S+)", rest, n, "'send %value to HOST tag TAG'")
+    return (m[1],), _build(n, lambda: SendAttrs(m[2], m[3]))
+
+
+def _recv(rest: str, n: int) -> tuple[tuple[str, ...], Attrs]:
+    m = _match(r"(.*) from (\S+) tag (\S+)", rest, n, "'recv TYPE from HOST tag TAG'")
+    received = _type(m[1], n)
+    return (), _build(n, lambda: RecvAttrs(received, m[2], m[3]))
 
 
 def _value_list(text: str, n: int) -> tuple[str, ...]:
@@ -266,6 +306,8 @@ _PARSE: dict[Op, Callable[[str, list[tuple[str, Graph]], int], tuple[tuple[str, 
     Op.ARG: _no_blocks(lambda rest, n: ((), ArgAttrs(_type(rest, n)))),
     Op.COMPUTE: _no_blocks(_compute),
     Op.TRANSFER: _no_blocks(_transfer),
+    Op.SEND: _no_blocks(_send),
+    Op.RECV: _no_blocks(_recv),
     Op.RESULT: _no_blocks(lambda rest, n: (_value_list(rest, n), ResultAttrs())),
     Op.WHILE: _while,
     Op.COND: _cond,

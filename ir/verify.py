@@ -2,19 +2,25 @@
 
 Contract: a verified program has every operand defined by an earlier node of its own graph,
 no value defined twice, every slice it names in the slice table, every spec fitting its
-aval on its slice's mesh, every artifact it names in the artifact table, and every node
-obeying its op's type rule (`ir.node.TYPE_RULES`), sub-graphs included. A `VerifyError`
-names the node (its index and text line), says what was expected and what was found, and
-shows the node with its neighbours, as JAX's jaxpr checker does. Passes leave verified IR.
+aval on its slice's mesh, every artifact it names in the artifact table, every node
+obeying its op's type rule (`ir.node.TYPE_RULES`), sub-graphs included, and in each graph
+its sends and receives in pairs: one `SEND` and one `RECV` per tag, the send first (sends do
+not block, so an order with every send before its receive cannot deadlock), the same aval
+on both sides, and each side naming a host the other side's slice is placed on. A
+`VerifyError` names the node (its index and text line), says what was expected and what was
+found, and shows the node with its neighbours, as JAX's jaxpr checker does. Passes leave
+verified IR.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NoReturn
 
 from ir.errors import InvalidArgument
 from ir.node import TYPE_RULES, Env, GraphSig, Node, Op, RuleError, Type
+from ir.ops import RecvAttrs, SendAttrs
 from ir.program import Graph, Program, SliceDef
 from ir.text import node_line
 
@@ -35,6 +41,11 @@ def verify(program: Program) -> None:
     _Checker(program.slice_table, frozenset(program.artifact_table)).graph(program.graph)
 
 
+def value_types(program: Program) -> dict[str, Type]:
+    """Verify `program`; return the type of every value its top graph defines (for passes)."""
+    return _Checker(program.slice_table, frozenset(program.artifact_table)).values(program.graph)
+
+
 def graph_signature(graph: Graph, slices: Mapping[str, SliceDef], artifacts: frozenset[str]) -> GraphSig:
     """Verify a graph against the given tables; return the types of its args and results."""
     return _Checker(slices, artifacts).graph(graph)
@@ -53,6 +64,10 @@ class _Checker:
     artifacts: frozenset[str]
 
     def graph(self, graph: Graph) -> GraphSig:
+        types = self.values(graph)
+        return tuple(types[v] for v in graph.args), tuple(types[v] for v in graph.results)
+
+    def values(self, graph: Graph) -> dict[str, Type]:
         defined_at: dict[str, int] = {}
         for i, node in enumerate(graph.nodes):
             for value in node.outputs:
@@ -67,7 +82,8 @@ class _Checker:
             except VerifyError as e:
                 raise e.within(f"{_where(graph, i)}, in ") from None
             types.update(zip(node.outputs, outs, strict=True))
-        return tuple(types[v] for v in graph.args), tuple(types[v] for v in graph.results)
+        _check_pairs(graph, types, self.slices)
+        return types
 
     def node(self, node: Node, types: Mapping[str, Type]) -> list[Type]:
         outs = TYPE_RULES[node.op](node, Env(types, self.slices, self.artifacts, self._subgraph))
@@ -105,6 +121,48 @@ def _check_names(node: Node, index: int, types: Mapping[str, Type], defined_at: 
             raise RuleError(f"output {value}", "a name not defined before",
                             f"{value} already defined by node {defined_at[value]}")
         seen.add(value)
+
+
+def _check_pairs(graph: Graph, types: Mapping[str, Type], slices: Mapping[str, SliceDef]) -> None:
+    at: dict[tuple[Op, str], list[int]] = {}
+    for i, node in enumerate(graph.nodes):
+        if isinstance(node.attrs, SendAttrs | RecvAttrs):
+            at.setdefault((node.op, node.attrs.tag), []).append(i)
+    for (op, tag), where in at.items():
+        if len(where) > 1:
+            _pair_error(graph, where[1], f"tag {tag}: expected one {op.value} with this tag",
+                        f"{len(where)}, also node {where[0]} `{node_line(graph.nodes[where[0]])}`")
+        other = Op.RECV if op is Op.SEND else Op.SEND
+        if (other, tag) not in at:
+            _pair_error(graph, where[0], f"tag {tag}: expected a {other.value} with this tag", "none")
+    for (op, tag), where in at.items():
+        if op is Op.RECV:
+            _check_pair(graph, at[Op.SEND, tag][0], where[0], types, slices)
+
+
+def _check_pair(
+    graph: Graph, s: int, r: int, types: Mapping[str, Type], slices: Mapping[str, SliceDef]
+) -> None:
+    send, recv = graph.nodes[s], graph.nodes[r]
+    assert isinstance(send.attrs, SendAttrs) and isinstance(recv.attrs, RecvAttrs)
+    tag, sent, received = send.attrs.tag, types[send.inputs[0]], recv.attrs.type
+    pair = f"tag {tag} (sent by node {s} `{node_line(send)}`)"  # the error names the recv node
+    if s > r:
+        _pair_error(graph, r, f"{pair}: expected the send before the recv", "the send after it")
+    if sent.aval != received.aval:
+        _pair_error(graph, r, f"{pair}: expected the aval sent, {sent.aval}", f"{received.aval}")
+    ends = (("send to go to", send.attrs.to, received.slice),
+            ("recv to come from", recv.attrs.source, sent.slice))
+    for what, host, slice_name in ends:
+        placement = slices[slice_name].placement  # placed: the SEND and RECV rules checked
+        hosts = placement.hosts if placement else ()
+        if host not in hosts:
+            _pair_error(graph, r, f"{pair}: expected the {what} a host of @{slice_name} ({', '.join(hosts)})",
+                        host)
+
+
+def _pair_error(graph: Graph, index: int, problem: str, found: str) -> NoReturn:
+    raise VerifyError(_where(graph, index), f"{problem}, found {found}", _neighbourhood(graph, index))
 
 
 def _where(graph: Graph, index: int) -> str:

@@ -4,13 +4,17 @@ Contract: `from_wire(to_wire(p)) == p`, and `to_wire(p)` is plain JSON (dicts, l
 int, bool, None). Shape, version 1:
 
     {"format": "isthmus.ir", "version": 1,
-     "slices": [{"name": "s0", "mesh": [["data", 2], ["model", 2]], "island": "a" | null}],
+     "slices": [{"name": "s0", "mesh": [["data", 2], ["model", 2]], "island": "a" | null,
+                 "placement": {"island": "a", "devices": [["a0", 0], ["a0", 1], ...]} | null}],
      "artifacts": [{"hash": "sha256:...", "data": "<base64>", "meta": {"k": "v"}}],
      "graph": {"nodes": [{"op": "compute", "inputs": ["%0"], "outputs": ["%1"], "attrs": {...}}]}}
 
 Mesh axes are a list of pairs because their order matters. A type is
 `{"aval": {"shape": [...], "dtype": ...}, "spec": [...], "slice": ...}`; a computation's
-`ins`/`outs` are types without `slice`. Per-op attribute codecs are tables (`_ENCODE`,
+`ins`/`outs` are types without `slice`. A transfer's attributes are `{"type": ..., "route":
+"local" | "island" | "dcn" | null}`; a send's `{"to": host, "tag": ...}`; a recv's `{"type":
+..., "source": host, "tag": ...}`. `placement` and `route` may be absent (read as null), so
+documents written before they existed still read. Per-op attribute codecs are tables (`_ENCODE`,
 `_DECODE`). Any unknown format or version, or malformed field, is an `InvalidArgument`
 (`WireError`) naming the JSON path, e.g. `$.graph.nodes[2].attrs.outs[0].aval.dtype`.
 """
@@ -25,8 +29,18 @@ from typing import Any, NoReturn
 
 from ir.errors import InvalidArgument
 from ir.node import Node, Op, Sig, Type
-from ir.ops import ArgAttrs, Attrs, ComputeAttrs, CondAttrs, ResultAttrs, TransferAttrs, WhileAttrs
-from ir.program import Artifact, Graph, Program, SliceDef
+from ir.ops import (
+    ArgAttrs,
+    Attrs,
+    ComputeAttrs,
+    CondAttrs,
+    RecvAttrs,
+    ResultAttrs,
+    SendAttrs,
+    TransferAttrs,
+    WhileAttrs,
+)
+from ir.program import Artifact, Graph, Placement, Program, SliceDef
 from ir.types import Aval, MeshAxes, Spec
 
 FORMAT, VERSION = "isthmus.ir", 1
@@ -56,7 +70,9 @@ _ENCODE: dict[Op, Callable[[Any], dict[str, Any]]] = {
     Op.ARG: lambda a: {"type": _type(a.type)},
     Op.COMPUTE: lambda a: {"name": a.name, "artifact": a.artifact, "slice": a.slice,
                            "ins": [_sig(s) for s in a.ins], "outs": [_sig(s) for s in a.outs]},
-    Op.TRANSFER: lambda a: {"type": _type(a.type)},
+    Op.TRANSFER: lambda a: {"type": _type(a.type), "route": a.route},
+    Op.SEND: lambda a: {"to": a.to, "tag": a.tag},
+    Op.RECV: lambda a: {"type": _type(a.type), "source": a.source, "tag": a.tag},
     Op.RESULT: lambda a: {},
     Op.WHILE: lambda a: {"cond": _graph(a.cond), "body": _graph(a.body)},
     Op.COND: lambda a: {"branches": [_graph(b) for b in a.branches]},
@@ -67,12 +83,17 @@ def to_wire(program: Program) -> dict[str, Any]:
     return {
         "format": FORMAT,
         "version": program.version,
-        "slices": [{"name": s.name, "mesh": [list(a) for a in s.mesh.axes], "island": s.island}
+        "slices": [{"name": s.name, "mesh": [list(a) for a in s.mesh.axes], "island": s.island,
+                    "placement": _placement(s.placement)}
                    for s in program.slices],
         "artifacts": [{"hash": a.hash, "data": base64.b64encode(a.data).decode("ascii"), "meta": dict(a.meta)}
                       for a in program.artifacts],
         "graph": _graph(program.graph),
     }
+
+
+def _placement(p: Placement | None) -> dict[str, Any] | None:
+    return None if p is None else {"island": p.island, "devices": [list(d) for d in p.devices]}
 
 
 # --- decoding --------------------------------------------------------------------------------
@@ -94,6 +115,15 @@ class _At:
         if key not in self.value:
             raise WireError(f"{self.path}: expected a field {key!r}, found fields {sorted(self.value)}")
         return _At(self.value[key], f"{self.path}.{key}")
+
+    def optional(self, key: str) -> _At:
+        """A field that older documents lack: absent reads as null."""
+        if not isinstance(self.value, dict):
+            self.fail(f"an object with field {key!r}")
+        return _At(self.value.get(key), f"{self.path}.{key}")
+
+    def text_or_none(self) -> str | None:
+        return None if self.value is None else self.text()
 
     def items(self) -> list[_At]:
         if not isinstance(self.value, list):
@@ -142,9 +172,23 @@ def _slice(at: _At) -> SliceDef:
         if len(parts) != 2:
             pair.fail("a pair [axis name, size]")
         axes.append((parts[0].text(), parts[1].integer()))
-    island = at["island"]
-    name, isle = at["name"].text(), None if island.value is None else island.text()
-    return at.build(lambda: SliceDef(name, at["mesh"].build(lambda: MeshAxes(tuple(axes))), isle))
+    mesh = at["mesh"].build(lambda: MeshAxes(tuple(axes)))
+    name, island = at["name"].text(), at["island"].text_or_none()
+    placement = _read_placement(at.optional("placement"))
+    return at.build(lambda: SliceDef(name, mesh, island, placement))
+
+
+def _read_placement(at: _At) -> Placement | None:
+    if at.value is None:
+        return None
+    devices = []
+    for pair in at["devices"].items():
+        parts = pair.items()
+        if len(parts) != 2:
+            pair.fail("a pair [host, local device index]")
+        devices.append((parts[0].text(), parts[1].integer()))
+    island = at["island"].text()
+    return at.build(lambda: Placement(island, tuple(devices)))
 
 
 def _artifact(at: _At) -> Artifact:
@@ -198,10 +242,22 @@ def _read_compute(at: _At) -> Attrs:
     return at.build(lambda: ComputeAttrs(name, artifact, slice_name, ins, outs))
 
 
+def _read_transfer(at: _At) -> Attrs:
+    target, route = _read_type(at["type"]), at.optional("route").text_or_none()
+    return at.build(lambda: TransferAttrs(target, route))
+
+
+def _read_recv(at: _At) -> Attrs:
+    received, source, tag = _read_type(at["type"]), at["source"].text(), at["tag"].text()
+    return at.build(lambda: RecvAttrs(received, source, tag))
+
+
 _DECODE: dict[Op, Callable[[_At], Attrs]] = {
     Op.ARG: lambda at: ArgAttrs(_read_type(at["type"])),
     Op.COMPUTE: _read_compute,
-    Op.TRANSFER: lambda at: TransferAttrs(_read_type(at["type"])),
+    Op.TRANSFER: _read_transfer,
+    Op.SEND: lambda at: at.build(lambda: SendAttrs(at["to"].text(), at["tag"].text())),
+    Op.RECV: _read_recv,
     Op.RESULT: lambda at: ResultAttrs() if isinstance(at.value, dict) else at.fail("an object"),
     Op.WHILE: lambda at: at.build(lambda: WhileAttrs(_read_graph(at["cond"]), _read_graph(at["body"]))),
     Op.COND: lambda at: at.build(lambda: CondAttrs(tuple(_read_graph(b) for b in at["branches"].items()))),

@@ -1,8 +1,8 @@
-"""Random linear chains of computes and transfers, for the IR round-trip property tests."""
+"""Random linear chains of computes and transfers, for the IR round-trip and lowering property tests."""
 
 from hypothesis import strategies as st
 
-from ir import Aval, Program, ProgramBuilder
+from ir import Aval, Placement, Program, ProgramBuilder
 
 
 def chains() -> st.SearchStrategy[list[tuple[str, int, int]]]:
@@ -32,3 +32,13 @@ def build_chain(steps: list[tuple[str, int, int]], width: int) -> Program:
                                  [(aval, spec(where, choice))])
     b.result(value)
     return b.build()
+
+
+def chain_placements(split: bool) -> dict[str, Placement]:
+    """s0 and s1 on island a, on host a0 (their transfers local) or, if `split`, on a0 and a1;
+    s2 on island b."""
+    return {
+        "s0": Placement("a", (("a0", 0), ("a0", 1))),
+        "s1": Placement("a", tuple(("a1" if split else "a0", i) for i in range(2, 6))),
+        "s2": Placement("b", (("b0", 0),)),
+    }

@@ -1,9 +1,11 @@
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ir_chains import build_chain, chains
+from ir_chains import build_chain, chain_placements, chains
+from ir_placed import EXAMPLE_PLACEMENTS, INTRA_PLACEMENTS, build_intra_island
 
 from ir import ParseError, content_hash, parse_program, print_program, verify
+from ir.passes import lower, place, route_transfers
 
 pytestmark = pytest.mark.unit
 
@@ -59,6 +61,23 @@ def test_comments_and_blank_lines_are_ignored(example):
         ("isthmus.program v1\n%0 = arg bool[] P() @s0\n", "line 2: graph: expected exactly one result"),
         ("isthmus.program v1\nresult\n}\n", "line 3: expected the end of the program"),
         ("isthmus.program v1\n%1 = while (%0) cond {\nresult\n", "expected '}' closing this node's cond"),
+        ("isthmus.program v1\nslice s0 = {x: 2} placed a[a0]\nresult\n", "line 2: expected 'host:index', "
+                                                                          "found 'a0'"),
+        ("isthmus.program v1\nslice s0 = {x: 2} placed a[a0:0]\nresult\n",
+         "line 2: slice s0: expected 2 placed devices for mesh {'x': 2}, found 1"),
+        ("isthmus.program v1\nslice s0 = {x: 1} island b placed a[a0:0]\nresult\n",
+         "line 2: slice s0: expected a placement on island b, found one on a"),
+        ("isthmus.program v1\nslice s0 = {x: 2} placed a[a0:0, a0:0]\nresult\n",
+         "line 2: placement: expected distinct devices"),
+        ("isthmus.program v1\n%0 = arg float32[4] P() @s0\n%1 = transfer %0 -> float32[4] P() @s0 via warp\n"
+         "result %1\n",
+         "line 3: transfer to float32[4] P() @s0: expected a route in ('local', 'island', 'dcn'), found 'w"),
+        ("isthmus.program v1\n%0 = arg float32[4] P() @s0\nsend %0 to b0\nresult\n",
+         "line 3: expected 'send %value to HOST tag TAG', found '%0 to b0'"),
+        ("isthmus.program v1\n%0 = recv float32[4] P() @s0 tag t0\nresult\n",
+         "line 2: expected 'recv TYPE from HOST tag TAG'"),
+        ("isthmus.program v1\n%0 = recv float32[4] P() @s0 from b0 tag t/0\nresult\n",
+         "line 2: recv from b0: tag: expected a name matching"),
     ],
 )
 def test_parse_errors_name_the_line(text, message):
@@ -72,4 +91,20 @@ def test_parse_errors_name_the_line(text, message):
 def test_random_chains_round_trip_through_text(steps, width):
     program = build_chain(steps, width)
     verify(program)
+    assert parse_program(print_program(program), program.artifacts) == program
+
+
+def test_placed_routed_and_partitioned_programs_round_trip(example):
+    routed = route_transfers(place(example, EXAMPLE_PLACEMENTS))
+    assert "slice s1 = {x: 4} island b placed b[b0:0, b0:1, b0:2, b0:3]\n" in print_program(routed)
+    assert "%4 = transfer %3 -> float32[4,16] P('x', None) @s1 via dcn\n" in print_program(routed)
+    intra = lower(build_intra_island(), INTRA_PLACEMENTS)
+    for program in (routed, lower(example, EXAMPLE_PLACEMENTS), intra):
+        assert parse_program(print_program(program), program.artifacts) == program
+
+
+@settings(max_examples=60, deadline=None)
+@given(chains(), st.sampled_from([4, 8]), st.booleans())
+def test_random_lowered_chains_round_trip_through_text(steps, width, split):
+    program = lower(build_chain(steps, width), chain_placements(split))
     assert parse_program(print_program(program), program.artifacts) == program

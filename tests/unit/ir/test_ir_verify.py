@@ -2,8 +2,23 @@ import dataclasses
 import re
 
 import pytest
+from ir_placed import EXAMPLE_PLACEMENTS
 
-from ir import Aval, Graph, Node, Program, Sig, Spec, Type, VerifyError, node_line, verify
+from ir import (
+    Aval,
+    Graph,
+    InvalidArgument,
+    Node,
+    Op,
+    Program,
+    Sig,
+    Spec,
+    Type,
+    VerifyError,
+    node_line,
+    verify,
+)
+from ir.passes import lower, place, route_transfers
 
 pytestmark = pytest.mark.unit
 
@@ -151,3 +166,88 @@ def test_arity_is_checked(example):
 
 def test_type_of_an_arg_is_its_declared_type(example):
     assert example.nodes[0].attrs.type == Type(Aval((8, 16), "float32"), Spec((None, "model")), "s0")
+
+
+# --- placed programs: routes, sends and receives --------------------------------------------
+
+
+@pytest.fixture
+def lowered(example) -> Program:
+    """0, 1 args; 2 layer; 3 norm; 4 `send %3 to b0 tag t0`; 5 `%4 = recv ... from a0 tag t0`; 6 head."""
+    return lower(example, EXAMPLE_PLACEMENTS)
+
+
+def test_lowered_programs_verify(lowered):
+    verify(lowered)
+    assert [n.op for n in lowered.nodes[4:6]] == [Op.SEND, Op.RECV]
+
+
+def test_recv_without_a_send(lowered):
+    nodes = [n for i, n in enumerate(lowered.nodes) if i != 4]
+    bad = dataclasses.replace(lowered, graph=Graph(tuple(nodes)))
+    fails(bad, 4, "tag t0: expected a send with this tag, found none")
+
+
+def test_send_without_a_recv(lowered):
+    bad = with_node(lowered, 5, with_attrs(lowered.nodes[5], tag="t1"))
+    fails(bad, 4, "tag t0: expected a recv with this tag, found none")
+
+
+def test_two_sends_with_one_tag(lowered):
+    nodes = list(lowered.nodes)
+    nodes.insert(5, dataclasses.replace(nodes[4], inputs=("%2",)))
+    bad = dataclasses.replace(lowered, graph=Graph(tuple(nodes)))
+    fails(bad, 5, "tag t0: expected one send with this tag, found 2, also node 4 `send %3 to b0 tag t0`")
+
+
+def test_recv_before_its_send(lowered):
+    nodes = list(lowered.nodes)
+    nodes[4], nodes[5] = nodes[5], nodes[4]
+    bad = dataclasses.replace(lowered, graph=Graph(tuple(nodes)))
+    fails(bad, 4, "tag t0 (sent by node 5 `send %3 to b0 tag t0`): "
+                  "expected the send before the recv, found the send after it")
+
+
+def test_send_and_recv_must_agree_on_the_aval(lowered):
+    bad = with_node(lowered, 4, dataclasses.replace(lowered.nodes[4], inputs=("%1",)))
+    fails(bad, 5, "tag t0 (sent by node 4 `send %1 to b0 tag t0`): "
+                  "expected the aval sent, float32[4,8], found float32[4,16]")
+
+
+def test_send_must_go_to_the_receiving_host(lowered):
+    bad = with_node(lowered, 4, with_attrs(lowered.nodes[4], to="b1"))
+    fails(bad, 5, "tag t0 (sent by node 4 `send %3 to b1 tag t0`): "
+                  "expected the send to go to a host of @s1 (b0), found b1")
+
+
+def test_recv_must_come_from_the_sending_host(lowered):
+    bad = with_node(lowered, 5, with_attrs(lowered.nodes[5], source="a1"))
+    fails(bad, 5, "expected the recv to come from a host of @s0 (a0), found a1")
+
+
+def test_sends_need_placed_slices(lowered):
+    unplaced = dataclasses.replace(lowered, slices=tuple(dataclasses.replace(s, placement=None)
+                                                         for s in lowered.slices))
+    fails(unplaced, 4, "slice of %3 (sent with tag t0): expected a placed slice (sends and receives run "
+                       "between hosts), found @s0 unplaced")
+    only_s0 = dataclasses.replace(lowered, slices=(lowered.slices[0], unplaced.slices[1]))
+    fails(only_s0, 5, "slice of %4 (received with tag t0): expected a placed slice", "found @s1 unplaced")
+
+
+def test_route_must_match_the_placements(example):
+    routed = route_transfers(place(example, EXAMPLE_PLACEMENTS))
+    verify(routed)
+    bad = with_node(routed, 4, with_attrs(routed.nodes[4], route="local"))
+    fails(bad, 4, "route of the transfer of %3: expected via dcn (@s0 on a[a0], @s1 on b[b0])",
+          "found via local")
+
+
+def test_a_route_needs_placed_slices(example):
+    bad = with_node(example, 4, with_attrs(example.nodes[4], route="dcn"))
+    fails(bad, 4, "route of the transfer of %3: expected placed slices (a route is physical), "
+                  "found via dcn with @s0, @s1 unplaced")
+
+
+def test_unknown_route_is_refused(example):
+    with pytest.raises(InvalidArgument, match=r"expected a route in \('local', 'island', 'dcn'\), found 'w"):
+        with_attrs(example.nodes[4], route="warp")

@@ -1,0 +1,58 @@
+"""Lowering: from the device-agnostic program a client traces to what each host runs.
+
+Contract: `lower(program, placements)` verifies `program` and runs the passes of `pipeline`,
+in the order listed there and nowhere else: place -> route_transfers -> partition ->
+schedule. Each pass is a pure `Program -> Program` in its own file, whose docstring states
+its contract; with `check=True` (tests always) the verifier runs after every pass and an
+error names the pass. `host_plans(lowered)` then cuts the lowered program into one
+`ir.plan.HostPlan` per host. `WHILE` and `COND` are refused (their distributed lowering is
+a later issue) with an `InvalidArgument` naming the node, rather than lowered wrongly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from functools import partial
+
+from ir.errors import InvalidArgument
+from ir.node import SUBGRAPHS
+from ir.passes.partition import partition
+from ir.passes.place import place
+from ir.passes.plans import host_plans
+from ir.passes.route_transfers import route_transfers
+from ir.passes.schedule import schedule
+from ir.program import Placement, Program
+from ir.text import node_line
+from ir.verify import VerifyError, verify
+
+Pass = Callable[[Program], Program]
+
+__all__ = ["Pass", "host_plans", "lower", "partition", "pipeline", "place", "route_transfers", "schedule"]
+
+
+def pipeline(placements: Mapping[str, Placement]) -> tuple[tuple[str, Pass], ...]:
+    """The lowering passes, named, in the order they run: the one place that order is written."""
+    return (
+        ("place", partial(place, placements=placements)),
+        ("route_transfers", route_transfers),
+        ("partition", partition),
+        ("schedule", schedule),
+    )
+
+
+def lower(program: Program, placements: Mapping[str, Placement], *, check: bool = False) -> Program:
+    verify(program)
+    for i, node in enumerate(program.nodes):
+        if node.op in SUBGRAPHS:
+            raise InvalidArgument(
+                f"lower: node {i} `{node_line(node)}`: expected no {node.op.value} (the distributed "
+                f"lowering of while and cond is a later issue), found one"
+            )
+    for name, run in pipeline(placements):
+        program = run(program)
+        if check:
+            try:
+                verify(program)
+            except VerifyError as e:
+                raise e.within(f"after {name}: ") from None
+    return program

@@ -1,0 +1,66 @@
+"""`partition`: cut the program between hosts.
+
+Contract: every slice must be placed on exactly one host (else an `InvalidArgument` naming
+the slice: unplaced, or spanning several hosts, which waits for multi-host islands). A
+`local` transfer stays a `TRANSFER` (a reshard on one host). Each `island` or `dcn` transfer
+
+    %t = transfer %v -> T via R
+
+becomes, at the same place,
+
+    send %v to <host of T's slice> tag tK
+    %t = recv T from <host of %v's slice> tag tK
+
+with the same output name, so later nodes are unchanged. Tags are t0, t1, ... in graph
+order, skipping tags the graph already uses. A logical transfer (no route) is an
+`InvalidArgument` (run `route_transfers` first). Input: a verified program.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+from ir.errors import InvalidArgument
+from ir.node import Node, Op
+from ir.ops import RecvAttrs, SendAttrs, TransferAttrs
+from ir.program import Graph, Program
+from ir.text import node_line
+from ir.verify import value_types
+
+
+def partition(program: Program) -> Program:
+    host = {s.name: _one_host(s.name, s.placement.hosts if s.placement else ()) for s in program.slices}
+    types = value_types(program)
+    used = {n.attrs.tag for n in program.nodes if isinstance(n.attrs, SendAttrs | RecvAttrs)}
+    tags = (t for t in (f"t{k}" for k in itertools.count()) if t not in used)
+    nodes: list[Node] = []
+    for node in program.nodes:
+        if node.op is not Op.TRANSFER:
+            nodes.append(node)
+            continue
+        a = node.attrs
+        assert isinstance(a, TransferAttrs)
+        if a.route is None:
+            raise InvalidArgument(
+                f"partition: `{node_line(node)}`: expected a routed transfer, found a logical one "
+                "(run route_transfers first)"
+            )
+        if a.route == "local":
+            nodes.append(node)
+            continue
+        tag, value = next(tags), node.inputs[0]
+        nodes.append(Node(Op.SEND, (value,), (), SendAttrs(host[a.type.slice], tag)))
+        nodes.append(Node(Op.RECV, (), node.outputs, RecvAttrs(a.type, host[types[value].slice], tag)))
+    return replace(program, graph=Graph(tuple(nodes)))
+
+
+def _one_host(slice_name: str, hosts: tuple[str, ...]) -> str:
+    if not hosts:
+        raise InvalidArgument(f"partition: slice {slice_name}: expected a placement, found none (run place)")
+    if len(hosts) > 1:
+        raise InvalidArgument(
+            f"partition: slice {slice_name} spans hosts {', '.join(hosts)}: "
+            "a slice on one host is supported until multi-host islands"
+        )
+    return hosts[0]

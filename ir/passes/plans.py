@@ -1,0 +1,143 @@
+"""`host_plans`: the last step of lowering, from one program to what each host runs.
+
+Contract: `host_plans(lowered)` takes a lowered program (verified, every slice placed on one
+host, no logical or non-local transfers left: `ir.passes.lower`'s output) and returns one
+`ir.plan.HostPlan` per host that holds any argument, step or result, keyed and ordered by
+host name. Walking the graph, a node's global position (`HostPlan.order`) counts the nodes
+that are neither `ARG` nor `RESULT`, in graph order. Per op:
+
+- `ARG` k (the k-th arg node): `(k, value)` in `args` of the host of its slice;
+- `COMPUTE`: `Compute(executable_key(artifact, local devices of its slice, mesh axes), inputs,
+  outputs, label=name)` on its slice's host, and one `CompileJob` per distinct key per host,
+  in order of first use, with the computation's declared in/out specs;
+- a `local` `TRANSFER`: `Reshard(input, output, devices, axes, spec)` of its target type;
+- `SEND`: `Send(input, to, tag)` on the host of its operand's slice;
+- `RECV`: `Recv(output, source, tag, devices, axes, spec)` on the host of its type's slice;
+- `RESULT` position k: `(k, value)` in `results` of the host of that value's slice (a value
+  may be an argument, and may appear at several positions).
+
+Anything else (a routed transfer between hosts, `WHILE`, `COND`) is an `InvalidArgument`
+naming the node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from ir.errors import InvalidArgument
+from ir.node import Node, Op, Type
+from ir.ops import ArgAttrs, ComputeAttrs, RecvAttrs, SendAttrs, TransferAttrs
+from ir.plan import Axes, CompileJob, Compute, HostPlan, Recv, Reshard, Send, Step, executable_key
+from ir.program import Program, SliceDef
+from ir.text import node_line
+from ir.verify import value_types
+
+
+@dataclass(frozen=True)
+class _Where:
+    """Where values live: their types, and the placed slices those name."""
+
+    types: Mapping[str, Type]
+    slices: Mapping[str, SliceDef]
+
+    def host(self, slice_name: str) -> str:
+        placement = self.slices[slice_name].placement
+        hosts = placement.hosts if placement else ()
+        if len(hosts) != 1:
+            raise InvalidArgument(
+                f"host_plans: slice {slice_name}: expected a placement on one host, "
+                f"found {', '.join(hosts) or 'none'} (lower the program first)"
+            )
+        return hosts[0]
+
+    def mesh(self, slice_name: str) -> tuple[str, tuple[int, ...], Axes]:
+        """The slice's host, its local device indices there, and its mesh axes."""
+        host, s = self.host(slice_name), self.slices[slice_name]
+        assert s.placement is not None
+        return host, s.placement.local(host), s.mesh.axes
+
+
+Planned = tuple[str, Step, CompileJob | None]
+
+
+def _compute(node: Node, where: _Where) -> Planned:
+    a = node.attrs
+    assert isinstance(a, ComputeAttrs)
+    host, devices, axes = where.mesh(a.slice)
+    key = executable_key(a.artifact, devices, axes)
+    specs = tuple(s.spec for s in a.ins), tuple(s.spec for s in a.outs)
+    job = CompileJob(key, a.artifact, devices, axes, *specs)
+    return host, Compute(key, node.inputs, node.outputs, a.name), job
+
+
+def _reshard(node: Node, where: _Where) -> Planned:
+    a = node.attrs
+    assert isinstance(a, TransferAttrs)
+    if a.route != "local":
+        raise InvalidArgument(
+            f"host_plans: `{node_line(node)}`: expected a local transfer (partition turns the others "
+            f"into send and recv), found route {a.route}"
+        )
+    host, devices, axes = where.mesh(a.type.slice)
+    return host, Reshard(node.inputs[0], node.outputs[0], devices, axes, a.type.spec), None
+
+
+def _send(node: Node, where: _Where) -> Planned:
+    a = node.attrs
+    assert isinstance(a, SendAttrs)
+    return where.host(where.types[node.inputs[0]].slice), Send(node.inputs[0], a.to, a.tag), None
+
+
+def _recv(node: Node, where: _Where) -> Planned:
+    a = node.attrs
+    assert isinstance(a, RecvAttrs)
+    host, devices, axes = where.mesh(a.type.slice)
+    return host, Recv(node.outputs[0], a.source, a.tag, devices, axes, a.type.spec), None
+
+
+_STEPS: dict[Op, Callable[[Node, _Where], Planned]] = {
+    Op.COMPUTE: _compute,
+    Op.TRANSFER: _reshard,
+    Op.SEND: _send,
+    Op.RECV: _recv,
+}
+
+
+@dataclass
+class _Draft:
+    """One host's plan while the walk fills it in (local to `host_plans`)."""
+
+    args: list[tuple[int, str]] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    order: list[int] = field(default_factory=list)
+    results: list[tuple[int, str]] = field(default_factory=list)
+    compiles: dict[str, CompileJob] = field(default_factory=dict)
+
+
+def host_plans(lowered: Program) -> dict[str, HostPlan]:
+    where = _Where(value_types(lowered), lowered.slice_table)
+    drafts: dict[str, _Draft] = {}
+    args = [n for n in lowered.nodes if n.op is Op.ARG]
+    for k, node in enumerate(args):
+        assert isinstance(node.attrs, ArgAttrs)
+        drafts.setdefault(where.host(node.attrs.type.slice), _Draft()).args.append((k, node.outputs[0]))
+    for position, node in enumerate(n for n in lowered.nodes[:-1] if n.op is not Op.ARG):
+        if node.op not in _STEPS:
+            raise InvalidArgument(
+                f"host_plans: `{node_line(node)}`: expected one of {', '.join(o.value for o in _STEPS)}, "
+                f"found {node.op.value} (lower the program first)"
+            )
+        host, step, job = _STEPS[node.op](node, where)
+        draft = drafts.setdefault(host, _Draft())
+        draft.steps.append(step)
+        draft.order.append(position)
+        if job is not None:
+            draft.compiles.setdefault(job.key, job)
+    for k, value in enumerate(lowered.results):
+        drafts.setdefault(where.host(where.types[value].slice), _Draft()).results.append((k, value))
+    return {
+        host: HostPlan(host, tuple(d.args), tuple(d.steps), tuple(d.order), tuple(d.results),
+                       tuple(d.compiles.values()))
+        for host, d in sorted(drafts.items())
+    }
