@@ -5,5 +5,6 @@ This is the only package that imports Ray.
 
 from executors.host import Host, Placement
 from executors.pool import ExecutorPool, RayOptions
+from executors.runner import RunMessage
 
-__all__ = ["ExecutorPool", "Host", "Placement", "RayOptions"]
+__all__ = ["ExecutorPool", "Host", "Placement", "RayOptions", "RunMessage"]

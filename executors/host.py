@@ -29,8 +29,10 @@ from typing import Any
 import numpy as np
 
 from executors.compile import compile_artifact, make_mesh, named
+from executors.runner import Payload, RunMessage, Runner
 from executors.store import BufferStore, Failure
 from ir import Spec, parse_dtype
+from ir.plan import HostPlan
 
 Placement = tuple[tuple[int, ...], tuple[tuple[str, int], ...]]  # local device indices, axes
 Settled = tuple[str, Any]  # ("ready", value) or ("failed", cause)
@@ -53,6 +55,8 @@ class Host:
         self._running: str | None = None
         self._busy_s = 0.0
         self._closed = False
+        self._requests = 0
+        self.runner = Runner(host, self.store, self._executable, self._deliver)
         self._thread = threading.Thread(target=self._dispatch, name=f"dispatch-{host}", daemon=True)
         self._thread.start()
 
@@ -75,6 +79,7 @@ class Host:
             "host": self.host,
             "pid": os.getpid(),
             "queued": queued,
+            "requests": self._requests,
             "completed": self._completed,
             "running": self._running,
             "buffers": len(self.store),
@@ -85,6 +90,7 @@ class Host:
 
     def _submit(self, seq: int, op: Callable[[], None]) -> None:
         with self._cond:
+            self._requests += 1
             self._ops[seq] = op
             self._cond.notify()
 
@@ -251,6 +257,24 @@ class Host:
         if state == "failed":
             return state, value
         return state, np.ascontiguousarray(value).tobytes()
+
+    # -- programs ------------------------------------------------------------------------
+
+    def run(self, seq: int, message: RunMessage, plan: HostPlan | None) -> None:
+        """Run a range of this host's plan for one program run (see `executors.runner`).
+
+        Returns once the message is accepted: under sequential dispatch, that is the ack the
+        server waits for before sending the next node.
+        """
+        self._submit(seq, self.runner.accept(message, plan))
+
+    def deliver(self, run_id: str, tag: str, payload: Payload) -> None:
+        """A peer host's `Send` for one of this host's `Recv`s (unsequenced)."""
+        self.runner.deliver(run_id, tag, payload)
+
+    def _deliver(self, to: str, run_id: str, tag: str, payload: Payload) -> None:
+        """Hand a value to a peer host; `executors.pool` wires this to the peer's actor."""
+        raise Failure(f"host {self.host} has no route to host {to}")
 
     def delete(self, seq: int, buffer_ids: Sequence[str]) -> None:
         ids = list(buffer_ids)

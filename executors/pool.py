@@ -20,7 +20,9 @@ from typing import Any
 import ray
 
 from executors.host import Host, Placement
+from executors.runner import Payload, RunMessage
 from ir import RemoteError, Unavailable
+from ir.plan import HostPlan
 from resource_manager import ClusterSpec, DeviceReport, HostSpec
 
 log = logging.getLogger("isthmus.executors")
@@ -32,6 +34,25 @@ class RayOptions:
     num_cpus: int = 2
     object_store_bytes: int = 1 << 30
     namespace: str = "isthmus"
+
+
+def _actor_name(host: str) -> str:
+    return f"isthmus-host-{host}"
+
+
+class RayHost(Host):
+    """A `Host` whose sends go straight to the peer host's actor (executor to executor)."""
+
+    def __init__(self, host: str, namespace: str) -> None:
+        super().__init__(host)
+        self._namespace = namespace
+        self._peers: dict[str, Any] = {}
+
+    def _deliver(self, to: str, run_id: str, tag: str, payload: Payload) -> None:
+        peer = self._peers.get(to)
+        if peer is None:
+            peer = self._peers[to] = ray.get_actor(_actor_name(to), namespace=self._namespace)
+        peer.deliver.remote(run_id, tag, payload)
 
 
 def _actor_options(host: HostSpec) -> dict[str, Any]:
@@ -46,7 +67,7 @@ def _actor_options(host: HostSpec) -> dict[str, Any]:
     return {
         "num_cpus": 0,
         "num_gpus": gpus,
-        "name": f"isthmus-host-{host.name}",
+        "name": _actor_name(host.name),
         "runtime_env": {"env_vars": env},
         "max_concurrency": 64,
     }
@@ -58,6 +79,8 @@ class ExecutorPool:
         self._owns_ray = owns_ray
         self._seq = {h: itertools.count() for h in handles}
         self._lock = threading.Lock()
+        self._plans: set[tuple[str, str]] = set()  # (host, plan key) already sent
+        self.messages: dict[str, int] = dict.fromkeys(handles, 0)  # run messages sent per host
 
     def _send(self, host: str, method: str, *args: Any) -> Any:
         """Number the request in this host's order and send it; never leave a gap."""
@@ -83,8 +106,9 @@ class ExecutorPool:
                 kwargs["address"] = options.address
             os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
             ray.init(**kwargs)
-        actor = ray.remote(Host)
-        handles = {h.name: actor.options(**_actor_options(h)).remote(h.name) for _, h in spec.hosts()}
+        actor = ray.remote(RayHost)
+        handles = {h.name: actor.options(**_actor_options(h)).remote(h.name, options.namespace)
+                   for _, h in spec.hosts()}
         return cls(handles, owns)
 
     @property
@@ -128,6 +152,36 @@ class ExecutorPool:
         """Move a buffer host to host through Ray's object store, never through the server."""
         ref = self._send(src, "send", buffer_id)
         self._send(dst, "receive", new_id, [ref], placement, spec)
+
+    def _run(self, host: str, message: RunMessage, plan: HostPlan) -> Any:
+        """Send one run message (under `self._lock`); the plan travels once per host."""
+        sent = (host, message.plan_key) in self._plans
+        handle = self._handles[host]
+        seq = next(self._seq[host])
+        try:
+            ref = handle.run.remote(seq, message, None if sent else plan)
+        except Exception:
+            handle.skip.remote(seq)
+            raise
+        self._plans.add((host, message.plan_key))
+        self.messages[host] += 1
+        return ref
+
+    def run(self, messages: Sequence[tuple[str, RunMessage, HostPlan]]) -> None:
+        """Parallel dispatch: one message per host, numbered in one atomic step.
+
+        Numbering every host's message of a run at once puts all runs in one global order,
+        the same on every host, so hosts never wait on each other in a cycle.
+        """
+        with self._lock:
+            for host, message, plan in messages:
+                self._run(host, message, plan)
+
+    async def run_step(self, host: str, message: RunMessage, plan: HostPlan, timeout: float) -> None:
+        """Sequential dispatch: send one message and wait until the host has accepted it."""
+        with self._lock:
+            ref = self._run(host, message, plan)
+        await self._await(ref, host, timeout, f"run {message.run_id}")
 
     async def fetch(self, host: str, buffer_id: str, timeout: float) -> bytes:
         state, value = await self._await(

@@ -1,0 +1,203 @@
+"""Runs one host's part of a program (`ir.plan.HostPlan`) on that host's dispatch thread.
+
+Contract:
+- One run message carries a range of the host's plan steps (all of them under parallel
+  dispatch, one under sequential dispatch). When it arrives, before its turn comes, the
+  runner opens a mailbox for every `Recv` in the range, so a peer's data can land while
+  earlier work is still running.
+- Steps run in plan order on the host's dispatch thread, each computation to completion
+  before the next starts (the host's rule that keeps XLA's CPU collectives safe). Values
+  of a run live in a per-run environment; only the program's results enter the store.
+- `Send` hands the value (host memory, numpy) straight to the peer host through the
+  injected `deliver`, never through the server. A failed value is sent as its failure, so
+  the peer's dependents fail with the same cause.
+- A failure never hangs: a `Recv` or an executable that does not arrive within the run's
+  timeout fails the value it defines, and every dependent with it.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from executors.compile import make_mesh, named
+from executors.store import BufferStore, Failure
+from ir.plan import Compute, HostPlan, Recv, Reshard, Send, Step
+
+Payload = tuple[str, Any]  # ("ready", numpy array) or ("failed", cause)
+Deliver = Callable[[str, str, str, Payload], None]  # (to host, run id, tag, payload)
+
+
+@dataclass
+class RunMessage:
+    """One run message: which steps of which plan, and the run's buffer bindings."""
+
+    run_id: str
+    plan_key: str
+    lo: int
+    hi: int
+    args: Sequence[tuple[str, str]]  # (value, buffer id)
+    results: Sequence[tuple[str, str]]  # (value, buffer id)
+    final: bool
+    timeout: float
+
+
+@dataclass
+class _Run:
+    env: dict[str, Any] = field(default_factory=dict)  # value -> jax.Array or Failure
+
+
+class Runner:
+    def __init__(self, host: str, store: BufferStore, executable: Callable[[str], Future[Any]],
+                 deliver: Deliver) -> None:
+        self.host = host
+        self.store = store
+        self._executable = executable
+        self._deliver = deliver
+        self._plans: dict[str, HostPlan] = {}
+        self._runs: dict[str, _Run] = {}
+        self._mail: dict[tuple[str, str], Future[Payload]] = {}
+        self._lock = threading.Lock()
+
+    # -- on arrival (actor thread) ---------------------------------------------------------
+
+    def accept(self, message: RunMessage, plan: HostPlan | None) -> Callable[[], None]:
+        """Cache the plan, open the mailboxes of the message's receives; return the op to sequence.
+
+        Messages can arrive out of order; a plan travels with the first message of its key,
+        which has the lower sequence number, so by the op's turn the plan is here.
+        """
+        if plan is not None:
+            self._plans[message.plan_key] = plan
+        known = self._plans.get(message.plan_key)
+        if known is not None:
+            for step in known.steps[message.lo:message.hi]:
+                if isinstance(step, Recv):
+                    self._mailbox(message.run_id, step.tag)
+        return lambda: self._execute(message)
+
+    def deliver(self, run_id: str, tag: str, payload: Payload) -> None:
+        """A peer's `Send` arrived."""
+        fut = self._mailbox(run_id, tag)
+        if not fut.done():
+            fut.set_result(payload)
+
+    def _mailbox(self, run_id: str, tag: str) -> Future[Payload]:
+        with self._lock:
+            return self._mail.setdefault((run_id, tag), Future())
+
+    # -- in turn (dispatch thread) ---------------------------------------------------------
+
+    def _execute(self, message: RunMessage) -> None:
+        plan = self._plans.get(message.plan_key)
+        if plan is None:
+            cause = f"host {self.host} has no plan {message.plan_key} (the server must send it first)"
+            self._fail_results(message, Failure(cause))
+            return
+        with self._lock:
+            run = self._runs.setdefault(message.run_id, _Run())
+        for value, buffer_id in message.args:
+            if value not in run.env:
+                try:
+                    run.env[value] = self.store.value(buffer_id)
+                except Failure as f:
+                    run.env[value] = f
+        for step in plan.steps[message.lo:message.hi]:
+            self._step(message, step, run.env)
+        if message.final:
+            for value, buffer_id in message.results:
+                outcome = run.env.get(value, Failure(f"run {message.run_id}: {value} was never produced"))
+                if isinstance(outcome, Failure):
+                    self.store.fail(buffer_id, outcome)
+                else:
+                    self.store.set(buffer_id, outcome)
+            with self._lock:
+                self._runs.pop(message.run_id, None)
+
+    def _fail_results(self, message: RunMessage, failure: Failure) -> None:
+        for _, buffer_id in message.results:
+            self.store.fail(buffer_id, failure)
+
+    def _step(self, message: RunMessage, step: Step, env: dict[str, Any]) -> None:
+        try:
+            if isinstance(step, Compute):
+                self._compute(step, env, message.timeout)
+            elif isinstance(step, Reshard):
+                env[step.output] = _first_failure([env[step.input]]) or _place(
+                    env[step.input], step.devices, step.axes, step.spec)
+            elif isinstance(step, Send):
+                self._send(message.run_id, step, env[step.input])
+            elif isinstance(step, Recv):
+                env[step.output] = self._receive(message, step)
+        except Exception:
+            failure = Failure(f"{type(step).__name__.lower()} on host {self.host} failed:\n"
+                              f"{traceback.format_exc(limit=8)}")
+            for value in _defines(step):
+                env[value] = failure
+
+    def _compute(self, step: Compute, env: dict[str, Any], timeout: float) -> None:
+        import jax
+
+        args = [env[v] for v in step.inputs]
+        failure = _first_failure(args)
+        if failure is None:
+            try:
+                exe = self._executable(step.key).result(timeout)
+            except FutureTimeout:
+                failure = Failure(f"{step.label}: executable {step.key} not compiled within {timeout:g}s")
+            except Failure as f:
+                failure = f
+        if failure is not None:
+            for value in step.outputs:
+                env[value] = failure
+            return
+        shardings = exe.input_shardings[0]
+        args = [a if a.sharding.is_equivalent_to(s, a.ndim) else jax.device_put(a, s)
+                for a, s in zip(args, shardings, strict=True)]
+        results = jax.block_until_ready(exe(*args))
+        env.update(zip(step.outputs, results, strict=True))
+
+    def _send(self, run_id: str, step: Send, value: Any) -> None:
+        payload: Payload = (
+            ("failed", value.cause) if isinstance(value, Failure) else ("ready", np.asarray(value))
+        )
+        self._deliver(step.to, run_id, step.tag, payload)
+
+    def _receive(self, message: RunMessage, step: Recv) -> Any:
+        fut = self._mailbox(message.run_id, step.tag)
+        try:
+            state, value = fut.result(message.timeout)
+        except FutureTimeout:
+            return Failure(f"no data from host {step.source} for {step.output} (tag {step.tag}) "
+                           f"within {message.timeout:g}s")
+        finally:
+            with self._lock:
+                self._mail.pop((message.run_id, step.tag), None)
+        if state == "failed":
+            return Failure(value)
+        return _place(value, step.devices, step.axes, step.spec)
+
+
+def _place(value: Any, devices: Sequence[int], axes: Any, spec: Any) -> Any:
+    import jax
+
+    return jax.block_until_ready(jax.device_put(value, named(make_mesh(devices, axes), spec)))
+
+
+def _first_failure(values: Sequence[Any]) -> Failure | None:
+    return next((v for v in values if isinstance(v, Failure)), None)
+
+
+def _defines(step: Step) -> tuple[str, ...]:
+    if isinstance(step, Compute):
+        return step.outputs
+    if isinstance(step, Reshard | Recv):
+        return (step.output,)
+    return ()

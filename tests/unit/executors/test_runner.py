@@ -1,0 +1,122 @@
+"""Program runs on hosts: plans, sends and receives, failures, without Ray.
+
+Two `Host`s in this process stand for two hosts; a send goes straight to the peer's
+`deliver`, as the Ray actor's does.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AbstractMesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from executors.host import Host
+from executors.runner import RunMessage
+from ir import Spec
+from ir.plan import Compute, HostPlan, Recv, Send
+
+pytestmark = pytest.mark.unit
+
+AXES = (("x", 1),)
+REP = Spec(())
+
+
+def artifact(fn, *avals):
+    mesh = AbstractMesh((1,), ("x",))
+    rep = NamedSharding(mesh, P())
+    jitted = jax.jit(fn, in_shardings=(rep,) * len(avals), out_shardings=(rep,))
+    return jax.export.export(jitted, platforms=["cpu"])(*avals).serialize()
+
+
+class Wired(Host):
+    peers: dict[str, Host] = {}
+
+    def _deliver(self, to, run_id, tag, payload):
+        self.peers[to].deliver(run_id, tag, payload)
+
+
+@pytest.fixture
+def pair():
+    a, b = Wired("a0"), Wired("b0")
+    Wired.peers = {"a0": a, "b0": b}
+    yield a, b
+    a.close()
+    b.close()
+
+
+def plans(key_a: str, key_b: str) -> tuple[HostPlan, HostPlan]:
+    """a0: %1 = double(%0); send %1 -> b0.  b0: %2 = recv; %3 = inc(%2); result %3."""
+    a = HostPlan("a0", ((0, "%0"),), (Compute(key_a, ("%0",), ("%1",), "double"), Send("%1", "b0", "t0")),
+                 (0, 1), (), ())
+    b = HostPlan("b0", (), (Recv("%2", "a0", "t0", (1,), AXES, REP), Compute(key_b, ("%2",), ("%3",), "inc")),
+                 (2, 3), ((0, "%3"),), ())
+    return a, b
+
+
+def message(plan: HostPlan, run: str, args=(), results=(), timeout=30.0) -> RunMessage:
+    return RunMessage(run, plan.key, 0, len(plan.steps), list(args), list(results), True, timeout)
+
+
+async def compile_both(a, b):
+    f32 = jax.ShapeDtypeStruct((3,), jnp.float32)
+    assert await a.compile("double", artifact(lambda x: (x * 2,), f32), ((0,), AXES), [[]], [[]]) is None
+    assert await b.compile("inc", artifact(lambda x: (x + 1,), f32), ((1,), AXES), [[]], [[]]) is None
+
+
+async def test_a_value_crosses_hosts_within_one_run(pair):
+    a, b = pair
+    await compile_both(a, b)
+    pa, pb = plans("double", "inc")
+    # b0's message arrives first: its receive is set up before a0 has produced anything.
+    b.run(0, message(pb, "r0", results=[("%3", "out")]), pb)
+    a.put(0, "in", np.arange(3, dtype=np.float32).tobytes(), "float32", (3,), ((0,), AXES), [])
+    a.run(1, message(pa, "r0", args=[("%0", "in")]), pa)
+    state, data = await b.fetch(1, "out")
+    assert state == "ready"
+    assert np.frombuffer(data, np.float32).tolist() == [1.0, 3.0, 5.0]
+    assert b.stats()["buffers"] == 1  # only the result enters the store
+
+
+async def test_plans_travel_once_and_runs_stay_apart(pair):
+    a, b = pair
+    await compile_both(a, b)
+    pa, pb = plans("double", "inc")
+    a.put(0, "in", np.ones(3, np.float32).tobytes(), "float32", (3,), ((0,), AXES), [])
+    for k in range(3):
+        a.run(1 + k, message(pa, f"r{k}", args=[("%0", "in")]), pa if k == 0 else None)
+        b.run(k, message(pb, f"r{k}", results=[("%3", f"out{k}")]), pb if k == 0 else None)
+    for k in range(3):
+        state, data = await b.fetch(3 + k, f"out{k}")
+        assert (state, np.frombuffer(data, np.float32).tolist()) == ("ready", [3.0] * 3)
+
+
+async def test_a_failure_on_one_host_reaches_the_dependents_on_another(pair):
+    a, b = pair
+    await compile_both(a, b)
+    pa, pb = plans("double", "inc")
+    a.put(0, "bad", b"\x00", "float32", (3,), ((0,), AXES), [])
+    a.run(1, message(pa, "r0", args=[("%0", "bad")]), pa)
+    b.run(0, message(pb, "r0", results=[("%3", "out")]), pb)
+    state, cause = await b.fetch(1, "out")
+    assert state == "failed"
+    assert "upload of bad failed" in cause
+
+
+async def test_a_missing_sender_fails_the_value_instead_of_hanging(pair):
+    a, b = pair
+    await compile_both(a, b)
+    _, pb = plans("double", "inc")
+    b.run(0, message(pb, "r0", results=[("%3", "out")], timeout=0.2), pb)
+    state, cause = await b.fetch(1, "out")
+    assert state == "failed"
+    assert "no data from host a0" in cause
+
+
+async def test_an_unknown_plan_fails_the_results(pair):
+    _, b = pair
+    _, pb = plans("double", "inc")
+    b.run(0, message(pb, "r0", results=[("%3", "out")]), None)
+    state, cause = await b.fetch(1, "out")
+    assert state == "failed"
+    assert "has no plan" in cause
