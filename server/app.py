@@ -9,7 +9,7 @@ from fastapi import Depends, FastAPI
 
 from server import errors
 from server.deps import ServiceDep, authorize
-from server.routes import buffers, clients, computations, devices, slices
+from server.routes import buffers, clients, computations, devices, programs, slices
 from server.schemas import Health
 from server.service import Service
 from server.settings import Settings
@@ -36,6 +36,6 @@ def create_app(settings: Settings) -> FastAPI:
         return Health(status="ok", hosts=len(service.pool.hosts), version=VERSION)
 
     secured = [Depends(authorize)]
-    for module in (devices, clients, slices, buffers, computations):
+    for module in (devices, clients, slices, buffers, computations, programs):
         app.include_router(module.router, dependencies=secured)
     return app

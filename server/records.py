@@ -21,6 +21,7 @@ class ClientRecord:
     name: str
     buffers: set[str] = field(default_factory=set)
     computations: set[str] = field(default_factory=set)
+    programs: set[str] = field(default_factory=set)
 
 
 @dataclass(frozen=True)

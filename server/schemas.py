@@ -38,6 +38,8 @@ class HostPublic(BaseModel):
     queued: int
     completed: int
     running: str | None
+    requests: int = Field(0, description="sequenced requests the host has received")
+    dispatch_messages: int = Field(0, description="program run messages the server has sent it")
 
 
 class IslandPublic(BaseModel):
@@ -112,3 +114,41 @@ class Health(BaseModel):
     status: Literal["ok"]
     hosts: int
     version: str
+
+
+class ProgramCreate(BaseModel):
+    program: dict[str, Any] = Field(description="the IR program in its JSON wire form (format isthmus.ir)")
+    name: str = Field("", max_length=200)
+
+
+class ProgramPublic(BaseModel):
+    id: str
+    name: str
+    status: Literal["pending", "ready", "failed"]
+    message: str | None
+    args: list[dict[str, Any]]
+    results: list[dict[str, Any]]
+    nodes: int
+    edges: int
+    runs: int
+
+
+class ProgramText(BaseModel):
+    text: str = Field(description="the program's text form (artifacts named by hash)")
+    lowered: str = Field(description="the program lowered for its slices' current placement")
+    plans: list[dict[str, Any]] = Field(description="each host's plan: its steps in order")
+
+
+class RunCreate(BaseModel):
+    program_id: str
+    inputs: list[str]
+    release: list[str] = Field(
+        default_factory=list, description="buffers the client dropped: freed after this run"
+    )
+    dispatch: Literal["parallel", "sequential"] | None = Field(
+        None, description="parallel: one message per host; sequential: one per node (default: server's)"
+    )
+
+
+class RunPublic(BaseModel):
+    outputs: list[BufferPublic]

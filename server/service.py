@@ -10,16 +10,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import hashlib
 import logging
 from collections.abc import Sequence
 from typing import Any
 
 from executors import ExecutorPool, Placement, RayOptions
-from ir import Aval, Conflict, InvalidArgument, MeshAxes, NotFound, Spec, Unavailable
+from ir import Aval, Conflict, InvalidArgument, MeshAxes, NotFound, Spec, Unavailable, content_hash
+from ir.plan import executable_key
 from resource_manager import ClusterSpec, ResourceManager, Slice, default_cluster, load_cluster
 from server.artifacts import inspect_artifact
 from server.errors import Unauthorized
+from server.programs import Programs
 from server.records import BufferRecord, ClientRecord, ComputationRecord, new_id
 from server.settings import Settings
 
@@ -34,6 +35,7 @@ class Service:
         self.clients: dict[str, ClientRecord] = {}
         self.buffers: dict[str, BufferRecord] = {}
         self.computations: dict[str, ComputationRecord] = {}
+        self.programs = Programs(self)
         self._tasks: set[asyncio.Task[None]] = set()
 
     @classmethod
@@ -55,7 +57,7 @@ class Service:
             raise
 
     def close(self) -> None:
-        for t in self._tasks:
+        for t in self._tasks | self.programs._tasks:
             t.cancel()
         self.pool.shutdown()
 
@@ -79,6 +81,7 @@ class Service:
         self.delete_buffers(owner, sorted(owner.buffers))
         for cid in owner.computations:
             self.computations.pop(cid, None)
+        self.programs.forget(owner)
         self.rm.release_owner(owner.id)
         del self.clients[owner.id]
 
@@ -104,6 +107,7 @@ class Service:
         for cid in [c for c in owner.computations if self.computations[c].slice_id == s.id]:
             owner.computations.discard(cid)
             self.computations.pop(cid, None)
+        self.programs.forget_slice(owner, s.id)
         self.rm.release(s.id)
 
     def _host_and_placement(self, s: Slice) -> tuple[str, Placement]:
@@ -175,12 +179,12 @@ class Service:
             artifact = base64.b64decode(artifact_b64, validate=True)
         except (binascii.Error, ValueError):
             raise InvalidArgument("artifact: not valid base64") from None
-        info = inspect_artifact(artifact, s.mesh.size, self.slice_platform(s))
+        info = inspect_artifact(artifact, s.mesh, self.slice_platform(s))
         ins = _specs(in_specs, info.in_avals, s, "in_specs")
         outs = _specs(out_specs, info.out_avals, s, "out_specs")
+        info.check_specs(ins, outs, "")
         host, placement = self._host_and_placement(s)
-        digest = hashlib.sha256(artifact).hexdigest()[:24]
-        key = f"{digest}@{','.join(map(str, placement[0]))}/{s.mesh.to_json()}"
+        key = executable_key(content_hash(artifact), placement[0], s.mesh.axes)
         rec = ComputationRecord(new_id("c"), owner.id, s.id, key, name or "computation",
                                 info.in_avals, info.out_avals, ins, outs)
         self.computations[rec.id] = rec

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ipaddress
 import secrets
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -33,6 +34,11 @@ class Settings(BaseSettings):
     max_upload_mb: int = Field(1024, ge=1)
     rpc_timeout_s: float = Field(120.0, gt=0)
     fetch_timeout_s: float = Field(600.0, gt=0)
+    # How long a host waits for a peer's data or an executable before failing the value.
+    step_timeout_s: float = Field(300.0, gt=0)
+    # Program runs: one message per host (parallel), or one per node after the previous
+    # one is accepted (sequential, for comparison).
+    dispatch: Literal["parallel", "sequential"] = "parallel"
     allow_remote: bool = False
 
     @model_validator(mode="after")

@@ -47,6 +47,8 @@ async def list_islands(service: ServiceDep) -> list[IslandPublic]:
                 devices=[d.id for d in rm.devices() if d.host == h],
                 queued=(st or {}).get("queued", 0), completed=(st or {}).get("completed", 0),
                 running=(st or {}).get("running"),
+                requests=(st or {}).get("requests", 0),
+                dispatch_messages=service.pool.messages.get(h, 0),
             ))
         islands.append(IslandPublic(name=summary["name"], devices=summary["devices"],
                                     slices=summary["slices"], load=summary["load"],

@@ -40,7 +40,7 @@ def test_two_clients_see_only_their_own_buffers_and_slices(connect):
             bob._transport.json("GET", path)
     with pytest.raises(isthmus.NotFound, match="does not exist"):
         bob._transport.json("POST", "/v1/calls",
-                            json={"computation_id": f._cache[next(iter(f._cache))][0], "inputs": []})
+                            json={"computation_id": next(iter(f._registered.values())), "inputs": []})
     with pytest.raises(isthmus.NotFound):
         bob._transport.json("POST", "/v1/buffers/delete", json={"ids": [xa.id]})
     np.testing.assert_array_equal(ya.numpy(), np.arange(4) + 1)  # untouched by bob's attempts

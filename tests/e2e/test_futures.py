@@ -77,30 +77,51 @@ def test_dropped_buffers_are_freed_and_close_frees_everything(connect):
         other._transport.json("GET", f"/v1/buffers/{kept.id}")
 
 
+def missing_kernel_artifact(mesh, shape) -> bytes:
+    """An artifact the server accepts but no host can compile: its kernel is not registered."""
+    rep = jax.NamedSharding(mesh, P())
+
+    def fn(a):
+        return (jax.ffi.ffi_call("isthmus_missing_kernel", jax.ShapeDtypeStruct(a.shape, a.dtype))(a),)
+
+    jitted = jax.jit(fn, in_shardings=(rep,), out_shardings=(rep,))
+    check = jax.export.DisabledSafetyCheck.custom_call("isthmus_missing_kernel")
+    exported = jax.export.export(jitted, platforms=["cpu"], disabled_checks=[check])
+    return exported(jax.ShapeDtypeStruct(shape, jnp.float32)).serialize()
+
+
 def test_a_failed_computation_fails_its_dependents_with_the_same_cause(c):
     s = c.slice({"x": 2})
     f = c.jit(lambda a: a + 1, slice=s, in_specs=P(), out_specs=P())
-    # The artifact replicates its input; declaring it split over "x" makes compiling fail.
-    rep = jax.NamedSharding(s.abstract_mesh, P())
-    fn = jax.jit(lambda a: (a + 1,), in_shardings=(rep,), out_shardings=(rep,))
-    exported = jax.export.export(fn, platforms=["cpu"])(jax.ShapeDtypeStruct((4,), jnp.float32))
-    body = {"slice_id": s.id, "artifact": base64.b64encode(exported.serialize()).decode(),
-            "in_specs": [["x"]], "out_specs": [[]], "name": "mis-declared"}
+    artifact = missing_kernel_artifact(s.abstract_mesh, (4,))
+    body = {"slice_id": s.id, "artifact": base64.b64encode(artifact).decode(),
+            "in_specs": [[]], "out_specs": [[]], "name": "missing-kernel"}
     bad = c._transport.json("POST", "/v1/computations", json=body)
     x = c.put(np.zeros(4, np.float32), s)
     try:
         out = c._call(bad["id"], [x.id])[0]
     except isthmus.Conflict as e:  # compiling had already failed: the call is refused at once
-        assert "declared" in str(e)
+        assert "isthmus_missing_kernel" in str(e)
         return
     then = f(out)
-    with pytest.raises(isthmus.RemoteError, match="declared") as first:
+    with pytest.raises(isthmus.RemoteError, match="isthmus_missing_kernel") as first:
         out.result()
     with pytest.raises(isthmus.RemoteError) as second:
         then.numpy()
     cause = str(first.value).split(": ", 1)[1]
     assert str(second.value).split(": ", 1)[1] == cause
     assert c._transport.json("GET", f"/v1/computations/{bad['id']}")["status"] == "failed"
+
+
+def test_specs_that_contradict_the_artifact_are_refused_by_name(c):
+    s = c.slice({"x": 2})
+    rep = jax.NamedSharding(s.abstract_mesh, P())
+    fn = jax.jit(lambda a: (a + 1,), in_shardings=(rep,), out_shardings=(rep,))
+    exported = jax.export.export(fn, platforms=["cpu"])(jax.ShapeDtypeStruct((4,), jnp.float32))
+    body = {"slice_id": s.id, "artifact": base64.b64encode(exported.serialize()).decode(),
+            "in_specs": [["x"]], "out_specs": [[]], "name": "mis-declared"}
+    with pytest.raises(isthmus.InvalidArgument, match=r"in_specs\[0\]: declared P\('x'\), but the artifact"):
+        c._transport.json("POST", "/v1/computations", json=body)
 
 
 def test_the_server_answers_without_a_client_library(server):

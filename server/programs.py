@@ -1,0 +1,225 @@
+"""Programs: register an IR program once, lower it, compile it on its hosts, run it.
+
+Contract:
+- Registration checks everything a run could trip on, and answers 4xx naming it: the wire
+  form, the verifier, each slice (the caller's, with the declared mesh and island), each
+  computation's artifact against its declared avals, and the lowering itself.
+- A program is lowered (`ir.passes`) for the current placement of its slices, and again
+  only when the resource manager maps one of them elsewhere.
+- A run under parallel dispatch sends one message per host involved, all numbered in one
+  atomic step; under sequential dispatch, one message per node in the global schedule,
+  each sent once the previous one is accepted. Either way the outputs are returned at once
+  as buffer futures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from executors import RunMessage
+from ir import (
+    Conflict,
+    InvalidArgument,
+    NotFound,
+    Op,
+    Program,
+    Type,
+    from_wire,
+    graph_signature,
+    verify,
+)
+from ir.passes import host_plans, lower
+from ir.plan import HostPlan
+from ir.program import Placement
+from server.artifacts import inspect_artifact
+from server.records import BufferRecord, ClientRecord, new_id
+
+if TYPE_CHECKING:
+    from server.service import Service
+
+log = logging.getLogger("isthmus.server")
+Dispatch = Literal["parallel", "sequential"]
+Placements = tuple[tuple[str, Placement], ...]
+
+
+@dataclass
+class ProgramRecord:
+    id: str
+    owner: str
+    name: str
+    program: Program
+    arg_types: tuple[Type, ...]
+    result_types: tuple[Type, ...]
+    status: str = "pending"
+    message: str | None = None
+    runs: int = 0
+    lowered: dict[Placements, tuple[Program, dict[str, HostPlan]]] = field(default_factory=dict)
+
+
+class Programs:
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.records: dict[str, ProgramRecord] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- registration ------------------------------------------------------------------------
+
+    def register(self, owner: ClientRecord, doc: Any, name: str) -> ProgramRecord:
+        program = from_wire(doc)
+        verify(program)
+        self._check_slices(owner, program)
+        self._check_artifacts(owner, program)
+        args, results = graph_signature(program.graph, program.slice_table,
+                                        frozenset(program.artifact_table))
+        rec = ProgramRecord(new_id("p"), owner.id, name or "program", program, args, results)
+        _, plans = self._lowered(owner, rec)
+        self.records[rec.id] = rec
+        owner.programs.add(rec.id)
+        task = asyncio.get_running_loop().create_task(self._compile(rec, plans))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return rec
+
+    def _check_slices(self, owner: ClientRecord, program: Program) -> None:
+        for d in program.slices:
+            s = self.service.slice(owner, d.name)  # NotFound names the id
+            if d.mesh != s.mesh:
+                raise InvalidArgument(
+                    f"slice {d.name}: the program declares mesh {d.mesh.to_json()}, "
+                    f"the slice has {s.mesh.to_json()}"
+                )
+            if d.island is not None and d.island != s.island:
+                raise InvalidArgument(f"slice {d.name}: the program wants island {d.island}, "
+                                      f"the slice is on {s.island}")
+
+    def _check_artifacts(self, owner: ClientRecord, program: Program) -> None:
+        table = program.artifact_table
+        for i, node in enumerate(program.nodes):
+            if node.op is not Op.COMPUTE:
+                continue
+            a = node.attrs
+            s = self.service.slice(owner, a.slice)
+            info = inspect_artifact(table[a.artifact].data, s.mesh, self.service.slice_platform(s))
+            declared = (tuple(x.aval for x in a.ins), tuple(x.aval for x in a.outs))
+            if declared != (info.in_avals, info.out_avals):
+                raise InvalidArgument(
+                    f"node {i} (compute {a.name}): declares {_show(declared[0])} -> {_show(declared[1])}; "
+                    f"its artifact computes {_show(info.in_avals)} -> {_show(info.out_avals)}"
+                )
+            where = f"node {i} (compute {a.name}): "
+            info.check_specs([x.spec for x in a.ins], [x.spec for x in a.outs], where)
+
+    def _placements(self, owner: ClientRecord, program: Program) -> Placements:
+        rm = self.service.rm
+        out = []
+        for d in program.slices:
+            s = self.service.slice(owner, d.name)
+            devices = tuple((rm.device(i).host, rm.device(i).index) for i in s.device_ids)
+            out.append((d.name, Placement(s.island, devices)))
+        return tuple(out)
+
+    def _lowered(self, owner: ClientRecord, rec: ProgramRecord) -> tuple[Program, dict[str, HostPlan]]:
+        """The program lowered for its slices' current placement (cached per placement)."""
+        key = self._placements(owner, rec.program)
+        if key not in rec.lowered:
+            lowered = lower(rec.program, dict(key))
+            rec.lowered[key] = (lowered, host_plans(lowered))
+        return rec.lowered[key]
+
+    async def _compile(self, rec: ProgramRecord, plans: dict[str, HostPlan]) -> None:
+        table = rec.program.artifact_table
+        jobs = [(host, job) for host, plan in plans.items() for job in plan.compiles]
+        timeout = self.service.settings.rpc_timeout_s
+
+        async def one(host: str, job: Any) -> str | None:
+            try:
+                return await self.service.pool.compile(
+                    host, job.key, table[job.artifact].data, (job.devices, job.axes),
+                    [s.to_json() for s in job.in_specs], [s.to_json() for s in job.out_specs], timeout,
+                )
+            except Exception as e:
+                return f"{type(e).__name__}: {e}"
+
+        messages = await asyncio.gather(*(one(h, j) for h, j in jobs))
+        failed = [f"{j.key} on {h}: {m}" for (h, j), m in zip(jobs, messages, strict=True) if m]
+        rec.status, rec.message = ("failed", "; ".join(failed)) if failed else ("ready", None)
+
+    # -- lookup ------------------------------------------------------------------------------
+
+    def get(self, owner: ClientRecord, program_id: str) -> ProgramRecord:
+        rec = self.records.get(program_id)
+        if rec is None or rec.owner != owner.id:
+            raise NotFound(f"program {program_id!r} does not exist")
+        return rec
+
+    def lowered(self, owner: ClientRecord, program_id: str) -> tuple[Program, dict[str, HostPlan]]:
+        return self._lowered(owner, self.get(owner, program_id))
+
+    def forget(self, owner: ClientRecord) -> None:
+        for pid in owner.programs:
+            self.records.pop(pid, None)
+        owner.programs.clear()
+
+    def forget_slice(self, owner: ClientRecord, slice_id: str) -> None:
+        """A deleted slice takes the programs that use it with it."""
+        for pid in [p for p in owner.programs if slice_id in self.records[p].program.slice_table]:
+            owner.programs.discard(pid)
+            self.records.pop(pid, None)
+
+    # -- runs --------------------------------------------------------------------------------
+
+    async def run(self, owner: ClientRecord, program_id: str, inputs: Sequence[str],
+                  dispatch: Dispatch | None = None) -> list[BufferRecord]:
+        rec = self.get(owner, program_id)
+        if rec.status == "failed":
+            raise Conflict(f"program {rec.id} failed to compile: {rec.message}")
+        self._check_inputs(owner, rec, inputs)
+        _, plans = self._lowered(owner, rec)
+        hosts = {k: plan.host for plan in plans.values() for k, _ in plan.results}
+        outs = [BufferRecord(new_id("b"), owner.id, t.slice, hosts[k], t.aval, t.spec)
+                for k, t in enumerate(rec.result_types)]
+        run_id = f"{rec.id}/{rec.runs}"
+        rec.runs += 1
+        timeout = self.service.settings.step_timeout_s
+        messages = [
+            (plan, RunMessage(run_id, plan.key, 0, len(plan.steps),
+                              [(v, inputs[k]) for k, v in plan.args],
+                              [(v, outs[k].id) for k, v in plan.results], True, timeout))
+            for plan in plans.values()
+        ]
+        if (dispatch or self.service.settings.dispatch) == "parallel":
+            self.service.pool.run([(plan.host, m, plan) for plan, m in messages])
+        else:
+            await self._sequential(messages)
+        return [self.service._own(owner, o) for o in outs]
+
+    def _check_inputs(self, owner: ClientRecord, rec: ProgramRecord, inputs: Sequence[str]) -> None:
+        if len(inputs) != len(rec.arg_types):
+            raise InvalidArgument(f"program {rec.id} takes {len(rec.arg_types)} inputs; got {len(inputs)}")
+        for i, (b, want) in enumerate(zip(inputs, rec.arg_types, strict=True)):
+            buf = self.service.buffer(owner, b)
+            found = Type(buf.aval, buf.spec, buf.slice_id)
+            if found != want:
+                raise InvalidArgument(f"input {i} (buffer {b}): expected {want}, got {found}")
+
+    async def _sequential(self, messages: list[tuple[HostPlan, RunMessage]]) -> None:
+        """One message per step, in the global schedule, each after the previous is accepted."""
+        pool, timeout = self.service.pool, self.service.settings.rpc_timeout_s
+        steps = sorted((o, plan.host, i) for plan, _ in messages for i, o in enumerate(plan.order))
+        by_host = {plan.host: (plan, m) for plan, m in messages}
+        for plan, m in messages:
+            if not plan.steps:
+                await pool.run_step(plan.host, m, plan, timeout)
+        for _, host, i in steps:
+            plan, m = by_host[host]
+            one = RunMessage(m.run_id, m.plan_key, i, i + 1, m.args, m.results,
+                             i == len(plan.steps) - 1, m.timeout)
+            await pool.run_step(host, one, plan, timeout)
+
+
+def _show(avals: Sequence[Any]) -> str:
+    return "(" + ", ".join(map(str, avals)) + ")"

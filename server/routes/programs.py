@@ -1,0 +1,60 @@
+"""Programs (sharded dataflow IR over several slices) and runs of them."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from ir import Type, print_program
+from server.deps import ClientDep, ServiceDep
+from server.programs import ProgramRecord
+from server.routes.buffers import public as buffer_public
+from server.schemas import ProgramCreate, ProgramPublic, ProgramText, RunCreate, RunPublic
+
+router = APIRouter(prefix="/v1", tags=["programs"])
+
+
+def _type(t: Type) -> dict[str, object]:
+    return {"shape": list(t.aval.shape), "dtype": t.aval.dtype, "spec": t.spec.to_json(),
+            "slice_id": t.slice}
+
+
+def public(rec: ProgramRecord) -> ProgramPublic:
+    stats = rec.program.stats()
+    return ProgramPublic(
+        id=rec.id, name=rec.name, status=rec.status, message=rec.message,
+        args=[_type(t) for t in rec.arg_types], results=[_type(t) for t in rec.result_types],
+        nodes=stats["nodes"], edges=stats["edges"], runs=rec.runs,
+    )
+
+
+@router.post("/programs", status_code=201)
+async def register(body: ProgramCreate, client: ClientDep, service: ServiceDep) -> ProgramPublic:
+    """Register a program; it is lowered at once and compiled in the background on its hosts."""
+    return public(service.programs.register(client, body.program, body.name))
+
+
+@router.get("/programs/{program_id}")
+async def get_program(program_id: str, client: ClientDep, service: ServiceDep) -> ProgramPublic:
+    return public(service.programs.get(client, program_id))
+
+
+@router.get("/programs/{program_id}/text")
+async def program_text(program_id: str, client: ClientDep, service: ServiceDep) -> ProgramText:
+    """The program as written, as lowered for the current placement, and per host."""
+    rec = service.programs.get(client, program_id)
+    lowered, plans = service.programs.lowered(client, program_id)
+    return ProgramText(text=print_program(rec.program), lowered=print_program(lowered),
+                       plans=[plans[h].to_json() for h in sorted(plans)])
+
+
+@router.get("/programs")
+async def list_programs(client: ClientDep, service: ServiceDep) -> list[ProgramPublic]:
+    return [public(service.programs.records[p]) for p in sorted(client.programs)]
+
+
+@router.post("/runs", status_code=201)
+async def run(body: RunCreate, client: ClientDep, service: ServiceDep) -> RunPublic:
+    """Run a program; its outputs are returned at once as buffer futures."""
+    outs = await service.programs.run(client, body.program_id, body.inputs, body.dispatch)
+    service.delete_buffers(client, [b for b in body.release if b in client.buffers])
+    return RunPublic(outputs=[buffer_public(o) for o in outs])
