@@ -19,17 +19,11 @@ if TYPE_CHECKING:
     from client.connection import Client
 
 
-class Buffer:
-    __slots__ = ("__weakref__", "_client", "_value", "aval", "id", "slice_id", "spec")
+class Shaped:
+    """Shape, dtype and rank from an `aval`: what every array-like value of the client shows."""
 
-    def __init__(self, client: Client, record: dict[str, Any]) -> None:
-        self._client = client
-        self.id: str = record["id"]
-        self.slice_id: str = record["slice_id"]
-        self.aval = Aval(tuple(record["shape"]), record["dtype"])
-        self.spec = Spec.from_json(record["spec"])
-        self._value: np.ndarray | None = None
-        weakref.finalize(self, client._release, self.id)
+    __slots__ = ()
+    aval: Aval
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -42,6 +36,19 @@ class Buffer:
     @property
     def ndim(self) -> int:
         return len(self.aval.shape)
+
+
+class Buffer(Shaped):
+    __slots__ = ("__weakref__", "_client", "_value", "aval", "id", "slice_id", "spec")
+
+    def __init__(self, client: Client, record: dict[str, Any]) -> None:
+        self._client = client
+        self.id: str = record["id"]
+        self.slice_id: str = record["slice_id"]
+        self.aval = Aval(tuple(record["shape"]), record["dtype"])
+        self.spec = Spec.from_json(record["spec"])
+        self._value: np.ndarray | None = None
+        weakref.finalize(self, client._release, self.id)
 
     @property
     def sharding(self) -> PartitionSpec:

@@ -16,6 +16,7 @@ from jax.sharding import AbstractMesh, PartitionSpec
 from client.buffer import Buffer
 from client.devices import DeviceTable
 from client.jit import Function, as_array, leaf_specs
+from client.program import ProgramFunction
 from client.transport import Transport
 from ir import MeshAxes, NotFound, Spec, dtype_name
 
@@ -119,12 +120,12 @@ class Client:
         """Upload arrays (a pytree) onto a slice; `spec` is one spec or a pytree prefix."""
         leaves, treedef = jax.tree_util.tree_flatten(tree)
         specs = leaf_specs(spec, tree, "specs")
-        bufs = [self._upload(as_array(x)[0], slice, s) for x, s in zip(leaves, specs, strict=True)]
+        bufs = [self._upload(as_array(x)[0], slice.id, s) for x, s in zip(leaves, specs, strict=True)]
         return jax.tree_util.tree_unflatten(treedef, bufs)
 
-    def _upload(self, array: np.ndarray, slice: Slice, spec: Spec) -> Buffer:
+    def _upload(self, array: np.ndarray, slice_id: str, spec: Spec) -> Buffer:
         self._flush()
-        params = {"slice_id": slice.id, "dtype": dtype_name(array.dtype),
+        params = {"slice_id": slice_id, "dtype": dtype_name(array.dtype),
                   "shape": ",".join(map(str, array.shape)), "spec": json.dumps(spec.to_json())}
         record = self._transport.json(
             "POST", "/v1/buffers", params=params, content=np.ascontiguousarray(array).tobytes(),
@@ -137,6 +138,24 @@ class Client:
                 "release": self._take_released()}
         record = self._transport.json("POST", "/v1/calls", json=body)
         return [Buffer(self, o) for o in record["outputs"]]
+
+    def _run(self, program_id: str, inputs: list[str], dispatch: str | None) -> list[Buffer]:
+        body = {"program_id": program_id, "inputs": inputs, "release": self._take_released(),
+                "dispatch": dispatch}
+        record = self._transport.json("POST", "/v1/runs", json=body)
+        return [Buffer(self, o) for o in record["outputs"]]
+
+    def program(self, fn: Callable[..., Any] | None = None, *, dispatch: str | None = None,
+                name: str | None = None) -> Any:
+        """Trace `fn`, whose calls are jitted functions on any slices, into one program.
+
+        Calling the result submits one run and returns `Buffer` futures. `dispatch` asks for
+        "parallel" (one message per host, the default) or "sequential" dispatch. See
+        `client.program`.
+        """
+        if fn is None:
+            return lambda f: ProgramFunction(self, f, dispatch, name)
+        return ProgramFunction(self, fn, dispatch, name)
 
     def jit(self, fn: Callable[..., Any] | None = None, *, slice: Slice, in_specs: Any = None,
             out_specs: Any = None, name: str | None = None) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -17,6 +18,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from client.buffer import Buffer
+from client.trace import current_trace
 from ir import Aval, InvalidArgument, Spec, dtype_name, parse_dtype
 
 if TYPE_CHECKING:
@@ -52,6 +54,18 @@ def as_array(x: Any) -> tuple[np.ndarray, bool]:
     return array.astype(jax.dtypes.canonicalize_dtype(array.dtype), copy=False), weak
 
 
+@dataclass(frozen=True)
+class Export:
+    """One signature of a `Function`, exported: the artifact and what it reads and returns."""
+
+    artifact: bytes
+    in_specs: list[Spec]
+    out_specs: list[Spec]
+    out_avals: list[Aval]
+    out_weak: list[bool]
+    out_tree: Any
+
+
 class Function:
     def __init__(self, client: Client, fn: Callable[..., Any], slice: Slice,
                  in_specs: Any = None, out_specs: Any = None, name: str | None = None) -> None:
@@ -61,9 +75,13 @@ class Function:
         self.in_specs = in_specs
         self.out_specs = out_specs
         self.name = name or getattr(fn, "__name__", "computation")
-        self._cache: dict[Signature, tuple[str, Any, list[Spec]]] = {}
+        self._exports: dict[Signature, Export] = {}
+        self._registered: dict[Signature, str] = {}
 
     def __call__(self, *args: Any) -> Any:
+        trace = current_trace()
+        if trace is not None:  # inside `@c.program`: becomes one node of the program
+            return trace.apply(self, args)
         leaves, in_tree = jax.tree_util.tree_flatten(args)
         arrays: list[Buffer | tuple[np.ndarray, bool]] = [
             x if isinstance(x, Buffer) else as_array(x) for x in leaves
@@ -73,17 +91,23 @@ class Function:
             else (a[0].shape, dtype_name(a[0].dtype), a[1])
             for a in arrays
         ))
-        if sig not in self._cache:
-            self._cache[sig] = self._register(args, in_tree, sig[1])
-        computation_id, out_tree, in_specs = self._cache[sig]
+        exported = self.export(args, sig)
+        if sig not in self._registered:
+            self._registered[sig] = self._register(exported)
         # Uploads stay referenced until the call is sent, so their release comes after it.
-        inputs = [x if isinstance(x, Buffer) else self._client._upload(x[0], self.slice, spec)
-                  for x, spec in zip(arrays, in_specs, strict=True)]
-        outs = self._client._call(computation_id, [b.id for b in inputs])
-        return jax.tree_util.tree_unflatten(out_tree, outs)
+        inputs = [x if isinstance(x, Buffer) else self._client._upload(x[0], self.slice.id, spec)
+                  for x, spec in zip(arrays, exported.in_specs, strict=True)]
+        outs = self._client._call(self._registered[sig], [b.id for b in inputs])
+        return jax.tree_util.tree_unflatten(exported.out_tree, outs)
 
-    def _register(self, args: Any, in_tree: Any,
-                  leaves: Sequence[tuple[tuple[int, ...], str, bool]]) -> tuple[str, Any, list[Spec]]:
+    def export(self, args: Any, sig: Signature) -> Export:
+        """The artifact for one signature (cached): `args` gives the pytree its specs follow."""
+        if sig not in self._exports:
+            self._exports[sig] = self._export(args, *sig)
+        return self._exports[sig]
+
+    def _export(self, args: Any, in_tree: Any,
+                leaves: Sequence[tuple[tuple[int, ...], str, bool]]) -> Export:
         s = self.slice
         mesh = s.abstract_mesh
         in_specs = leaf_specs(self.in_specs, args, "in_specs")
@@ -104,8 +128,9 @@ class Function:
         out_tree = out_tree_box[0]
         out_example = jax.tree_util.tree_unflatten(out_tree, list(shapes))
         out_specs = leaf_specs(self.out_specs, out_example, "out_specs")
-        for i, (spec, a) in enumerate(zip(out_specs, shapes, strict=True)):
-            spec.check(Aval(tuple(a.shape), dtype_name(a.dtype)), axes, f"out_specs (leaf {i})")
+        out_avals = [Aval(tuple(a.shape), dtype_name(a.dtype)) for a in shapes]
+        for i, (spec, a) in enumerate(zip(out_specs, out_avals, strict=True)):
+            spec.check(a, axes, f"out_specs (leaf {i})")
 
         def sharding(spec: Spec) -> NamedSharding:
             return NamedSharding(mesh, PartitionSpec(*spec.entries))
@@ -113,14 +138,18 @@ class Function:
         jitted = jax.jit(flat, in_shardings=tuple(map(sharding, in_specs)),
                          out_shardings=tuple(map(sharding, out_specs)))
         exported = jax.export.export(jitted, platforms=[s.export_platform])(*avals)
+        return Export(bytes(exported.serialize()), in_specs, out_specs, out_avals,
+                      [bool(getattr(a, "weak_type", False)) for a in shapes], out_tree)
+
+    def _register(self, exported: Export) -> str:
         record = self._client._transport.json("POST", "/v1/computations", json={
-            "slice_id": s.id,
-            "artifact": base64.b64encode(exported.serialize()).decode(),
-            "in_specs": [sp.to_json() for sp in in_specs],
-            "out_specs": [sp.to_json() for sp in out_specs],
+            "slice_id": self.slice.id,
+            "artifact": base64.b64encode(exported.artifact).decode(),
+            "in_specs": [sp.to_json() for sp in exported.in_specs],
+            "out_specs": [sp.to_json() for sp in exported.out_specs],
             "name": self.name,
         })
-        return record["id"], out_tree, in_specs
+        return record["id"]
 
     def __repr__(self) -> str:
         return f"isthmus.Function({self.name} on {self.slice.id})"

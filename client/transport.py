@@ -62,6 +62,7 @@ class Transport:
         self._auth = f"Bearer {token}"
         self._local = threading.local()
         self.client_id: str | None = None
+        self.requests = 0  # requests sent: what "one submission per run" is checked against
 
     def _connection(self) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)
@@ -74,6 +75,7 @@ class Transport:
                 json_body: Any = None, content: bytes | None = None,
                 headers: dict[str, str] | None = None) -> Response:
         url = f"{path}?{urlencode(params)}" if params else path
+        self.requests += 1
         head = {"Authorization": self._auth, **(headers or {})}
         if self.client_id:
             head["X-Isthmus-Client"] = self.client_id

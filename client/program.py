@@ -1,0 +1,95 @@
+"""`Client.program`: trace a function of jitted calls into one IR program, register it, run it.
+
+Calling a `ProgramFunction` traces it once per input signature (the tree, and per leaf its
+shape, dtype and weak type, or for a `Buffer` its slice and spec too), registers the program
+with the server, and then submits one run per call: one request when every argument is a
+`Buffer`. The outputs come back at once as `Buffer` futures, in the function's pytree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+
+from client.buffer import Buffer
+from client.jit import as_array
+from client.trace import Trace, tracing
+from ir import Program, Type, print_program, to_wire
+
+if TYPE_CHECKING:
+    from client.connection import Client
+
+DISPATCH = ("parallel", "sequential")
+
+
+@dataclass
+class Traced:
+    """One signature of a program: registered on the server, with what each run needs."""
+
+    program_id: str
+    program: Program
+    arg_types: list[Type]
+    bound: list[Buffer]  # closed-over inputs, uploaded once, passed with every run
+    out_tree: Any
+
+
+class ProgramFunction:
+    def __init__(self, client: Client, fn: Callable[..., Any], dispatch: str | None = None,
+                 name: str | None = None) -> None:
+        if dispatch is not None and dispatch not in DISPATCH:
+            raise ValueError(f"dispatch: expected one of {DISPATCH} or None, got {dispatch!r}")
+        self._client = client
+        self.fn = fn
+        self.dispatch = dispatch
+        self.name = name or getattr(fn, "__name__", "program")
+        self._cache: dict[Any, Traced] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        leaves, in_tree = jax.tree_util.tree_flatten(args)
+        items = [x if isinstance(x, Buffer) else as_array(x) for x in leaves]
+        sig = (in_tree, tuple(
+            ("buffer", x.aval, x.spec, x.slice_id) if isinstance(x, Buffer)
+            else ("array", x[0].shape, x[0].dtype.str, x[1])
+            for x in items
+        ))
+        if sig not in self._cache:
+            self._cache[sig] = self._trace(items, in_tree)
+        traced = self._cache[sig]
+        inputs = [
+            x if isinstance(x, Buffer)
+            else self._client._upload(x[0], t.slice, t.spec)
+            for x, t in zip(items, traced.arg_types, strict=False)
+        ] + traced.bound
+        outs = self._client._run(traced.program_id, [b.id for b in inputs], self.dispatch)
+        return jax.tree_util.tree_unflatten(traced.out_tree, outs)
+
+    def trace(self, *args: Any) -> Program:
+        """The IR program these arguments trace to (registering it if new)."""
+        leaves, in_tree = jax.tree_util.tree_flatten(args)
+        items = [x if isinstance(x, Buffer) else as_array(x) for x in leaves]
+        return self._trace(items, in_tree).program
+
+    def show(self, *args: Any) -> str:
+        return print_program(self.trace(*args))
+
+    def _trace(self, items: list[Buffer | tuple[np.ndarray, bool]], in_tree: Any) -> Traced:
+        trace = Trace()
+        traced_args = [trace.argument(x) if isinstance(x, Buffer) else trace.argument(*x) for x in items]
+        with tracing(trace):
+            out = self.fn(*jax.tree_util.tree_unflatten(in_tree, traced_args))
+        out_leaves, out_tree = jax.tree_util.tree_flatten(out)
+        program, arg_types = trace.finish(out_leaves)
+        bound = [
+            x if isinstance(x, Buffer) else self._client._upload(x, t.slice, t.spec)
+            for x, t in zip(trace.bound, arg_types[len(items):], strict=True)
+        ]
+        record = self._client._json("POST", "/v1/programs",
+                                    json={"program": to_wire(program), "name": self.name})
+        return Traced(record["id"], program, arg_types, bound, out_tree)
+
+    def __repr__(self) -> str:
+        return f"isthmus.ProgramFunction({self.name})"

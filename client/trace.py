@@ -1,0 +1,225 @@
+"""The program tracer: run a Python function whose calls are `c.jit` functions, record an IR program.
+
+Contract:
+- While a trace is active (`tracing()`), calling a `Function` records one `compute` node
+  instead of calling the server, and returns `Traced` values standing for its outputs:
+  shape and dtype known, no data. This is abstract evaluation, as a JAX trace does.
+- Every IR edge is exactly typed (aval, spec, slice). When a value meets a computation
+  on another slice or with another spec, the tracer records a logical `transfer` (once per
+  value and target); the server's passes decide how it moves.
+- A program argument given as an array is placed where its first consumer wants it; a
+  `Buffer` argument keeps its slice and spec. Buffers and arrays a traced function closes
+  over become extra arguments, held by the traced program and passed with every run.
+- `finish` builds the program with `ir.ProgramBuilder`, so a traced program is verified.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+
+from client.buffer import Buffer, Shaped
+from ir import Aval, InvalidArgument, MeshAxes, Program, ProgramBuilder, Spec, Type, dtype_name
+
+if TYPE_CHECKING:
+    from client.connection import Slice
+    from client.jit import Function
+
+_CURRENT: contextvars.ContextVar[Trace | None] = contextvars.ContextVar("isthmus_trace", default=None)
+
+
+def current_trace() -> Trace | None:
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def tracing(trace: Trace) -> Iterator[Trace]:
+    token = _CURRENT.set(trace)
+    try:
+        yield trace
+    finally:
+        _CURRENT.reset(token)
+
+
+@dataclass
+class _Value:
+    aval: Aval
+    weak: bool
+    type: Type | None  # None: an array argument not yet consumed
+
+
+class Traced(Shaped):
+    """A value of a program being traced: its shape and dtype, and nothing else yet."""
+
+    __slots__ = ("_id", "_trace")
+
+    def __init__(self, trace: Trace, value_id: int) -> None:
+        self._trace = trace
+        self._id = value_id
+
+    @property
+    def aval(self) -> Aval:  # type: ignore[override]
+        return self._trace.values[self._id].aval
+
+    def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
+        raise InvalidArgument(
+            "a value inside @program has no data yet: pass it to jitted functions, or return it"
+        )
+
+    def __repr__(self) -> str:
+        t = self._trace.values[self._id].type
+        return f"Traced({self.aval}{'' if t is None else f' {t.spec} @{t.slice}'})"
+
+
+@dataclass(frozen=True)
+class _Compute:
+    name: str
+    artifact: bytes
+    slice: Slice
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    ins: tuple[Spec, ...]
+    outs: tuple[Spec, ...]
+
+
+@dataclass(frozen=True)
+class _Transfer:
+    source: int
+    target: int
+
+
+class Trace:
+    def __init__(self) -> None:
+        self.values: list[_Value] = []
+        self.args: list[int] = []  # program arguments, in order
+        self.bound: list[Buffer | np.ndarray] = []  # closed-over inputs: extra arguments
+        self._bound_ids: dict[int, int] = {}  # id(object) -> value
+        self._originals: list[Any] = []
+        self._ops: list[_Compute | _Transfer] = []
+        self._moved: dict[tuple[int, str, Spec], int] = {}
+        self._slices: dict[str, Slice] = {}
+
+    # -- values ------------------------------------------------------------------------------
+
+    def _new(self, aval: Aval, weak: bool, type: Type | None) -> int:
+        self.values.append(_Value(aval, weak, type))
+        return len(self.values) - 1
+
+    def argument(self, x: Buffer | np.ndarray, weak: bool = False) -> Traced:
+        """A program argument: a `Buffer` (typed already) or an array (typed on first use)."""
+        if isinstance(x, Buffer):
+            value = self._new(x.aval, False, Type(x.aval, x.spec, x.slice_id))
+        else:
+            value = self._new(Aval(tuple(x.shape), dtype_name(x.dtype)), weak, None)
+        self.args.append(value)
+        return Traced(self, value)
+
+    def _leaf(self, x: Any) -> int:
+        """A value for one leaf passed to a jitted function: traced, or closed over."""
+        if isinstance(x, Traced):
+            if x._trace is not self:
+                raise InvalidArgument("a traced value from another @program was passed to this one")
+            return x._id
+        if id(x) in self._bound_ids:
+            return self._bound_ids[id(x)]
+        from client.jit import as_array
+
+        if isinstance(x, Buffer):
+            obj: Buffer | np.ndarray = x
+            value = self._new(x.aval, False, Type(x.aval, x.spec, x.slice_id))
+        else:
+            obj, weak = as_array(x)
+            value = self._new(Aval(tuple(obj.shape), dtype_name(obj.dtype)), weak, None)
+        self.bound.append(obj)
+        self._originals.append(x)  # kept alive, so its id names it for the whole trace
+        self._bound_ids[id(x)] = value
+        return value
+
+    def _use(self, value: int, slice: Slice, spec: Spec) -> int:
+        """`value` as `slice` and `spec` want it: itself, or a (shared) transfer of it."""
+        v = self.values[value]
+        want = Type(v.aval, spec, slice.id)
+        if v.type is None:
+            v.type = want
+        if v.type == want:
+            return value
+        key = (value, slice.id, spec)
+        if key not in self._moved:
+            self._moved[key] = target = self._new(v.aval, v.weak, want)
+            self._ops.append(_Transfer(value, target))
+        return self._moved[key]
+
+    # -- the one operation -------------------------------------------------------------------
+
+    def apply(self, fn: Function, args: tuple[Any, ...]) -> Any:
+        leaves, in_tree = jax.tree_util.tree_flatten(args, is_leaf=lambda x: isinstance(x, Traced))
+        values = [self._leaf(x) for x in leaves]
+        sig = (in_tree, tuple(
+            (self.values[v].aval.shape, self.values[v].aval.dtype, self.values[v].weak) for v in values
+        ))
+        exported = fn.export(args, sig)
+        self._slices[fn.slice.id] = fn.slice
+        e = exported
+        inputs = tuple(self._use(v, fn.slice, spec) for v, spec in zip(values, e.in_specs, strict=True))
+        outputs = tuple(
+            self._new(aval, weak, Type(aval, spec, fn.slice.id))
+            for aval, weak, spec in zip(e.out_avals, e.out_weak, e.out_specs, strict=True)
+        )
+        name = re.sub(r"[\s(){}@%,]", "_", fn.name) or "computation"
+        self._ops.append(_Compute(name, exported.artifact, fn.slice, inputs, outputs,
+                                  tuple(exported.in_specs), tuple(exported.out_specs)))
+        return jax.tree_util.tree_unflatten(exported.out_tree, [Traced(self, v) for v in outputs])
+
+    # -- the program -------------------------------------------------------------------------
+
+    def finish(self, results: Sequence[Any]) -> tuple[Program, list[Type]]:
+        """The traced program, and the type of every argument (user ones, then bound ones)."""
+        outs = [self._result(x) for x in results]
+        if not self._slices:
+            raise InvalidArgument("@program: the function called no jitted function; nothing to run")
+        first = next(iter(self._slices.values()))
+        for v in self.args + list(self._bound_ids.values()):  # unconsumed arguments
+            if self.values[v].type is None:
+                self.values[v].type = Type(self.values[v].aval, Spec(()), first.id)
+        b = ProgramBuilder()
+        for s in self._slices.values():
+            b.slice(s.id, MeshAxes.of(s.mesh), s.island)
+        names: dict[int, str] = {}
+        arguments = self.args + list(self._bound_ids.values())
+        for v in arguments:
+            t = self.values[v].type
+            assert t is not None
+            if t.slice not in self._slices:
+                raise InvalidArgument(f"@program: an argument lives on slice {t.slice}, which no "
+                                      "jitted function of the program uses")
+            names[v] = b.arg(t.aval, t.spec, t.slice)
+        for op in self._ops:
+            if isinstance(op, _Transfer):
+                t = self.values[op.target].type
+                assert t is not None
+                names[op.target] = b.transfer(names[op.source], t.spec, t.slice)
+                continue
+            ins = [(self.values[v].aval, spec) for v, spec in zip(op.inputs, op.ins, strict=True)]
+            outs_sig = [(self.values[v].aval, spec) for v, spec in zip(op.outputs, op.outs, strict=True)]
+            defined = b.compute(op.name, op.artifact, op.slice.id, [names[v] for v in op.inputs],
+                                outs_sig, ins)
+            names.update(zip(op.outputs, defined, strict=True))
+        b.result(*(names[v] for v in outs))
+        types = [self.values[v].type for v in arguments]
+        return b.build(), [t for t in types if t is not None]
+
+    def _result(self, x: Any) -> int:
+        if isinstance(x, Traced) and x._trace is self:
+            return x._id
+        if isinstance(x, Buffer):
+            return self._leaf(x)
+        raise InvalidArgument(
+            f"@program: a result must come from a jitted function or be an argument; found {type(x).__name__}"
+        )

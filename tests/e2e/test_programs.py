@@ -1,0 +1,185 @@
+"""Programs: many computations on many slices, submitted once, run as dataflow on the hosts."""
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from ir import InvalidArgument, RemoteError
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+
+def local_jit(fn, n, axis, in_specs, out_specs):
+    mesh = jax.make_mesh((n,), (axis,), devices=jax.devices()[:n])
+    shard = lambda s: NamedSharding(mesh, s)  # noqa: E731
+    ins = tuple(map(shard, in_specs)) if isinstance(in_specs, tuple) else shard(in_specs)
+    return jax.jit(fn, in_shardings=ins, out_shardings=shard(out_specs))
+
+
+def stage_fns():
+    def f(x):
+        return jnp.tanh(x) * 3.0
+
+    def g(x):
+        return x - jnp.sum(x) / x.size  # an all-reduce when x is sharded
+
+    def h(x, y):
+        return jnp.sin(x) * y
+
+    return f, g, h
+
+
+def test_three_computations_over_islands_a_and_b_equal_local_jit_bit_for_bit(c):
+    sa, sb = c.slice({"x": 4}, island="a"), c.slice({"y": 2}, island="b")
+    f, g, h = stage_fns()
+    fi = c.jit(f, slice=sa, in_specs=P("x"), out_specs=P("x"))
+    gi = c.jit(g, slice=sa, in_specs=P(), out_specs=P())  # a reshard inside island a
+    hi = c.jit(h, slice=sb, in_specs=P("y"), out_specs=P("y"))  # a DCN move to island b
+
+    @c.program
+    def step(x):
+        y = fi(x)
+        return hi(gi(y), y)
+
+    x = np.random.default_rng(0).standard_normal(16, dtype=np.float32)
+    out = step(x)
+    assert out.shape == (16,) and out.sharding == P("y")
+    lf = local_jit(f, 4, "x", P("x"), P("x"))
+    lg = local_jit(g, 4, "x", P(), P())
+    lh = local_jit(h, 2, "y", (P("y"), P("y")), P("y"))
+    y = lf(x)
+    want = lh(np.asarray(lg(np.asarray(y))), np.asarray(y))
+    np.testing.assert_array_equal(out.numpy(), np.asarray(want))
+    # The same program, dispatched node by node, gives the same bits.
+    seq = c.program(step.fn, dispatch="sequential")
+    np.testing.assert_array_equal(seq(x).numpy(), np.asarray(want))
+
+
+def test_ir_size_does_not_depend_on_shard_count(c):
+    f, _, h = stage_fns()
+    stats = []
+    for n in (1, 4):
+        sa, sb = c.slice({"x": n}, island="a"), c.slice({"y": n}, island="b")
+        fi = c.jit(f, slice=sa, in_specs=P("x"), out_specs=P("x"))
+        hi = c.jit(h, slice=sb, in_specs=P("y"), out_specs=P("y"))
+        prog = c.program(lambda x, fi=fi, hi=hi: hi(fi(x), fi(x)))
+        out = prog(np.ones(8, np.float32))
+        record = c._json("GET", f"/v1/programs/{next(iter(prog._cache.values())).program_id}")
+        stats.append((record["nodes"], record["edges"]))
+        assert out.numpy().shape == (8,)
+    assert stats[0] == stats[1]
+
+
+def host_counters(c):
+    rows = [h for isl in c._json("GET", "/v1/islands") for h in isl["hosts"]]
+    return {h["name"]: (h["requests"], h["dispatch_messages"]) for h in rows}
+
+
+def test_a_128_node_run_is_one_submission_and_one_message_per_host(c):
+    sa, sb = c.slice({"x": 1}, island="a"), c.slice({"x": 1}, island="b")
+    inc = [c.jit(lambda v: v + 1.0, slice=s) for s in (sa, sb)]
+
+    @c.program
+    def chain(v):
+        for k in range(64):  # 64 computes + 63 cross-island transfers + arg + result = 129 nodes
+            v = inc[k % 2](v)
+        return v
+
+    x = c.put(np.zeros(4, np.float32), sa)
+    first = chain(x).result()  # trace, register, compile; kept, so no release rides along
+    program = next(iter(chain._cache.values())).program
+    assert program.stats()["nodes"] >= 128
+    hosts = set(sa.hosts) | set(sb.hosts)
+    before, sent = host_counters(c), c._transport.requests
+    out = chain(x)
+    assert c._transport.requests - sent == 1  # the client made one submission
+    out.result()
+    after = host_counters(c)
+    for h in hosts:
+        assert after[h][1] - before[h][1] == 1, f"host {h}: dispatch messages"
+        waited = 1 if h == sb.hosts[0] else 0  # the result's wait is one more request there
+        assert after[h][0] - before[h][0] - waited == 1, f"host {h}: requests"
+    np.testing.assert_array_equal(out.numpy(), np.full(4, 64.0, np.float32))
+    np.testing.assert_array_equal(first.numpy(), out.numpy())
+
+
+def test_twenty_concurrent_runs_from_four_clients_all_finish_correctly(connect):
+    results: dict[tuple[int, int], np.ndarray] = {}
+    errors: list[BaseException] = []
+
+    def client_work(k: int) -> None:
+        try:
+            c = connect(f"tenant-{k}")
+            sa, sb = c.slice({"x": 1}, island="a"), c.slice({"x": 1}, island="b")
+            f = c.jit(lambda v: v * 2.0 + k, slice=sa)
+            g = c.jit(lambda v: jnp.sum(v) + v, slice=sb)
+            prog = c.program(lambda v: g(f(v)))
+            outs = [prog(np.full(4, float(r), np.float32)) for r in range(5)]
+            for r, o in enumerate(outs):
+                results[(k, r)] = o.numpy()
+        except BaseException as e:  # reported below, with the thread's traceback
+            errors.append(e)
+
+    threads = [threading.Thread(target=client_work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=240)
+    assert not errors, errors
+    assert len(results) == 20
+    for (k, r), got in results.items():
+        v = np.full(4, float(r), np.float32) * 2.0 + k
+        np.testing.assert_array_equal(got, np.sum(v) + v)
+
+
+def test_a_failure_inside_a_program_reaches_its_results_and_the_server_keeps_serving(c):
+    from test_futures import missing_kernel_artifact
+
+    from ir import Aval, Conflict, ProgramBuilder, to_wire
+
+    sa, sb = c.slice({"x": 1}, island="a"), c.slice({"x": 1}, island="b")
+    g = c.jit(lambda v: v + 1.0, slice=sb)
+    good = c.program(lambda v: g(v))
+    # A program whose first computation no host can compile, feeding one on another island.
+    b = ProgramBuilder()
+    b.slice(sa.id, sa.mesh, sa.island)
+    x = b.arg(Aval((4,), "float32"), (), sa.id)
+    (y,) = b.compute("broken", missing_kernel_artifact(sa.abstract_mesh, (4,)), sa.id, [x],
+                     [(Aval((4,), "float32"), ())])
+    b.result(y)
+    record = c._json("POST", "/v1/programs", json={"program": to_wire(b.build())})
+    buf = c.put(np.zeros(4, np.float32), sa)
+    try:
+        outs = c._json("POST", "/v1/runs", json={"program_id": record["id"], "inputs": [buf.id]})
+    except Conflict as e:  # compiling had already failed: the run is refused at once
+        assert "isthmus_missing_kernel" in str(e)
+    else:
+        with pytest.raises(RemoteError, match="isthmus_missing_kernel"):
+            c._json("GET", f"/v1/buffers/{outs['outputs'][0]['id']}", params={"wait": True})
+    np.testing.assert_array_equal(good(np.zeros(2, np.float32)).numpy(), np.ones(2, np.float32))
+
+
+def test_bad_programs_and_runs_are_4xx_naming_the_fault(c):
+    s = c.slice({"x": 1})
+    f = c.jit(lambda v: v + 1.0, slice=s)
+    prog = c.program(lambda v: f(v))
+    x = c.put(np.zeros(3, np.float32), s)
+    prog(x).result()
+    pid = next(iter(prog._cache.values())).program_id
+    with pytest.raises(InvalidArgument, match="takes 1 inputs; got 2"):
+        c._json("POST", "/v1/runs", json={"program_id": pid, "inputs": [x.id, x.id]})
+    y = c.put(np.zeros(4, np.float32), s)
+    with pytest.raises(InvalidArgument, match=r"input 0 \(buffer .*\): expected float32\[3\]"):
+        c._json("POST", "/v1/runs", json={"program_id": pid, "inputs": [y.id]})
+    with pytest.raises(InvalidArgument, match=r"\$.format"):
+        c._json("POST", "/v1/programs", json={"program": {"format": "nope"}})
+    wire = __import__("ir").to_wire(next(iter(prog._cache.values())).program)
+    wire["slices"][0]["name"] = "sl-000000000000"
+    with pytest.raises(Exception, match="sl-000000000000"):
+        c._json("POST", "/v1/programs", json={"program": wire})
+    np.testing.assert_array_equal(prog(x).numpy(), np.ones(3, np.float32))  # still serving

@@ -1,0 +1,91 @@
+"""The program tracer, without a server: jitted calls become one typed IR program."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from client.connection import Slice
+from client.jit import Function
+from client.trace import Trace, tracing
+from ir import InvalidArgument, Op, verify
+
+pytestmark = pytest.mark.unit
+
+
+def make_slice(sid: str, mesh: dict[str, int], island: str) -> Slice:
+    return Slice(None, {"id": sid, "mesh": mesh, "island": island, "hosts": [], "device_ids": [],
+                        "platform": "cpu"})
+
+
+def trace(fn, *args):
+    t = Trace()
+    traced = [t.argument(*((a,) if not isinstance(a, tuple) else a)) for a in args]
+    with tracing(t):
+        out = fn(*traced)
+    return t.finish(out if isinstance(out, tuple) else (out,))
+
+
+def three_stage(n: int):
+    """f on island a, g on island a with another spec, h on island b."""
+    sa, sb = make_slice("sa", {"x": n}, "a"), make_slice("sb", {"y": n}, "b")
+    f = Function(None, lambda x: jnp.tanh(x) * 2, sa, in_specs=P("x"), out_specs=P("x"))
+    g = Function(None, lambda x: x + 1, sa, in_specs=P(), out_specs=P())
+    h = Function(None, lambda x, y: x * y, sb, in_specs=P("y"), out_specs=P("y"))
+
+    def program(x):
+        y = f(x)
+        return h(g(y), y)
+
+    return trace(program, (np.ones(8, np.float32), False))
+
+
+def test_calls_become_computes_with_transfers_where_slice_or_spec_change():
+    program, arg_types = three_stage(4)
+    verify(program)
+    ops = [n.op for n in program.nodes]
+    assert ops == [Op.ARG, Op.COMPUTE, Op.TRANSFER, Op.COMPUTE, Op.TRANSFER, Op.TRANSFER, Op.COMPUTE,
+                   Op.RESULT]
+    # The argument is placed where its first consumer (f) wants it.
+    assert (arg_types[0].slice, arg_types[0].spec.to_json()) == ("sa", ["x"])
+    transfers = [n.attrs.type for n in program.nodes if n.op is Op.TRANSFER]
+    assert [(t.slice, t.spec.to_json()) for t in transfers] == [("sa", []), ("sb", ["y"]), ("sb", ["y"])]
+
+
+def test_one_node_per_computation_whatever_the_shard_count():
+    one, _ = three_stage(1)
+    four, _ = three_stage(4)
+    assert one.stats() == four.stats()
+
+
+def test_a_value_moved_twice_to_the_same_place_moves_once():
+    s = make_slice("s", {"x": 2}, "a")
+    t = make_slice("t", {"x": 2}, "b")
+    f = Function(None, lambda x: x * 2, s, P("x"), P("x"))
+    g = Function(None, lambda x, y: x + y, t, P("x"), P("x"))
+    program, _ = trace(lambda x: g(f(x), f(x)), (np.ones(4, np.float32), False))
+    assert sum(n.op is Op.TRANSFER for n in program.nodes) == 2  # two f's, one move each
+    program, _ = trace(lambda x: (lambda y: g(y, y))(f(x)), (np.ones(4, np.float32), False))
+    assert sum(n.op is Op.TRANSFER for n in program.nodes) == 1
+
+
+def test_closed_over_constants_become_bound_arguments():
+    s = make_slice("s", {"x": 1}, "a")
+    add = Function(None, lambda x, c: x + c, s)
+    bias = np.full(3, 2.0, np.float32)
+    t = Trace()
+    x = t.argument(np.zeros(3, np.float32), False)
+    with tracing(t):
+        out = add(x, bias)
+    program, types = t.finish([out])
+    assert len(program.graph.args) == 2 and len(types) == 2
+    assert t.bound[0] is bias
+
+
+def test_results_must_come_from_the_program():
+    s = make_slice("s", {"x": 1}, "a")
+    f = Function(None, lambda x: x, s)
+    with pytest.raises(InvalidArgument, match="a result must come from a jitted function"):
+        trace(lambda x: (f(x), np.zeros(2)), (np.zeros(2, np.float32), False))
+    with pytest.raises(InvalidArgument, match="called no jitted function"):
+        trace(lambda x: x, (np.zeros(2, np.float32), False))
