@@ -146,16 +146,17 @@ class Client:
         return [Buffer(self, o) for o in record["outputs"]]
 
     def program(self, fn: Callable[..., Any] | None = None, *, dispatch: str | None = None,
-                name: str | None = None) -> Any:
+                fuse: bool | None = None, name: str | None = None) -> Any:
         """Trace `fn`, whose calls are jitted functions on any slices, into one program.
 
         Calling the result submits one run and returns `Buffer` futures. `dispatch` asks for
-        "parallel" (one message per host, the default) or "sequential" dispatch. See
-        `client.program`.
+        "parallel" (one message per host, the default) or "sequential" dispatch; `fuse`
+        whether adjacent computations on one slice become one executable (default: the
+        server's setting). See `client.program`.
         """
         if fn is None:
-            return lambda f: ProgramFunction(self, f, dispatch, name)
-        return ProgramFunction(self, fn, dispatch, name)
+            return lambda f: ProgramFunction(self, f, dispatch, name, fuse)
+        return ProgramFunction(self, fn, dispatch, name, fuse)
 
     def jit(self, fn: Callable[..., Any] | None = None, *, slice: Slice, in_specs: Any = None,
             out_specs: Any = None, name: str | None = None) -> Any:

@@ -39,12 +39,13 @@ class Traced:
 
 class ProgramFunction:
     def __init__(self, client: Client, fn: Callable[..., Any], dispatch: str | None = None,
-                 name: str | None = None) -> None:
+                 name: str | None = None, fuse: bool | None = None) -> None:
         if dispatch is not None and dispatch not in DISPATCH:
             raise ValueError(f"dispatch: expected one of {DISPATCH} or None, got {dispatch!r}")
         self._client = client
         self.fn = fn
         self.dispatch = dispatch
+        self.fuse = fuse
         self.name = name or getattr(fn, "__name__", "program")
         self._cache: dict[Any, Traced] = {}
 
@@ -88,7 +89,7 @@ class ProgramFunction:
             for x, t in zip(trace.bound, arg_types[len(items):], strict=True)
         ]
         record = self._client._json("POST", "/v1/programs",
-                                    json={"program": to_wire(program), "name": self.name})
+                                    json={"program": to_wire(program), "name": self.name, "fuse": self.fuse})
         return Traced(record["id"], program, arg_types, bound, out_tree)
 
     def __repr__(self) -> str:

@@ -15,6 +15,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ir import Spec
+from ir.fused import Fused, decode_fused
 
 
 def make_mesh(device_indices: Sequence[int], axes: Sequence[tuple[str, int]]) -> Mesh:
@@ -31,6 +32,9 @@ def compile_artifact(
     artifact: bytes, mesh: Mesh, in_specs: Sequence[Spec], out_specs: Sequence[Spec]
 ) -> Callable[..., Any]:
     """Deserialize, check the declared shardings against the artifact, and compile."""
+    fused = decode_fused(artifact)
+    if fused is not None:
+        return _compile_fused(fused, mesh, in_specs, out_specs)
     exported = jax.export.deserialize(bytearray(artifact))
     in_sh = [named(mesh, s) for s in in_specs]
     out_sh = [named(mesh, s) for s in out_specs]
@@ -47,6 +51,35 @@ def compile_artifact(
         for a, s in zip(exported.in_avals, in_sh, strict=True)
     ]
     return jitted.lower(*args).compile()
+
+
+def _compile_fused(fused: Fused, mesh: Mesh, in_specs: Sequence[Spec],
+                   out_specs: Sequence[Spec]) -> Callable[..., Any]:
+    """One executable calling the parts in order; each part's shardings were checked alone."""
+    parts = [jax.export.deserialize(bytearray(p)) for p in fused.parts]
+    in_sh = tuple(named(mesh, s) for s in in_specs)
+
+    def composite(*args: Any) -> tuple[Any, ...]:
+        values: dict[Any, Any] = {("in", k): a for k, a in enumerate(args)}
+        for j, call in enumerate(fused.calls):
+            outs = parts[call.part].call(*(values[r] for r in call.inputs))
+            values.update({("out", j, k): o for k, o in enumerate(outs)})
+        return tuple(values[r] for r in fused.outputs)
+
+    jitted = jax.jit(composite, in_shardings=in_sh, out_shardings=tuple(named(mesh, s) for s in out_specs))
+    avals = _fused_avals(parts, fused)
+    args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s) for a, s in zip(avals, in_sh, strict=True)]
+    return jitted.lower(*args).compile()
+
+
+def _fused_avals(parts: Sequence[Any], fused: Fused) -> list[Any]:
+    """The fused computation's input avals, from the parts that read them."""
+    avals: dict[int, Any] = {}
+    for call in fused.calls:
+        for ref, aval in zip(call.inputs, parts[call.part].in_avals, strict=True):
+            if ref[0] == "in":
+                avals.setdefault(ref[1], aval)
+    return [avals[k] for k in range(len(avals))]
 
 
 def _check_shardings(what: str, carried: Sequence[Any], declared: Sequence[NamedSharding],

@@ -141,6 +141,8 @@ class Runner:
                               f"{traceback.format_exc(limit=8)}")
             for value in _defines(step):
                 env[value] = failure
+            if isinstance(step, Send):  # the peer waits for this tag: it gets the cause
+                self._deliver(step.to, message.run_id, step.tag, ("failed", failure.cause))
 
     def _compute(self, step: Compute, env: dict[str, Any], timeout: float) -> None:
         import jax

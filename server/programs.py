@@ -5,7 +5,8 @@ Contract:
   form, the verifier, each slice (the caller's, with the declared mesh and island), each
   computation's artifact against its declared avals, and the lowering itself.
 - A program is lowered (`ir.passes`) for the current placement of its slices, and again
-  only when the resource manager maps one of them elsewhere.
+  only when the resource manager maps one of them elsewhere; fusing adjacent computations
+  on one slice is the program's choice (default: the server's `fuse` setting).
 - A run under parallel dispatch sends one message per host involved, all numbered in one
   atomic step; under sequential dispatch, one message per node in the global schedule,
   each sent once the previous one is accepted. Either way the outputs are returned at once
@@ -54,6 +55,7 @@ class ProgramRecord:
     program: Program
     arg_types: tuple[Type, ...]
     result_types: tuple[Type, ...]
+    fuse: bool = False
     status: str = "pending"
     message: str | None = None
     runs: int = 0
@@ -68,18 +70,18 @@ class Programs:
 
     # -- registration ------------------------------------------------------------------------
 
-    def register(self, owner: ClientRecord, doc: Any, name: str) -> ProgramRecord:
+    def register(self, owner: ClientRecord, doc: Any, name: str, fuse: bool = False) -> ProgramRecord:
         program = from_wire(doc)
         verify(program)
         self._check_slices(owner, program)
         self._check_artifacts(owner, program)
         args, results = graph_signature(program.graph, program.slice_table,
                                         frozenset(program.artifact_table))
-        rec = ProgramRecord(new_id("p"), owner.id, name or "program", program, args, results)
-        _, plans = self._lowered(owner, rec)
+        rec = ProgramRecord(new_id("p"), owner.id, name or "program", program, args, results, fuse)
+        lowered, plans = self._lowered(owner, rec)
         self.records[rec.id] = rec
         owner.programs.add(rec.id)
-        task = asyncio.get_running_loop().create_task(self._compile(rec, plans))
+        task = asyncio.get_running_loop().create_task(self._compile(rec, lowered, plans))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return rec
@@ -126,12 +128,12 @@ class Programs:
         """The program lowered for its slices' current placement (cached per placement)."""
         key = self._placements(owner, rec.program)
         if key not in rec.lowered:
-            lowered = lower(rec.program, dict(key))
+            lowered = lower(rec.program, dict(key), fuse=rec.fuse)
             rec.lowered[key] = (lowered, host_plans(lowered))
         return rec.lowered[key]
 
-    async def _compile(self, rec: ProgramRecord, plans: dict[str, HostPlan]) -> None:
-        table = rec.program.artifact_table
+    async def _compile(self, rec: ProgramRecord, lowered: Program, plans: dict[str, HostPlan]) -> None:
+        table = lowered.artifact_table  # fusing adds artifacts
         jobs = [(host, job) for host, plan in plans.items() for job in plan.compiles]
         timeout = self.service.settings.rpc_timeout_s
 

@@ -119,6 +119,9 @@ class Health(BaseModel):
 class ProgramCreate(BaseModel):
     program: dict[str, Any] = Field(description="the IR program in its JSON wire form (format isthmus.ir)")
     name: str = Field("", max_length=200)
+    fuse: bool | None = Field(
+        None, description="fuse adjacent computations on one slice into one executable (default: server's)"
+    )
 
 
 class ProgramPublic(BaseModel):
@@ -131,6 +134,7 @@ class ProgramPublic(BaseModel):
     nodes: int
     edges: int
     runs: int
+    fuse: bool
 
 
 class ProgramText(BaseModel):

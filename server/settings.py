@@ -39,6 +39,10 @@ class Settings(BaseSettings):
     # Program runs: one message per host (parallel), or one per node after the previous
     # one is accepted (sequential, for comparison).
     dispatch: Literal["parallel", "sequential"] = "parallel"
+    # Fuse adjacent computations on one slice into one executable (a program may override).
+    # Off by default: XLA then optimizes across the computations, which can move results by
+    # an ulp or so against the same functions jitted apart.
+    fuse: bool = False
     allow_remote: bool = False
 
     @model_validator(mode="after")

@@ -2,11 +2,12 @@
 
 Contract: `lower(program, placements)` verifies `program` and runs the passes of `pipeline`,
 in the order listed there and nowhere else: place -> route_transfers -> partition ->
-schedule. Each pass is a pure `Program -> Program` in its own file, whose docstring states
-its contract; with `check=True` (tests always) the verifier runs after every pass and an
-error names the pass. `host_plans(lowered)` then cuts the lowered program into one
-`ir.plan.HostPlan` per host. `WHILE` and `COND` are refused (their distributed lowering is
-a later issue) with an `InvalidArgument` naming the node, rather than lowered wrongly.
+schedule, then, with `fuse=True`, fuse. Each pass is a pure `Program -> Program` in its
+own file, whose docstring states its contract; with `check=True` (tests always) the
+verifier runs after every pass and an error names the pass. `host_plans(lowered)` then
+cuts the lowered program into one `ir.plan.HostPlan` per host. `WHILE` and `COND` are
+refused (their distributed lowering is a later issue) with an `InvalidArgument` naming the
+node, rather than lowered wrongly.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from functools import partial
 
 from ir.errors import InvalidArgument
 from ir.node import SUBGRAPHS
+from ir.passes.fuse import fuse as fuse_pass
 from ir.passes.partition import partition
 from ir.passes.place import place
 from ir.passes.plans import host_plans
@@ -27,20 +29,25 @@ from ir.verify import VerifyError, verify
 
 Pass = Callable[[Program], Program]
 
-__all__ = ["Pass", "host_plans", "lower", "partition", "pipeline", "place", "route_transfers", "schedule"]
+__all__ = [
+    "Pass", "fuse_pass", "host_plans", "lower", "partition", "pipeline", "place", "route_transfers",
+    "schedule",
+]
 
 
-def pipeline(placements: Mapping[str, Placement]) -> tuple[tuple[str, Pass], ...]:
+def pipeline(placements: Mapping[str, Placement], fuse: bool = False) -> tuple[tuple[str, Pass], ...]:
     """The lowering passes, named, in the order they run: the one place that order is written."""
-    return (
+    passes: tuple[tuple[str, Pass], ...] = (
         ("place", partial(place, placements=placements)),
         ("route_transfers", route_transfers),
         ("partition", partition),
         ("schedule", schedule),
     )
+    return passes + ((("fuse", fuse_pass),) if fuse else ())
 
 
-def lower(program: Program, placements: Mapping[str, Placement], *, check: bool = False) -> Program:
+def lower(program: Program, placements: Mapping[str, Placement], *, check: bool = False,
+          fuse: bool = False) -> Program:
     verify(program)
     for i, node in enumerate(program.nodes):
         if node.op in SUBGRAPHS:
@@ -48,7 +55,7 @@ def lower(program: Program, placements: Mapping[str, Placement], *, check: bool 
                 f"lower: node {i} `{node_line(node)}`: expected no {node.op.value} (the distributed "
                 f"lowering of while and cond is a later issue), found one"
             )
-    for name, run in pipeline(placements):
+    for name, run in pipeline(placements, fuse):
         program = run(program)
         if check:
             try:

@@ -23,14 +23,15 @@ def public(rec: ProgramRecord) -> ProgramPublic:
     return ProgramPublic(
         id=rec.id, name=rec.name, status=rec.status, message=rec.message,
         args=[_type(t) for t in rec.arg_types], results=[_type(t) for t in rec.result_types],
-        nodes=stats["nodes"], edges=stats["edges"], runs=rec.runs,
+        nodes=stats["nodes"], edges=stats["edges"], runs=rec.runs, fuse=rec.fuse,
     )
 
 
 @router.post("/programs", status_code=201)
 async def register(body: ProgramCreate, client: ClientDep, service: ServiceDep) -> ProgramPublic:
     """Register a program; it is lowered at once and compiled in the background on its hosts."""
-    return public(service.programs.register(client, body.program, body.name))
+    fuse = service.settings.fuse if body.fuse is None else body.fuse
+    return public(service.programs.register(client, body.program, body.name, fuse))
 
 
 @router.get("/programs/{program_id}")

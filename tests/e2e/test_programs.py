@@ -183,3 +183,24 @@ def test_bad_programs_and_runs_are_4xx_naming_the_fault(c):
     with pytest.raises(Exception, match="sl-000000000000"):
         c._json("POST", "/v1/programs", json={"program": wire})
     np.testing.assert_array_equal(prog(x).numpy(), np.ones(3, np.float32))  # still serving
+
+
+def test_fused_chains_match_local_jit_within_a_stated_tolerance(c):
+    s = c.slice({"x": 4}, island="a")
+    fns = [lambda v: jnp.tanh(v) * 1.5, lambda v: v - jnp.sum(v) / v.size, lambda v: jnp.sin(v) + v * v]
+    stages = [c.jit(f, slice=s, in_specs=P("x"), out_specs=P("x")) for f in fns]
+
+    def chain(v):
+        for k in range(9):
+            v = stages[k % 3](v)
+        return v
+
+    x = np.random.default_rng(1).standard_normal(32, dtype=np.float32)
+    fused = c.program(chain, fuse=True)(x)
+    plain = c.program(chain, fuse=False)(x)
+    want = x
+    for k in range(9):
+        want = np.asarray(local_jit(fns[k % 3], 4, "x", P("x"), P("x"))(want))
+    np.testing.assert_array_equal(plain.numpy(), want)
+    # One executable: XLA optimizes across the stages, so an ulp or two may move.
+    np.testing.assert_allclose(fused.numpy(), want, rtol=1e-5, atol=1e-6)

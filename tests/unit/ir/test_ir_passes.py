@@ -313,7 +313,7 @@ def test_check_names_the_pass_that_broke_the_ir(example, monkeypatch):
         kept = tuple(n for n in program.nodes if "%3" not in n.outputs)
         return dataclasses.replace(program, graph=Graph(kept))
 
-    monkeypatch.setattr(ir.passes, "pipeline", lambda placements: (("broken", broken),))
+    monkeypatch.setattr(ir.passes, "pipeline", lambda placements, fuse=False: (("broken", broken),))
     text = message(VerifyError, lambda: lower(example, EXAMPLE_PLACEMENTS, check=True))
     assert text.startswith("after broken: node 3 `%4 = transfer %3 -> float32[4,16] P('x', None) @s1`: "
                            "operand %3: expected a value defined by an earlier node"), text
