@@ -1,15 +1,16 @@
-"""The `isthmus` command: `serve`, `devices`, `demo`."""
+"""The `isthmus` command: `serve`, `devices`, `demo`, `program show`."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
 from pathlib import Path
 
 import client.connection as connection
-from ir import IsthmusError
+from ir import InvalidArgument, IsthmusError, from_wire, print_program, verify
 
 
 def _serve(rest: list[str]) -> None:
@@ -20,6 +21,17 @@ def _serve(rest: list[str]) -> None:
 def _devices(args: argparse.Namespace) -> None:
     with connection.connect(args.address) as c:
         print(c.devices())
+
+
+def _program_show(args: argparse.Namespace) -> None:
+    """Print a program saved in its wire form (`ir.to_wire`) as text, after verifying it."""
+    try:
+        doc = json.loads(Path(args.file).read_text())
+    except (OSError, ValueError) as e:
+        raise InvalidArgument(f"{args.file}: not a readable JSON file: {e}") from None
+    program = from_wire(doc)
+    verify(program)
+    print(print_program(program), end="")
 
 
 def _server_running(address: str) -> bool:
@@ -65,9 +77,13 @@ def main(argv: list[str] | None = None) -> None:
     demo = sub.add_parser("demo", help="train a small MLP through Isthmus")
     demo.add_argument("--address", help="use this server instead of starting one")
     demo.add_argument("--steps", type=int, default=300)
+    program = sub.add_parser("program", help="work with saved IR programs")
+    program_sub = program.add_subparsers(dest="action", required=True)
+    show = program_sub.add_parser("show", help="print a program (JSON wire form) as text")
+    show.add_argument("file", help="a program saved with json.dump(ir.to_wire(program), f)")
     args = parser.parse_args(argv)
     try:
-        {"devices": _devices, "demo": _demo}[args.command](args)
+        {"devices": _devices, "demo": _demo, "program": _program_show}[args.command](args)
     except IsthmusError as e:
         sys.exit(f"isthmus {args.command}: {e}")
 

@@ -50,6 +50,17 @@ class ProgramFunction:
         self._cache: dict[Any, Traced] = {}
 
     def __call__(self, *args: Any) -> Any:
+        items, traced = self._signature(args)
+        inputs = [
+            x if isinstance(x, Buffer)
+            else self._client._upload(x[0], t.slice, t.spec)
+            for x, t in zip(items, traced.arg_types, strict=False)
+        ] + traced.bound
+        outs = self._client._run(traced.program_id, [b.id for b in inputs], self.dispatch)
+        return jax.tree_util.tree_unflatten(traced.out_tree, outs)
+
+    def _signature(self, args: tuple[Any, ...]) -> tuple[list[Buffer | tuple[np.ndarray, bool]], Traced]:
+        """The leaves of `args`, and their signature's traced program (traced if new)."""
         leaves, in_tree = jax.tree_util.tree_flatten(args)
         items = [x if isinstance(x, Buffer) else as_array(x) for x in leaves]
         sig = (in_tree, tuple(
@@ -59,22 +70,14 @@ class ProgramFunction:
         ))
         if sig not in self._cache:
             self._cache[sig] = self._trace(items, in_tree)
-        traced = self._cache[sig]
-        inputs = [
-            x if isinstance(x, Buffer)
-            else self._client._upload(x[0], t.slice, t.spec)
-            for x, t in zip(items, traced.arg_types, strict=False)
-        ] + traced.bound
-        outs = self._client._run(traced.program_id, [b.id for b in inputs], self.dispatch)
-        return jax.tree_util.tree_unflatten(traced.out_tree, outs)
+        return items, self._cache[sig]
 
     def trace(self, *args: Any) -> Program:
-        """The IR program these arguments trace to (registering it if new)."""
-        leaves, in_tree = jax.tree_util.tree_flatten(args)
-        items = [x if isinstance(x, Buffer) else as_array(x) for x in leaves]
-        return self._trace(items, in_tree).program
+        """The IR program these arguments trace to (traced and registered if new)."""
+        return self._signature(args)[1].program
 
     def show(self, *args: Any) -> str:
+        """The text form of the program these arguments trace to."""
         return print_program(self.trace(*args))
 
     def _trace(self, items: list[Buffer | tuple[np.ndarray, bool]], in_tree: Any) -> Traced:
