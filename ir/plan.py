@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from functools import cached_property
 
 from ir.types import Spec
 
@@ -90,9 +91,9 @@ class HostPlan:
     results: tuple[tuple[int, str], ...]  # (program result position, value)
     compiles: tuple[CompileJob, ...]
 
-    @property
+    @cached_property
     def key(self) -> str:
-        """A content hash: hosts cache plans by it, so a plan travels once."""
+        """A content hash: hosts cache plans by it, so a plan travels once (computed once)."""
         return "plan:" + hashlib.sha256(repr(self).encode()).hexdigest()[:24]
 
     def to_json(self) -> dict[str, object]:

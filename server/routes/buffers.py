@@ -100,6 +100,9 @@ async def delete_buffer(buffer_id: str, client: ClientDep, service: ServiceDep) 
 
 @router.post("/delete", status_code=204)
 async def delete_buffers(body: BufferIds, client: ClientDep, service: ServiceDep) -> Response:
-    """Free many buffers at once (what a client does for the futures it dropped)."""
-    service.delete_buffers(client, body.ids)
+    """Free many buffers at once (what a client does for the futures it dropped).
+
+    Ids already gone (freed with their slice, say) are skipped: freeing is idempotent.
+    """
+    service.delete_buffers(client, [b for b in body.ids if b in client.buffers])
     return Response(status_code=204)

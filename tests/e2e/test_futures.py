@@ -128,3 +128,12 @@ def test_the_server_answers_without_a_client_library(server):
     token = (server.state_dir / "token").read_text().strip()
     r = httpx.get(f"{server.address}/v1/devices", headers={"Authorization": f"Bearer {token}"})
     assert r.status_code == 200 and len(r.json()) == 16
+
+
+def test_dropping_a_buffer_of_a_deleted_slice_breaks_nothing(c):
+    s, t = c.slice({"x": 1}), c.slice({"x": 1})
+    x = c.put(np.zeros(2, np.float32), s)
+    s.delete()  # frees x on the server
+    del x  # its release rides on the next request
+    y = c.put(np.ones(2, np.float32), t)
+    np.testing.assert_array_equal(y.numpy(), np.ones(2, np.float32))

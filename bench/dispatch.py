@@ -1,0 +1,496 @@
+"""Dispatch throughput of a trivial computation: Isthmus beside JAX and plain Ray (Pathways §5.1).
+
+    python -m bench.dispatch --json /tmp/dispatch.json [--quick] [--plot /tmp/dispatch.png]
+
+The computation is a scalar all-reduce over 4 devices plus an add: on a mesh {"x": 4},
+`f(v) = v/2 + psum(v)/8 + 1` (`jax.shard_map`) on a float32[4] sharded P("x"); the mean of v
+grows by exactly 1 per step, so a chain's value counts its steps. A round runs 128
+computations, each on the previous one's output, from the same start. Modes, measured in one
+run on one machine, each warmed up, then timed over several rounds (median computations/s):
+
+- `jax_opbyop`: `jax.jit(f)` called per computation in this process, blocking at the end;
+  `jax_fused`: one `jax.jit` looping f (`fori_loop`), called once.
+- `ray_opbyop`: a plain Ray actor (its own process, 4 CPU devices) running jitted f, with a
+  `ray.get` per call; `ray_chained`: each call's ObjectRef fed to the next, one `ray.get`.
+- `isthmus_opbyop`: `c.jit(f)` on a {"x": 4} slice called per computation, the `Buffer`
+  passed along, `.result()` at the end; `isthmus_chained`: one `c.program` of those 128
+  calls (`fuse=False`: one executable per call) run once; `isthmus_chained_fused`: the same
+  program with `fuse=True` (the server merges the calls into one executable);
+  `isthmus_fused`: one `c.jit` looping f, called once.
+- `isthmus_chain16_parallel` / `_sequential` (Fig. 7): a program of 16 stages `v + 1`, stage
+  i on host i mod 4 (four {"x": 4} slices, one per host), dispatched in parallel or
+  sequentially; each run is waited for before the next, so the rate is one run's latency.
+  `computations_per_s` counts stages, `programs_per_s` runs.
+
+The size sweep (Fig. 6) makes f `v @ w + 1` on float32[n, n] (rows sharded, w a replicated
+permutation, so values stay exact integers) and times `jax_opbyop` (with the server up but
+idle), `isthmus_opbyop` and `isthmus_chained` back to back per n. `smallest_matching_ms[mode]`
+is the smallest JAX ms per computation at which the mode reaches 95% of JAX op-by-op
+throughput (null if it never does).
+
+Every round's value is checked against `jax.jit` run step by step here, so a broken mode
+fails the run. Only one Ray runs at a time: the baseline's Ray stops before the server's
+starts. The JAX and Ray baselines get NPROC=8 (XLA's CPU client thread pool, by default the
+core count): with 2 threads, back-to-back asynchronous 4-device collectives deadlock in
+XLA's rendezvous; they need 2 per device. The Isthmus server runs with its defaults: its
+executors run one computation at a time, which is safe with any pool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import ray
+from jax.sharding import AbstractMesh, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import client as isthmus
+from bench.call_latency import BenchError, fork_exec_allowed, local_ray, machine
+from client.embedded import EmbeddedServer
+
+AXIS = "x"
+DEVICES = 4
+THREADS = 2 * DEVICES  # XLA CPU pool threads that back-to-back 4-device collectives need
+MATCH = 0.95  # a mode matches JAX op by op from this fraction of its throughput
+SWEEP_MODES = ("isthmus_opbyop", "isthmus_chained")
+
+Fn = Callable[..., jax.Array]
+Round = Callable[[], Callable[[], np.ndarray]]  # runs one round; returns a fetch of its value
+Samples = dict[str, list[float]]  # mode -> computations per second of each timed round
+
+RATIOS: dict[str, tuple[str, str]] = {
+    "chained_vs_jax_opbyop": ("isthmus_chained", "jax_opbyop"),
+    "chained_vs_ray_chained": ("isthmus_chained", "ray_chained"),
+    "parallel_vs_sequential_dispatch": ("isthmus_chain16_parallel", "isthmus_chain16_sequential"),
+    "opbyop_vs_jax_opbyop": ("isthmus_opbyop", "jax_opbyop"),
+    "opbyop_vs_ray_opbyop": ("isthmus_opbyop", "ray_opbyop"),
+    "chained_vs_opbyop": ("isthmus_chained", "isthmus_opbyop"),
+    "fused_vs_jax_fused": ("isthmus_fused", "jax_fused"),
+    "chained_fused_vs_fused": ("isthmus_chained_fused", "isthmus_fused"),
+    "ray_chained_vs_jax_opbyop": ("ray_chained", "jax_opbyop"),
+}
+RATIO_DEFINITION = (
+    "ratio 'A_vs_B' = computations_per_s[A] / computations_per_s[B] (medians); 1.0 is parity, "
+    "larger means A is faster"
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    steps: int = 128  # computations per round
+    rounds: int = 5  # timed rounds per mode
+    warmup: int = 2  # untimed rounds first
+    stages: int = 16  # chain16: stages per program, round-robin over 4 hosts
+    programs: int = 10  # chain16: programs per round, each waited for
+    sizes: tuple[int, ...] = (64, 192, 384, 768, 1152, 1664)  # sweep: n of float32[n, n]
+    sweep_rounds: int = 3
+
+
+QUICK = Config(rounds=2, warmup=1, programs=3, sizes=(64, 256), sweep_rounds=1)
+
+
+# -- the computations -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Workload:
+    """`make(mesh)` is f(v, *consts) for that mesh; v is sharded P("x"), consts replicated."""
+
+    name: str
+    make: Callable[[Mesh | AbstractMesh], Fn]
+    x0: np.ndarray
+    consts: tuple[np.ndarray, ...] = ()
+
+    @property
+    def in_specs(self) -> tuple[P, ...]:
+        return (P(AXIS), *(P() for _ in self.consts))
+
+
+def psum_add(mesh: Mesh | AbstractMesh) -> Fn:
+    def body(b: jax.Array) -> jax.Array:
+        return b * 0.5 + jax.lax.psum(b, AXIS) * 0.125 + 1.0
+
+    return jax.shard_map(body, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS))
+
+
+def matmul_add(mesh: Mesh | AbstractMesh) -> Fn:
+    del mesh  # the shardings of the arguments and result lay it out
+    return lambda v, w: v @ w + 1.0
+
+
+def add_one(v: jax.Array) -> jax.Array:
+    return v + 1.0
+
+
+def trivial() -> Workload:
+    return Workload("psum_add", psum_add, np.arange(DEVICES, dtype=np.float32))
+
+
+def matmul(n: int) -> Workload:
+    rng = np.random.default_rng(n)
+    x0 = rng.integers(0, 100, (n, n)).astype(np.float32)
+    w = np.eye(n, dtype=np.float32)[rng.permutation(n)]
+    return Workload(f"matmul_{n}", matmul_add, x0, (w,))
+
+
+def fused(f: Fn, steps: int) -> Fn:
+    def loop(v: jax.Array, *consts: jax.Array) -> jax.Array:
+        return jax.lax.fori_loop(0, steps, lambda _, v: f(v, *consts), v)
+
+    return loop
+
+
+def local_mesh() -> Mesh:
+    devices = jax.devices()
+    if len(devices) < DEVICES:
+        raise BenchError(f"expected at least {DEVICES} CPU devices in this process, found {devices}")
+    return Mesh(np.array(devices[:DEVICES]), (AXIS,))  # axis types Auto, as the slice's AbstractMesh
+
+
+def jitted(w: Workload, mesh: Mesh, fn: Fn | None = None) -> Fn:
+    shardings = tuple(NamedSharding(mesh, s) for s in w.in_specs)
+    return jax.jit(fn or w.make(mesh), in_shardings=shardings,
+                   out_shardings=NamedSharding(mesh, P(AXIS)))
+
+
+def oracle(w: Workload, steps: int) -> np.ndarray:
+    """The value every mode must end a round at: `jax.jit(f)` here, one blocking step at a time."""
+    f = jitted(w, local_mesh())
+    v: Any = w.x0
+    for _ in range(steps):
+        v = f(v, *w.consts).block_until_ready()
+    return np.asarray(v)
+
+
+# -- modes: each is a function running one round -----------------------------------------------
+
+
+def jax_modes(w: Workload, steps: int) -> dict[str, Round]:
+    mesh = local_mesh()
+    f, loop = jitted(w, mesh), jitted(w, mesh, fused(w.make(mesh), steps))
+    x = jax.device_put(w.x0, NamedSharding(mesh, P(AXIS)))
+    consts = tuple(jax.device_put(k, NamedSharding(mesh, P())) for k in w.consts)
+
+    def opbyop() -> Callable[[], np.ndarray]:
+        y = x
+        for _ in range(steps):
+            y = f(y, *consts)
+        y.block_until_ready()
+        return lambda: np.asarray(y)
+
+    def fused_round() -> Callable[[], np.ndarray]:
+        y = loop(x, *consts).block_until_ready()
+        return lambda: np.asarray(y)
+
+    return {"jax_opbyop": opbyop, "jax_fused": fused_round}
+
+
+class RayStep:
+    """f in a plain Ray actor's process: numpy in, numpy out, which is how Ray passes values."""
+
+    def __init__(self, w: Workload) -> None:
+        self._consts = w.consts
+        self._f = jitted(w, local_mesh())
+
+    def step(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(self._f(x, *self._consts))
+
+
+def ray_modes(w: Workload, steps: int) -> dict[str, Round]:
+    env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={DEVICES}"}
+    actor: Any = ray.remote(num_cpus=0)(RayStep).options(runtime_env={"env_vars": env}).remote(w)
+
+    def opbyop() -> Callable[[], np.ndarray]:
+        y: np.ndarray = w.x0
+        for _ in range(steps):
+            y = ray.get(actor.step.remote(y))
+        return lambda: y
+
+    def chained() -> Callable[[], np.ndarray]:
+        ref = ray.put(w.x0)
+        for _ in range(steps):
+            ref = actor.step.remote(ref)
+        y = ray.get(ref)
+        return lambda: y
+
+    return {"ray_opbyop": opbyop, "ray_chained": chained}
+
+
+def buffer_round(run: Callable[[], isthmus.Buffer]) -> Round:
+    def round_() -> Callable[[], np.ndarray]:
+        return run().result().numpy
+
+    return round_
+
+
+def isthmus_modes(c: isthmus.Client, s: isthmus.Slice, w: Workload, steps: int) -> dict[str, Round]:
+    """Op by op, one program of all the calls (fused or not), one looping call; each registers
+    on first use."""
+    mesh = s.abstract_mesh
+    f = c.jit(w.make(mesh), slice=s, in_specs=w.in_specs, out_specs=P(AXIS), name=w.name)
+    loop = c.jit(fused(w.make(mesh), steps), slice=s, in_specs=w.in_specs, out_specs=P(AXIS),
+                 name=f"{w.name}_x{steps}")
+    x = c.put(w.x0, s, P(AXIS))
+    consts = tuple(c.put(k, s, P()) for k in w.consts)
+
+    def chain(v: Any, *ks: Any) -> Any:  # called directly: op by op; traced: one program
+        for _ in range(steps):
+            v = f(v, *ks)
+        return v
+
+    program = c.program(chain, fuse=False)  # one executable per call: dispatch, not fusion
+    merged = c.program(chain, fuse=True)  # the server's fuse pass makes the calls one executable
+    return {
+        "isthmus_opbyop": buffer_round(lambda: chain(x, *consts)),
+        "isthmus_chained": buffer_round(lambda: program(x, *consts)),
+        "isthmus_chained_fused": buffer_round(lambda: merged(x, *consts)),
+        "isthmus_fused": buffer_round(lambda: loop(x, *consts)),
+    }
+
+
+def host_slices(c: isthmus.Client) -> list[isthmus.Slice]:
+    """Four {"x": 4} slices, each filling one host: the resource manager must use four hosts."""
+    slices = [c.slice({AXIS: DEVICES}) for _ in range(4)]
+    hosts = [tuple(s.hosts) for s in slices]
+    if any(len(h) != 1 for h in hosts) or len(set(hosts)) != len(slices):
+        raise BenchError(f"chain16: expected 4 slices on 4 different hosts, got hosts {hosts}")
+    return slices
+
+
+def chain16_modes(c: isthmus.Client, slices: Sequence[isthmus.Slice], cfg: Config) -> dict[str, Round]:
+    """Stage i on slice i mod 4; a round runs `cfg.programs` programs, each waited for."""
+    fs = [c.jit(add_one, slice=s, in_specs=P(AXIS), out_specs=P(AXIS), name=f"add_one_{i}")
+          for i, s in enumerate(slices)]
+    x = c.put(chain16_workload().x0, slices[0], P(AXIS))
+
+    def chain(v: Any) -> Any:
+        for i in range(cfg.stages):
+            v = fs[i % len(fs)](v)
+        return v
+
+    def mode(dispatch: str) -> Round:
+        program = c.program(chain, dispatch=dispatch, fuse=False)
+
+        def round_() -> Callable[[], np.ndarray]:
+            for _ in range(cfg.programs):
+                y = program(x).result()
+            return y.numpy
+
+        return round_
+
+    return {f"isthmus_chain16_{d}": mode(d) for d in ("parallel", "sequential")}
+
+
+def chain16_workload() -> Workload:
+    return Workload("add_one", lambda _: add_one, np.arange(DEVICES, dtype=np.float32))
+
+
+# -- timing --------------------------------------------------------------------------------
+
+
+def measure(name: str, run: Round, expected: np.ndarray, computations: int, rounds: int,
+            warmup: int) -> list[float]:
+    """Computations per second of each timed round; every round's value must be `expected`."""
+    samples = []
+    for i in range(warmup + rounds):
+        gc.collect()
+        start = time.perf_counter()
+        fetch = run()
+        elapsed = time.perf_counter() - start
+        got = fetch()
+        if got.shape != expected.shape or not np.allclose(got, expected):
+            raise BenchError(f"mode {name}: round {i} ended at {np.ravel(got)[:8]}, expected "
+                             f"{np.ravel(expected)[:8]} (the same steps by jax.jit in this process)")
+        if i >= warmup:
+            samples.append(computations / elapsed)
+    print(f"  {name:<34} {statistics.median(samples):12.1f} computations/s", file=sys.stderr)
+    return samples
+
+
+def measure_all(modes: dict[str, Round], expected: np.ndarray, computations: int, rounds: int,
+                warmup: int) -> Samples:
+    return {m: measure(m, run, expected, computations, rounds, warmup) for m, run in modes.items()}
+
+
+@contextmanager
+def isthmus_client() -> Iterator[isthmus.Client]:
+    """A local server (its own Ray) in a temp state dir, and a client of it; both stopped."""
+    with tempfile.TemporaryDirectory(prefix="isthmus-bench-") as tmp:
+        nproc = os.environ.pop("NPROC", None)  # the server runs as a user would start it
+        try:
+            with fork_exec_allowed():
+                server = EmbeddedServer.start(Path(tmp))
+        finally:
+            if nproc is not None:
+                os.environ["NPROC"] = nproc
+        try:
+            token = (Path(tmp) / "token").read_text().strip()
+            with isthmus.connect(server.address, token=token, name="bench.dispatch") as c:
+                yield c
+        finally:
+            server.stop()
+
+
+def run_sweep(c: isthmus.Client, s: isthmus.Slice, cfg: Config) -> dict[int, Samples]:
+    """Per n, JAX op by op here (the server idle), then the Isthmus modes: back to back, so
+    that load drift on a shared machine does not bias their ratio."""
+    sweep: dict[int, Samples] = {}
+    for m in map(matmul, cfg.sizes):
+        want = oracle(m, cfg.steps)
+        modes = jax_modes(m, cfg.steps) | isthmus_modes(c, s, m, cfg.steps)
+        sweep[m.x0.shape[0]] = {
+            name: measure(f"{m.name} {name}", modes[name], want, cfg.steps, cfg.sweep_rounds, 1)
+            for name in ("jax_opbyop", *SWEEP_MODES)
+        }
+    return sweep
+
+
+def run_all(cfg: Config) -> tuple[Samples, dict[int, Samples]]:
+    """Every mode's samples, and the size sweep's per n."""
+    w, n = trivial(), cfg.steps
+    expected = oracle(w, n)
+    print("jax.jit in this process", file=sys.stderr)
+    samples = measure_all(jax_modes(w, n), expected, n, cfg.rounds, cfg.warmup)
+
+    print("plain Ray actor", file=sys.stderr)
+    with local_ray():
+        samples |= measure_all(ray_modes(w, n), expected, n, cfg.rounds, cfg.warmup)
+
+    print("Isthmus (starting the server)", file=sys.stderr)
+    with isthmus_client() as c:
+        if not callable(getattr(c, "program", None)):
+            raise BenchError("this client has no Client.program (client/program.py): the chained "
+                             "and chain16 modes need it")
+        hosts = host_slices(c)  # first, while every host is free
+        s = c.slice({AXIS: DEVICES})
+        samples |= measure_all(isthmus_modes(c, s, w, n), expected, n, cfg.rounds, cfg.warmup)
+        samples |= measure_all(chain16_modes(c, hosts, cfg), oracle(chain16_workload(), cfg.stages),
+                               cfg.stages * cfg.programs, cfg.rounds, cfg.warmup)
+        print("size sweep", file=sys.stderr)
+        sweep = run_sweep(c, s, cfg)
+    return samples, sweep
+
+
+# -- the report ----------------------------------------------------------------------------
+
+
+def sweep_report(sweep: dict[int, Samples]) -> tuple[list[dict[str, Any]], dict[str, float | None]]:
+    """Per size: rates, and rates relative to JAX op by op; per Isthmus mode, the smallest matching ms."""
+    rows: list[dict[str, Any]] = []
+    for n, samples in sweep.items():
+        rates = {m: statistics.median(v) for m, v in samples.items()}
+        base = rates.pop("jax_opbyop")
+        rows.append({"n": n, "jax_ms_per_computation": 1e3 / base,
+                     "computations_per_s": {"jax_opbyop": base, **rates},
+                     "relative_to_jax": {m: v / base for m, v in rates.items()}})
+    smallest: dict[str, float | None] = {}
+    for mode in SWEEP_MODES:
+        matching = [r["jax_ms_per_computation"] for r in rows if r["relative_to_jax"][mode] >= MATCH]
+        smallest[mode] = min(matching, default=None)
+    return rows, smallest
+
+
+def git_revision() -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, check=False).stdout.strip()
+
+    return (git("rev-parse", "HEAD") or "unknown") + ("+dirty" if git("status", "--porcelain") else "")
+
+
+def report(samples: Samples, sweep: dict[int, Samples], cfg: Config) -> dict[str, Any]:
+    rates = {m: statistics.median(v) for m, v in samples.items()}
+    rows, smallest = sweep_report(sweep)
+    m = machine()
+    return {
+        "computations_per_s": rates,
+        "programs_per_s": {k: v / cfg.stages for k, v in rates.items() if "chain16" in k},
+        "smallest_matching_ms": smallest,
+        "ratios": {name: rates[a] / rates[b] for name, (a, b) in RATIOS.items()},
+        "ratio_definition": RATIO_DEFINITION,
+        "smallest_matching_definition": (
+            f"the smallest JAX op-by-op ms per computation in the size sweep at which the mode "
+            f"reaches >= {MATCH:.0%} of JAX op-by-op computations/s; null if it never does"),
+        "size_sweep": rows,
+        "samples_per_s": samples,
+        "machine": m,
+        "versions": {"python": m["python"], "jax": m["jax"], "jaxlib": m["jaxlib"],
+                     "ray": m["ray"], "numpy": np.__version__, "isthmus": git_revision()},
+        "config": dataclasses.asdict(cfg) | {
+            "devices_per_slice": DEVICES, "match_threshold": MATCH,
+            "env": {k: os.environ.get(k) for k in ("NPROC", "XLA_FLAGS", "JAX_PLATFORMS")},
+        },
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    rows = [f"{'mode (median of rounds)':<34} {'computations/s':>14}"]
+    rows += [f"{m:<34} {v:14.1f}" for m, v in result["computations_per_s"].items()]
+    rows += ["", f"{'sweep: n':<10} {'jax ms':>9}  throughput relative to jax_opbyop"]
+    for r in result["size_sweep"]:
+        rel = "  ".join(f"{m} {v:.2f}" for m, v in r["relative_to_jax"].items())
+        rows.append(f"{r['n']:<10} {r['jax_ms_per_computation']:9.3f}  {rel}")
+    rows += ["smallest matching JAX ms per computation:"]
+    rows += [f"  {m:<32} {v}" for m, v in result["smallest_matching_ms"].items()]
+    rows += ["", "ratio (A computations/s / B computations/s)"]
+    rows += [f"  {name:<40} {v:10.4f}" for name, v in result["ratios"].items()]
+    return "\n".join(rows)
+
+
+def configure_processes() -> None:
+    """CPU devices everywhere, 4 in this process, and XLA's pool big enough for 4-device collectives.
+
+    Set before any JAX backend exists; the Ray actor and the server inherit the environment.
+    """
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={DEVICES}".strip()
+    if int(os.environ.get("NPROC") or 0) < THREADS:
+        os.environ["NPROC"] = str(THREADS)
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    jax.config.update("jax_platforms", "cpu")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.dispatch", description=__doc__.split("\n")[0])
+    p.add_argument("--json", type=Path, default=None, help="write the results here")
+    p.add_argument("--quick", action="store_true", help="few rounds and small sizes (a smoke test)")
+    p.add_argument("--plot", type=Path, default=None, help="draw the results into this PNG")
+    args = p.parse_args(argv)
+    if args.plot is not None:
+        try:  # before the run, not after it
+            from bench.plot import plot_dispatch
+        except ImportError as e:
+            p.error(f"--plot needs matplotlib (pip install -e '.[bench]'): {e}")
+    cfg = QUICK if args.quick else Config()
+    configure_processes()
+    result = report(*run_all(cfg), cfg)
+    m = result["machine"]
+    print(f"dispatch, {cfg.steps} computations x {cfg.rounds} rounds (median); {m['cpus_usable']} CPUs, "
+          f"python {m['python']}, jax {m['jax']}, ray {m['ray']}")
+    print(table(result))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.plot is not None:
+        plot_dispatch(result, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
