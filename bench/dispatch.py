@@ -16,7 +16,9 @@ run on one machine, each warmed up, then timed over several rounds (median compu
   passed along, `.result()` at the end; `isthmus_chained`: one `c.program` of those 128
   calls (`fuse=False`: one executable per call) run once; `isthmus_chained_fused`: the same
   program with `fuse=True` (the server merges the calls into one executable);
-  `isthmus_fused`: one `c.jit` looping f, called once.
+  `isthmus_fused`: one `c.jit` looping f, called once. `isthmus_chained_pipelined` and
+  `isthmus_chained_fused_pipelined`: 8 such programs submitted back to back, then waited
+  for (the client does not wait between programs, as JAX op by op does not between calls).
 - `isthmus_chain16_parallel` / `_sequential` (Fig. 7): a program of 16 stages `v + 1`, stage
   i on host i mod 4 (four {"x": 4} slices, one per host), dispatched in parallel or
   sequentially; each run is waited for before the next, so the rate is one run's latency.
@@ -84,6 +86,12 @@ RATIOS: dict[str, tuple[str, str]] = {
     "fused_vs_jax_fused": ("isthmus_fused", "jax_fused"),
     "chained_fused_vs_fused": ("isthmus_chained_fused", "isthmus_fused"),
     "ray_chained_vs_jax_opbyop": ("ray_chained", "jax_opbyop"),
+    "chained_fused_vs_jax_opbyop": ("isthmus_chained_fused", "jax_opbyop"),
+    "chained_fused_vs_ray_chained": ("isthmus_chained_fused", "ray_chained"),
+    "chained_pipelined_vs_jax_opbyop": ("isthmus_chained_pipelined", "jax_opbyop"),
+    "chained_pipelined_vs_ray_chained": ("isthmus_chained_pipelined", "ray_chained"),
+    "chained_fused_pipelined_vs_jax_opbyop": ("isthmus_chained_fused_pipelined", "jax_opbyop"),
+    "chained_fused_pipelined_vs_ray_chained": ("isthmus_chained_fused_pipelined", "ray_chained"),
 }
 RATIO_DEFINITION = (
     "ratio 'A_vs_B' = computations_per_s[A] / computations_per_s[B] (medians); 1.0 is parity, "
@@ -98,6 +106,7 @@ class Config:
     warmup: int = 2  # untimed rounds first
     stages: int = 16  # chain16: stages per program, round-robin over 4 hosts
     programs: int = 10  # chain16: programs per round, each waited for
+    inflight: int = 8  # *_pipelined: programs submitted back to back per round, then waited for
     sizes: tuple[int, ...] = (64, 192, 384, 768, 1152, 1664)  # sweep: n of float32[n, n]
     sweep_rounds: int = 3
 
@@ -239,9 +248,23 @@ def buffer_round(run: Callable[[], isthmus.Buffer]) -> Round:
     return round_
 
 
-def isthmus_modes(c: isthmus.Client, s: isthmus.Slice, w: Workload, steps: int) -> dict[str, Round]:
+def pipelined(run: Callable[[], isthmus.Buffer], inflight: int) -> Round:
+    """`inflight` submissions back to back, then one wait each: the client does not wait
+    between programs, as JAX op by op does not wait between calls."""
+    def round_() -> Callable[[], np.ndarray]:
+        outs = [run() for _ in range(inflight)]
+        for o in outs:
+            o.result()
+        return outs[-1].numpy
+
+    return round_
+
+
+def isthmus_modes(c: isthmus.Client, s: isthmus.Slice, w: Workload, steps: int,
+                  inflight: int = 0) -> dict[str, Round]:
     """Op by op, one program of all the calls (fused or not), one looping call; each registers
-    on first use."""
+    on first use. With `inflight`, also the programs pipelined (`*_pipelined`, whose rounds
+    run `inflight` programs)."""
     mesh = s.abstract_mesh
     f = c.jit(w.make(mesh), slice=s, in_specs=w.in_specs, out_specs=P(AXIS), name=w.name)
     loop = c.jit(fused(w.make(mesh), steps), slice=s, in_specs=w.in_specs, out_specs=P(AXIS),
@@ -256,12 +279,16 @@ def isthmus_modes(c: isthmus.Client, s: isthmus.Slice, w: Workload, steps: int) 
 
     program = c.program(chain, fuse=False)  # one executable per call: dispatch, not fusion
     merged = c.program(chain, fuse=True)  # the server's fuse pass makes the calls one executable
-    return {
+    modes = {
         "isthmus_opbyop": buffer_round(lambda: chain(x, *consts)),
         "isthmus_chained": buffer_round(lambda: program(x, *consts)),
         "isthmus_chained_fused": buffer_round(lambda: merged(x, *consts)),
         "isthmus_fused": buffer_round(lambda: loop(x, *consts)),
     }
+    if inflight:
+        modes["isthmus_chained_pipelined"] = pipelined(lambda: program(x, *consts), inflight)
+        modes["isthmus_chained_fused_pipelined"] = pipelined(lambda: merged(x, *consts), inflight)
+    return modes
 
 
 def host_slices(c: isthmus.Client) -> list[isthmus.Slice]:
@@ -379,7 +406,10 @@ def run_all(cfg: Config) -> tuple[Samples, dict[int, Samples]]:
                              "and chain16 modes need it")
         hosts = host_slices(c)  # first, while every host is free
         s = c.slice({AXIS: DEVICES})
-        samples |= measure_all(isthmus_modes(c, s, w, n), expected, n, cfg.rounds, cfg.warmup)
+        modes = isthmus_modes(c, s, w, n, cfg.inflight)
+        piped = {k: modes.pop(k) for k in list(modes) if k.endswith("_pipelined")}
+        samples |= measure_all(modes, expected, n, cfg.rounds, cfg.warmup)
+        samples |= measure_all(piped, expected, n * cfg.inflight, cfg.rounds, cfg.warmup)
         samples |= measure_all(chain16_modes(c, hosts, cfg), oracle(chain16_workload(), cfg.stages),
                                cfg.stages * cfg.programs, cfg.rounds, cfg.warmup)
         print("size sweep", file=sys.stderr)
