@@ -204,3 +204,28 @@ def test_fused_chains_match_local_jit_within_a_stated_tolerance(c):
     np.testing.assert_array_equal(plain.numpy(), want)
     # One executable: XLA optimizes across the stages, so an ulp or two may move.
     np.testing.assert_allclose(fused.numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_back_to_back_runs_of_collective_programs_neither_hang_nor_drift(c):
+    s = c.slice({"x": 4}, island="b")
+
+    def step(v):
+        return jax.shard_map(lambda a: a * 0.5 + jax.lax.psum(a, "x") * 0.125 + 1.0,
+                             mesh=s.abstract_mesh, in_specs=P("x"), out_specs=P("x"))(v)
+
+    f = c.jit(step, slice=s, in_specs=P("x"), out_specs=P("x"))
+
+    @c.program
+    def chain(v):
+        for _ in range(32):
+            v = f(v)
+        return v
+
+    x = c.put(np.zeros(4, np.float32), s, P("x"))
+    outs = [chain(x) for _ in range(10)]  # submitted back to back: 320 all-reduces in flight
+    want = np.zeros(4, np.float32)
+    local = local_jit(step, 4, "x", P("x"), P("x"))
+    for _ in range(32):
+        want = np.asarray(local(want))
+    for o in outs:
+        np.testing.assert_array_equal(o.numpy(), want)
