@@ -69,6 +69,7 @@ class Slice:
 
     def delete(self) -> None:
         self._client._transport.request("DELETE", f"/v1/slices/{self.id}")
+        self._client._slices.pop(self.id, None)
 
     def __repr__(self) -> str:
         return f"Slice({self.id}, {self.mesh}, island={self.island}, devices={self.device_ids})"
@@ -78,6 +79,7 @@ class Client:
     def __init__(self, address: str, token: str, name: str = "", timeout: float = 600.0) -> None:
         self._transport = Transport(address, token, timeout)
         self._released: list[str] = []
+        self._slices: dict[str, Slice] = {}  # the slices this client created, by id
         self._lock = threading.Lock()
         record = self._transport.json("POST", "/v1/clients", json={"name": name})
         self.id: str = record["id"]
@@ -114,7 +116,9 @@ class Client:
               device_kind: str | None = None) -> Slice:
         """Ask for a virtual slice with these named mesh axes, e.g. {"data": 2, "model": 2}."""
         body = {"mesh": mesh, "island": island, "device_kind": device_kind}
-        return Slice(self, self._json("POST", "/v1/slices", json=body))
+        s = Slice(self, self._json("POST", "/v1/slices", json=body))
+        self._slices[s.id] = s
+        return s
 
     def put(self, tree: Any, slice: Slice, spec: Any = None) -> Any:
         """Upload arrays (a pytree) onto a slice; `spec` is one spec or a pytree prefix."""

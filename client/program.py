@@ -27,7 +27,7 @@ DISPATCH = ("parallel", "sequential")
 
 
 @dataclass
-class Traced:
+class Registered:
     """One signature of a program: registered on the server, with what each run needs."""
 
     program_id: str
@@ -47,19 +47,19 @@ class ProgramFunction:
         self.dispatch = dispatch
         self.fuse = fuse
         self.name = name or getattr(fn, "__name__", "program")
-        self._cache: dict[Any, Traced] = {}
+        self._cache: dict[Any, Registered] = {}
 
     def __call__(self, *args: Any) -> Any:
         items, traced = self._signature(args)
         inputs = [
             x if isinstance(x, Buffer)
             else self._client._upload(x[0], t.slice, t.spec)
-            for x, t in zip(items, traced.arg_types, strict=False)
+            for x, t in zip(items, traced.arg_types[:len(items)], strict=True)
         ] + traced.bound
         outs = self._client._run(traced.program_id, [b.id for b in inputs], self.dispatch)
         return jax.tree_util.tree_unflatten(traced.out_tree, outs)
 
-    def _signature(self, args: tuple[Any, ...]) -> tuple[list[Buffer | tuple[np.ndarray, bool]], Traced]:
+    def _signature(self, args: tuple[Any, ...]) -> tuple[list[Buffer | tuple[np.ndarray, bool]], Registered]:
         """The leaves of `args`, and their signature's traced program (traced if new)."""
         leaves, in_tree = jax.tree_util.tree_flatten(args)
         items = [x if isinstance(x, Buffer) else as_array(x) for x in leaves]
@@ -80,8 +80,8 @@ class ProgramFunction:
         """The text form of the program these arguments trace to."""
         return print_program(self.trace(*args))
 
-    def _trace(self, items: list[Buffer | tuple[np.ndarray, bool]], in_tree: Any) -> Traced:
-        trace = Trace()
+    def _trace(self, items: list[Buffer | tuple[np.ndarray, bool]], in_tree: Any) -> Registered:
+        trace = Trace(self._client._slices)
         traced_args = [trace.argument(x) if isinstance(x, Buffer) else trace.argument(*x) for x in items]
         with tracing(trace):
             out = self.fn(*jax.tree_util.tree_unflatten(in_tree, traced_args))
@@ -93,7 +93,7 @@ class ProgramFunction:
         ]
         record = self._client._json("POST", "/v1/programs",
                                     json={"program": to_wire(program), "name": self.name, "fuse": self.fuse})
-        return Traced(record["id"], program, arg_types, bound, out_tree)
+        return Registered(record["id"], program, arg_types, bound, out_tree)
 
     def __repr__(self) -> str:
         return f"isthmus.ProgramFunction({self.name})"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -96,7 +96,8 @@ class _Transfer:
 
 
 class Trace:
-    def __init__(self) -> None:
+    def __init__(self, slices: Mapping[str, Slice] | None = None) -> None:
+        self._known = slices or {}  # the client's slices, for buffers on a slice no call uses
         self.values: list[_Value] = []
         self.args: list[int] = []  # program arguments, in order
         self.bound: list[Buffer | np.ndarray] = []  # closed-over inputs: extra arguments
@@ -115,7 +116,7 @@ class Trace:
     def argument(self, x: Buffer | np.ndarray, weak: bool = False) -> Traced:
         """A program argument: a `Buffer` (typed already) or an array (typed on first use)."""
         if isinstance(x, Buffer):
-            value = self._new(x.aval, False, Type(x.aval, x.spec, x.slice_id))
+            value = self._buffer(x)
         else:
             value = self._new(Aval(tuple(x.shape), dtype_name(x.dtype)), weak, None)
         self.args.append(value)
@@ -133,7 +134,7 @@ class Trace:
 
         if isinstance(x, Buffer):
             obj: Buffer | np.ndarray = x
-            value = self._new(x.aval, False, Type(x.aval, x.spec, x.slice_id))
+            value = self._buffer(x)
         else:
             obj, weak = as_array(x)
             value = self._new(Aval(tuple(obj.shape), dtype_name(obj.dtype)), weak, None)
@@ -141,6 +142,11 @@ class Trace:
         self._originals.append(x)  # kept alive, so its id names it for the whole trace
         self._bound_ids[id(x)] = value
         return value
+
+    def _buffer(self, x: Buffer) -> int:
+        if x.slice_id in self._known:
+            self._slices.setdefault(x.slice_id, self._known[x.slice_id])
+        return self._new(x.aval, False, Type(x.aval, x.spec, x.slice_id))
 
     def _use(self, value: int, slice: Slice, spec: Spec) -> int:
         """`value` as `slice` and `spec` want it: itself, or a (shared) transfer of it."""
@@ -166,7 +172,7 @@ class Trace:
         ))
         exported = fn.export(args, sig)
         self._slices[fn.slice.id] = fn.slice
-        e = exported
+        e = exported  # short, for the lines below
         inputs = tuple(self._use(v, fn.slice, spec) for v, spec in zip(values, e.in_specs, strict=True))
         outputs = tuple(
             self._new(aval, weak, Type(aval, spec, fn.slice.id))
@@ -182,7 +188,7 @@ class Trace:
     def finish(self, results: Sequence[Any]) -> tuple[Program, list[Type]]:
         """The traced program, and the type of every argument (user ones, then bound ones)."""
         outs = [self._result(x) for x in results]
-        if not self._slices:
+        if not self._ops:
             raise InvalidArgument("@program: the function called no jitted function; nothing to run")
         first = next(iter(self._slices.values()))
         for v in self.args + list(self._bound_ids.values()):  # unconsumed arguments
@@ -197,8 +203,8 @@ class Trace:
             t = self.values[v].type
             assert t is not None
             if t.slice not in self._slices:
-                raise InvalidArgument(f"@program: an argument lives on slice {t.slice}, which no "
-                                      "jitted function of the program uses")
+                raise InvalidArgument(f"@program: an argument lives on slice {t.slice}, which this "
+                                      "client did not create (pass buffers of this client's slices)")
             names[v] = b.arg(t.aval, t.spec, t.slice)
         for op in self._ops:
             if isinstance(op, _Transfer):
@@ -213,7 +219,7 @@ class Trace:
             names.update(zip(op.outputs, defined, strict=True))
         b.result(*(names[v] for v in outs))
         types = [self.values[v].type for v in arguments]
-        return b.build(), [t for t in types if t is not None]
+        return b.build(), [t for t in types if t is not None]  # all typed above: the filter is for mypy
 
     def _result(self, x: Any) -> int:
         if isinstance(x, Traced) and x._trace is self:

@@ -18,6 +18,7 @@ The class is plain Python (no Ray); `executors.pool` wraps it in a Ray actor.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import time
@@ -31,9 +32,9 @@ import numpy as np
 from executors.compile import compile_artifact, make_mesh, named
 from executors.runner import Payload, RunMessage, Runner
 from executors.store import BufferStore, Failure
-from ir import Spec, parse_dtype
-from ir.plan import HostPlan
+from ir import HostPlan, Spec, parse_dtype
 
+log = logging.getLogger("isthmus.executors")
 Placement = tuple[tuple[int, ...], tuple[tuple[str, int], ...]]  # local device indices, axes
 Settled = tuple[str, Any]  # ("ready", value) or ("failed", cause)
 
@@ -106,6 +107,8 @@ class Host:
             start = time.perf_counter()
             try:
                 op()
+            except Exception:  # an op fails its own outputs; this keeps the thread alive regardless
+                log.exception("host %s: a request failed outside its own error handling", self.host)
             finally:
                 self._busy_s += time.perf_counter() - start
                 self._completed += 1

@@ -1,9 +1,10 @@
 """Start Ray and one executor actor per host, and give the server a Ray-free face.
 
 The server talks to hosts only through `ExecutorPool`: plain ids and bytes in, plain values
-or typed errors out. Calls that produce buffers are fire-and-forget and keep their
-submission order per host (Ray orders one caller's calls to one actor); reads are awaited
-with a deadline, so a dead host turns into `Unavailable` instead of a hang.
+or typed errors out. Calls that produce buffers are fire-and-forget; each carries a
+per-host sequence number that the host executes in (Ray does not order an async actor's
+calls). Reads are awaited with a deadline, so a dead host turns into `Unavailable` instead
+of a hang.
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ import ray
 
 from executors.host import Host, Placement
 from executors.runner import Payload, RunMessage
-from ir import RemoteError, Unavailable
-from ir.plan import HostPlan
+from ir import HostPlan, RemoteError, Unavailable
 from resource_manager import ClusterSpec, DeviceReport, HostSpec
 
 log = logging.getLogger("isthmus.executors")

@@ -2,9 +2,10 @@
 
 Contract:
 - One run message carries a range of the host's plan steps (all of them under parallel
-  dispatch, one under sequential dispatch). When it arrives, before its turn comes, the
-  runner opens a mailbox for every `Recv` in the range, so a peer's data can land while
-  earlier work is still running.
+  dispatch, one under sequential dispatch). A mailbox per `(run, tag)` is opened by
+  whichever comes first, the peer's delivery or the message (when its plan is already
+  here), so a peer's data can land while earlier work is still running. A finished run
+  leaves no mailbox, and deliveries that come after it are dropped.
 - Steps run in plan order on the host's dispatch thread, each computation to completion
   before the next starts (the host's rule that keeps XLA's CPU collectives safe). Values
   of a run live in a per-run environment; only the program's results enter the store.
@@ -17,8 +18,10 @@ Contract:
 
 from __future__ import annotations
 
+import logging
 import threading
 import traceback
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -29,8 +32,10 @@ import numpy as np
 
 from executors.compile import make_mesh, named
 from executors.store import BufferStore, Failure
-from ir.plan import Compute, HostPlan, Recv, Reshard, Send, Step
+from ir import Compute, HostPlan, Recv, Reshard, Send, Step
 
+log = logging.getLogger("isthmus.executors")
+FINISHED_RUNS = 4096  # finished run ids remembered, so late deliveries to them are dropped
 Payload = tuple[str, Any]  # ("ready", numpy array) or ("failed", cause)
 Deliver = Callable[[str, str, str, Payload], None]  # (to host, run id, tag, payload)
 
@@ -64,6 +69,8 @@ class Runner:
         self._plans: dict[str, HostPlan] = {}
         self._runs: dict[str, _Run] = {}
         self._mail: dict[tuple[str, str], Future[Payload]] = {}
+        self._finished: deque[str] = deque(maxlen=FINISHED_RUNS)
+        self._finished_set: set[str] = set()
         self._lock = threading.Lock()
 
     # -- on arrival (actor thread) ---------------------------------------------------------
@@ -84,7 +91,10 @@ class Runner:
         return lambda: self._execute(message)
 
     def deliver(self, run_id: str, tag: str, payload: Payload) -> None:
-        """A peer's `Send` arrived."""
+        """A peer's `Send` arrived (dropped if its run has finished here: nobody will read it)."""
+        with self._lock:
+            if run_id in self._finished_set:
+                return
         fut = self._mailbox(run_id, tag)
         if not fut.done():
             fut.set_result(payload)
@@ -105,10 +115,7 @@ class Runner:
             run = self._runs.setdefault(message.run_id, _Run())
         for value, buffer_id in message.args:
             if value not in run.env:
-                try:
-                    run.env[value] = self.store.value(buffer_id)
-                except Failure as f:
-                    run.env[value] = f
+                run.env[value] = self._argument(buffer_id, message.timeout)
         for step in plan.steps[message.lo:message.hi]:
             self._step(message, step, run.env)
         if message.final:
@@ -118,8 +125,26 @@ class Runner:
                     self.store.fail(buffer_id, outcome)
                 else:
                     self.store.set(buffer_id, outcome)
-            with self._lock:
-                self._runs.pop(message.run_id, None)
+            self._finish(message.run_id)
+
+    def _argument(self, buffer_id: str, timeout: float) -> Any:
+        try:
+            return self.store.future(buffer_id).result(timeout)
+        except Failure as f:
+            return f
+        except FutureTimeout:
+            return Failure(f"argument {buffer_id} was not ready within {timeout:g}s")
+
+    def _finish(self, run_id: str) -> None:
+        """Forget the run: its environment, its mailboxes, and any delivery still to come."""
+        with self._lock:
+            self._runs.pop(run_id, None)
+            for key in [k for k in self._mail if k[0] == run_id]:
+                del self._mail[key]
+            if len(self._finished) == self._finished.maxlen:
+                self._finished_set.discard(self._finished[0])
+            self._finished.append(run_id)
+            self._finished_set.add(run_id)
 
     def _fail_results(self, message: RunMessage, failure: Failure) -> None:
         for _, buffer_id in message.results:
@@ -142,7 +167,11 @@ class Runner:
             for value in _defines(step):
                 env[value] = failure
             if isinstance(step, Send):  # the peer waits for this tag: it gets the cause
-                self._deliver(step.to, message.run_id, step.tag, ("failed", failure.cause))
+                try:
+                    self._deliver(step.to, message.run_id, step.tag, ("failed", failure.cause))
+                except Exception:  # the peer is gone: its own waits are bounded
+                    log.exception("host %s: cannot tell host %s why tag %s failed", self.host, step.to,
+                                  step.tag)
 
     def _compute(self, step: Compute, env: dict[str, Any], timeout: float) -> None:
         import jax

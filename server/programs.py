@@ -18,15 +18,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from executors import RunMessage
 from ir import (
     Conflict,
+    HostPlan,
     InvalidArgument,
     NotFound,
     Op,
+    Placement,
     Program,
     Type,
     from_wire,
@@ -34,9 +36,7 @@ from ir import (
     verify,
 )
 from ir.passes import host_plans, lower
-from ir.plan import HostPlan
-from ir.program import Placement
-from server.artifacts import inspect_artifact
+from server.artifacts import ArtifactInfo, inspect_artifact
 from server.records import BufferRecord, ClientRecord, new_id
 
 if TYPE_CHECKING:
@@ -78,12 +78,9 @@ class Programs:
         args, results = graph_signature(program.graph, program.slice_table,
                                         frozenset(program.artifact_table))
         rec = ProgramRecord(new_id("p"), owner.id, name or "program", program, args, results, fuse)
-        lowered, plans = self._lowered(owner, rec)
+        self._lowered(owner, rec)
         self.records[rec.id] = rec
         owner.programs.add(rec.id)
-        task = asyncio.get_running_loop().create_task(self._compile(rec, lowered, plans))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
         return rec
 
     def _check_slices(self, owner: ClientRecord, program: Program) -> None:
@@ -100,12 +97,16 @@ class Programs:
 
     def _check_artifacts(self, owner: ClientRecord, program: Program) -> None:
         table = program.artifact_table
+        infos: dict[tuple[str, str], ArtifactInfo] = {}  # read each artifact once per slice
         for i, node in enumerate(program.nodes):
             if node.op is not Op.COMPUTE:
                 continue
             a = node.attrs
-            s = self.service.slice(owner, a.slice)
-            info = inspect_artifact(table[a.artifact].data, s.mesh, self.service.slice_platform(s))
+            if (a.artifact, a.slice) not in infos:
+                s = self.service.slice(owner, a.slice)
+                infos[a.artifact, a.slice] = inspect_artifact(
+                    table[a.artifact].data, s.mesh, self.service.slice_platform(s))
+            info = infos[a.artifact, a.slice]
             declared = (tuple(x.aval for x in a.ins), tuple(x.aval for x in a.outs))
             if declared != (info.in_avals, info.out_avals):
                 raise InvalidArgument(
@@ -125,11 +126,15 @@ class Programs:
         return tuple(out)
 
     def _lowered(self, owner: ClientRecord, rec: ProgramRecord) -> tuple[Program, dict[str, HostPlan]]:
-        """The program lowered for its slices' current placement (cached per placement)."""
+        """The program lowered for its slices' current placement (cached per placement); a
+        new placement is compiled on its hosts in the background."""
         key = self._placements(owner, rec.program)
         if key not in rec.lowered:
             lowered = lower(rec.program, dict(key), fuse=rec.fuse)
             rec.lowered[key] = (lowered, host_plans(lowered))
+            task = asyncio.get_running_loop().create_task(self._compile(rec, *rec.lowered[key]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         return rec.lowered[key]
 
     async def _compile(self, rec: ProgramRecord, lowered: Program, plans: dict[str, HostPlan]) -> None:
@@ -149,6 +154,10 @@ class Programs:
         messages = await asyncio.gather(*(one(h, j) for h, j in jobs))
         failed = [f"{j.key} on {h}: {m}" for (h, j), m in zip(jobs, messages, strict=True) if m]
         rec.status, rec.message = ("failed", "; ".join(failed)) if failed else ("ready", None)
+
+    def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
 
     # -- lookup ------------------------------------------------------------------------------
 
@@ -197,7 +206,9 @@ class Programs:
             self.service.pool.run([(plan.host, m, plan) for plan, m in messages])
         else:
             await self._sequential(messages)
-        return [self.service._own(owner, o) for o in outs]
+            if owner.id not in self.service.clients:
+                raise NotFound(f"client {owner.id} was closed during the run")
+        return [self.service.own(owner, o) for o in outs]
 
     def _check_inputs(self, owner: ClientRecord, rec: ProgramRecord, inputs: Sequence[str]) -> None:
         if len(inputs) != len(rec.arg_types):
@@ -209,18 +220,27 @@ class Programs:
                 raise InvalidArgument(f"input {i} (buffer {b}): expected {want}, got {found}")
 
     async def _sequential(self, messages: list[tuple[HostPlan, RunMessage]]) -> None:
-        """One message per step, in the global schedule, each after the previous is accepted."""
+        """Every host first binds the run's arguments, all in one atomic step (so a release
+        numbered later cannot take them away); then one message per step, in the global
+        schedule, each sent once the previous one is accepted. If dispatch breaks off, every
+        host still holding the run is told to close it (its results fail, its values go)."""
         pool, timeout = self.service.pool, self.service.settings.rpc_timeout_s
-        steps = sorted((o, plan.host, i) for plan, _ in messages for i, o in enumerate(plan.order))
+        pool.run([(plan.host, replace(m, lo=0, hi=0, final=not plan.steps), plan) for plan, m in messages])
+        closed = {plan.host for plan, _ in messages if not plan.steps}
         by_host = {plan.host: (plan, m) for plan, m in messages}
-        for plan, m in messages:
-            if not plan.steps:
-                await pool.run_step(plan.host, m, plan, timeout)
-        for _, host, i in steps:
-            plan, m = by_host[host]
-            one = RunMessage(m.run_id, m.plan_key, i, i + 1, m.args, m.results,
-                             i == len(plan.steps) - 1, m.timeout)
-            await pool.run_step(host, one, plan, timeout)
+        schedule = sorted((o, plan.host, i) for plan, _ in messages for i, o in enumerate(plan.order))
+        try:
+            for _, host, i in schedule:
+                plan, m = by_host[host]
+                last = i == len(plan.steps) - 1
+                await pool.run_step(host, replace(m, lo=i, hi=i + 1, final=last), plan, timeout)
+                if last:
+                    closed.add(host)
+        except BaseException:
+            end = [(plan.host, replace(m, lo=len(plan.steps), hi=len(plan.steps), final=True), plan)
+                   for plan, m in messages if plan.host not in closed]
+            pool.run(end)
+            raise
 
 
 def _show(avals: Sequence[Any]) -> str:

@@ -15,8 +15,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from executors import ExecutorPool, Placement, RayOptions
-from ir import Aval, Conflict, InvalidArgument, MeshAxes, NotFound, Spec, Unavailable, content_hash
-from ir.plan import executable_key
+from ir import (
+    Aval,
+    Conflict,
+    InvalidArgument,
+    MeshAxes,
+    NotFound,
+    Spec,
+    Unavailable,
+    content_hash,
+    executable_key,
+)
 from resource_manager import ClusterSpec, ResourceManager, Slice, default_cluster, load_cluster
 from server.artifacts import inspect_artifact
 from server.errors import Unauthorized
@@ -57,8 +66,9 @@ class Service:
             raise
 
     def close(self) -> None:
-        for t in self._tasks | self.programs._tasks:
+        for t in self._tasks:
             t.cancel()
+        self.programs.close()
         self.pool.shutdown()
 
     # -- clients ---------------------------------------------------------------------------
@@ -130,9 +140,9 @@ class Service:
         host, placement = self._host_and_placement(s)
         rec = BufferRecord(new_id("b"), owner.id, s.id, host, aval, spec)
         self.pool.put(host, rec.id, data, aval.dtype, aval.shape, placement, spec.to_json())
-        return self._own(owner, rec)
+        return self.own(owner, rec)
 
-    def _own(self, owner: ClientRecord, rec: BufferRecord) -> BufferRecord:
+    def own(self, owner: ClientRecord, rec: BufferRecord) -> BufferRecord:
         self.buffers[rec.id] = rec
         owner.buffers.add(rec.id)
         return rec
@@ -246,7 +256,7 @@ class Service:
                 for aval, spec in zip(comp.out_avals, comp.out_specs, strict=True)]
         self.pool.call(host, comp.key, args, [o.id for o in outs], f"{comp.name} ({comp.id})")
         self.pool.delete(host, moved)
-        return [self._own(owner, o) for o in outs]
+        return [self.own(owner, o) for o in outs]
 
 
 def _specs(values: list[Any], avals: Sequence[Aval], s: Slice, field: str) -> tuple[Spec, ...]:

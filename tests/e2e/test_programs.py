@@ -229,3 +229,11 @@ def test_back_to_back_runs_of_collective_programs_neither_hang_nor_drift(c):
         want = np.asarray(local(want))
     for o in outs:
         np.testing.assert_array_equal(o.numpy(), want)
+
+
+def test_a_buffer_on_a_slice_no_computation_uses_is_moved_to_its_consumer(c):
+    sa, sb = c.slice({"x": 2}, island="a"), c.slice({"x": 1}, island="b")
+    g = c.jit(lambda v: v * 2.0, slice=sb)
+    x = c.put(np.arange(4, dtype=np.float32), sa, P("x"))
+    out = c.program(lambda v: g(v))(x)
+    np.testing.assert_array_equal(out.numpy(), np.arange(4, dtype=np.float32) * 2)

@@ -120,3 +120,14 @@ async def test_an_unknown_plan_fails_the_results(pair):
     state, cause = await b.fetch(1, "out")
     assert state == "failed"
     assert "has no plan" in cause
+
+
+async def test_a_finished_run_leaves_no_mailbox_and_drops_late_deliveries(pair):
+    a, b = pair
+    await compile_both(a, b)
+    _, pb = plans("double", "inc")
+    b.run(0, message(pb, "r0", results=[("%3", "out")], timeout=0.2), pb)
+    state, _ = await b.fetch(1, "out")  # the receive timed out; the run is over
+    assert state == "failed"
+    b.deliver("r0", "t0", ("ready", np.ones(3, np.float32)))  # too late
+    assert not b.runner._mail and not b.runner._runs
