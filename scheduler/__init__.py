@@ -1,9 +1,34 @@
 """Per-island gang scheduling: one island-wide order for every computation.
 
-Today every host runs its requests in one submission order that the server fixes, and
-slices live on one host, so no two hosts can disagree on an order. The gang scheduler
-that orders multi-host slices across tenants, with FIFO and proportional-share policies,
-lands here with multi-host islands.
+Pure: imports the standard library and `ir` only; no Ray, no JAX, no asyncio, no threads.
+It takes plain ids and returns plain plans, so it is tested without either. Other packages
+import only from this module.
+
+- `submission`: `Submission` (id, client, the island's hosts it runs on, cost), `Admitted`
+  (a submission and its island-wide `position`), and `host_orders`, which derives each
+  host's sequence from the island order by restriction: the island order is the one source
+  of truth, so no two hosts ever see two computations in different relative orders.
+- `policy`: the `Policy` protocol, `FifoPolicy` (submission order) and `ProportionalShare`
+  (stride scheduling: backlogged clients get admitted cost in proportion to their weights;
+  an idle client banks no credit).
+- `gang`: `GangScheduler`, one per island: `submit` queues, `admit` hands out positions
+  0, 1, 2, ... while fewer than `window` submissions are in flight, `done` frees a slot,
+  `cancel_client` drops a closed client's queued work. A client's own submissions are
+  always admitted in the order it made them. Not thread-safe: the server calls it under the
+  lock that numbers host messages, and numbers each admitted batch's messages in position
+  order.
 """
 
-__all__: list[str] = []
+from scheduler.gang import GangScheduler
+from scheduler.policy import FifoPolicy, Policy, ProportionalShare
+from scheduler.submission import Admitted, Submission, host_orders
+
+__all__ = [
+    "Admitted",
+    "FifoPolicy",
+    "GangScheduler",
+    "Policy",
+    "ProportionalShare",
+    "Submission",
+    "host_orders",
+]

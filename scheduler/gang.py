@@ -1,0 +1,164 @@
+"""The gang scheduler of one island: every computation submitted to it, from any client and
+any program, gets a position in one island-wide order.
+
+Contract:
+- `submit` queues a `Submission`. Ids must be unique among the island's live (queued or
+  in-flight) submissions; finished ids are forgotten, so memory stays bounded by the live
+  work (positions, not ids, are what is never reused).
+- `admit` returns the submissions admitted now, in island order, while fewer than `window`
+  are in flight; each gets the next `position` (0, 1, 2, ... over the scheduler's life).
+  The policy picks which client goes next; a client's own submissions are admitted in the
+  order it submitted them, so a run that consumes an earlier run's outputs stays behind it.
+- `done` frees a window slot; nothing is admitted until the caller calls `admit` again.
+- `cancel_client` drops a client's queued submissions; its in-flight ones run on and still
+  need `done`.
+- Virtual time: a client's clock starts, whenever it goes from no queued work to some, at
+  the larger of its own clock and the island's current virtual time (the least clock of the
+  backlogged clients, or the clock of the last admission if none is backlogged). An idle
+  client thus banks no credit, and one that just ran is not forgiven its last admission.
+- Pure and not thread-safe: the caller serialises calls, under the lock that numbers host
+  messages, so positions and per-host sequence numbers agree.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from ir.errors import Conflict, InvalidArgument, NotFound
+from scheduler.policy import Policy
+from scheduler.submission import Admitted, Submission
+
+
+class GangScheduler:
+    """One island's queue, window and order."""
+
+    def __init__(self, island: str, policy: Policy, window: int) -> None:
+        if not isinstance(island, str) or not island:
+            raise InvalidArgument(f"GangScheduler: island: expected a non-empty string, got {island!r}")
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+            raise InvalidArgument(f"GangScheduler {island!r}: window: expected an int >= 1, got {window!r}")
+        self.island = island
+        self.window = window
+        self._policy = _checked_policy(island, policy)
+        # client -> its queued (submission seq, submission), oldest first; only backlogged
+        # clients have an entry.
+        self._queues: dict[str, deque[tuple[int, Submission]]] = {}
+        self._queued_ids: set[str] = set()
+        self._in_flight: dict[str, Admitted] = {}  # insertion order is position order
+        self._vtime: dict[str, float] = {}
+        self._clock = 0.0  # virtual time of the last admission
+        self._next_seq = 0
+        self._next_position = 0
+
+    # -- commands ---------------------------------------------------------------------------
+
+    def submit(self, sub: Submission) -> None:
+        if not isinstance(sub, Submission):
+            raise InvalidArgument(f"island {self.island!r}: submit: expected a Submission, got {sub!r}")
+        if sub.id in self._queued_ids or sub.id in self._in_flight:
+            state = "queued" if sub.id in self._queued_ids else "in flight"
+            raise Conflict(f"island {self.island!r}: submission {sub.id!r} is already {state}")
+        queue = self._queues.get(sub.client)
+        if queue is None:
+            start = max(self._vtime.get(sub.client, 0.0), self._virtual_time())
+            self._vtime[sub.client] = start
+            queue = self._queues[sub.client] = deque()
+        queue.append((self._next_seq, sub))
+        self._next_seq += 1
+        self._queued_ids.add(sub.id)
+
+    def admit(self) -> list[Admitted]:
+        """Admit queued submissions while the window has room; island order, new positions."""
+        out: list[Admitted] = []
+        while self._queues and len(self._in_flight) < self.window:
+            client = min(self._queues, key=lambda c: (self._vtime[c], self._queues[c][0][0]))
+            queue = self._queues[client]
+            _, sub = queue.popleft()
+            if not queue:
+                del self._queues[client]
+            self._queued_ids.discard(sub.id)
+            self._clock = self._vtime[client]
+            self._vtime[client] += self._policy.stride(sub)
+            admitted = Admitted(sub, self._next_position)
+            self._next_position += 1
+            self._in_flight[sub.id] = admitted
+            out.append(admitted)
+        return out
+
+    def done(self, sub_id: str) -> Admitted:
+        """Mark an in-flight submission finished and free its window slot."""
+        admitted = self._in_flight.pop(sub_id, None)
+        if admitted is not None:
+            return admitted
+        if sub_id in self._queued_ids:
+            raise Conflict(f"island {self.island!r}: submission {sub_id!r} is queued, not admitted yet")
+        raise NotFound(
+            f"island {self.island!r}: submission {sub_id!r} is not in flight "
+            f"(never submitted, cancelled, or already done)"
+        )
+
+    def cancel_client(self, client: str) -> tuple[Submission, ...]:
+        """Drop `client`'s queued submissions (it closed) and return them, oldest first."""
+        queue = self._queues.pop(client, deque())
+        for _, sub in queue:
+            self._queued_ids.discard(sub.id)
+        # A closed client's clock is no longer needed: a client of the same name starts anew.
+        self._vtime.pop(client, None)
+        return tuple(sub for _, sub in queue)
+
+    def set_policy(self, policy: Policy) -> None:
+        """Change the policy (e.g. new weights); clocks carry over, later admissions use it."""
+        self._policy = _checked_policy(self.island, policy)
+
+    # -- read-only state -------------------------------------------------------------------
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy
+
+    @property
+    def next_position(self) -> int:
+        return self._next_position
+
+    @property
+    def queued(self) -> tuple[Submission, ...]:
+        """Waiting submissions in submission order (not necessarily the order of admission)."""
+        entries = sorted(e for q in self._queues.values() for e in q)
+        return tuple(sub for _, sub in entries)
+
+    @property
+    def in_flight(self) -> tuple[Admitted, ...]:
+        """Admitted, not yet done, in position order."""
+        return tuple(self._in_flight.values())
+
+    def running(self) -> dict[str, Admitted]:
+        """Per host, its in-flight submission with the lowest position.
+
+        Hosts run in island order, so this is the one the host is running, or has finished
+        while other hosts of its gang still run it. Hosts with nothing in flight are absent.
+        """
+        out: dict[str, Admitted] = {}
+        for admitted in self._in_flight.values():
+            for host in admitted.submission.hosts:
+                out.setdefault(host, admitted)
+        return out
+
+    def _virtual_time(self) -> float:
+        if self._queues:
+            return min(self._vtime[c] for c in self._queues)
+        return self._clock
+
+    def __repr__(self) -> str:
+        return (
+            f"GangScheduler(island={self.island!r}, policy={self._policy!r}, window={self.window}, "
+            f"queued={len(self._queued_ids)}, in_flight={len(self._in_flight)})"
+        )
+
+
+def _checked_policy(island: str, policy: object) -> Policy:
+    if not isinstance(policy, Policy):
+        raise InvalidArgument(
+            f"GangScheduler {island!r}: policy: expected a Policy (FifoPolicy, ProportionalShare), "
+            f"got {policy!r}"
+        )
+    return policy

@@ -1,0 +1,262 @@
+"""GangScheduler mechanics: FIFO order, the window, positions, cancel, read-only state,
+host_orders, and bad input."""
+
+import math
+
+import pytest
+
+from ir.errors import Conflict, InvalidArgument, NotFound
+from scheduler import (
+    Admitted,
+    FifoPolicy,
+    GangScheduler,
+    Policy,
+    ProportionalShare,
+    Submission,
+    host_orders,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def sub(sid: str, client: str = "c", hosts: tuple[str, ...] = ("a0",), cost: float = 1.0) -> Submission:
+    return Submission(sid, client, hosts, cost)
+
+
+def ids(admitted: list[Admitted]) -> list[str]:
+    return [a.submission.id for a in admitted]
+
+
+def test_fifo_admits_in_submission_order_across_clients() -> None:
+    s = GangScheduler("a", FifoPolicy(), window=10)
+    order = [("r0", "x"), ("r1", "y"), ("r2", "x"), ("r3", "z"), ("r4", "y")]
+    for sid, client in order:
+        s.submit(sub(sid, client))
+    admitted = s.admit()
+    assert ids(admitted) == [sid for sid, _ in order]
+    assert [a.position for a in admitted] == [0, 1, 2, 3, 4]
+
+
+def test_window_bounds_in_flight_and_positions_stay_consecutive() -> None:
+    s = GangScheduler("a", FifoPolicy(), window=2)
+    for k in range(5):
+        s.submit(sub(f"r{k}"))
+    assert ids(s.admit()) == ["r0", "r1"]
+    assert s.admit() == []
+    assert [a.submission.id for a in s.in_flight] == ["r0", "r1"]
+    assert [q.id for q in s.queued] == ["r2", "r3", "r4"]
+
+    assert s.done("r1").position == 1  # out-of-order completion frees a slot all the same
+    [a] = s.admit()
+    assert (a.submission.id, a.position) == ("r2", 2)
+    s.done("r0")
+    s.done("r2")
+    assert [(a.submission.id, a.position) for a in s.admit()] == [("r3", 3), ("r4", 4)]
+    assert s.admit() == []
+    assert s.next_position == 5
+
+
+def test_positions_are_never_reused_after_done() -> None:
+    s = GangScheduler("a", FifoPolicy(), window=1)
+    seen = []
+    for k in range(4):
+        s.submit(sub(f"r{k}"))
+        [a] = s.admit()
+        seen.append(a.position)
+        s.done(a.submission.id)
+    assert seen == [0, 1, 2, 3]
+    # A finished id may come back (ids are checked among live submissions only); its
+    # position is new.
+    s.submit(sub("r0"))
+    assert s.admit()[0].position == 4
+
+
+def test_a_clients_own_submissions_keep_their_order_under_any_policy() -> None:
+    s = GangScheduler("a", ProportionalShare({"x": 8.0, "y": 1.0}), window=100)
+    for k in range(10):
+        s.submit(sub(f"x{k}", "x", cost=1 + k % 3))
+        s.submit(sub(f"y{k}", "y", cost=3 - k % 3))
+    admitted = ids(s.admit())
+    assert [i for i in admitted if i[0] == "x"] == [f"x{k}" for k in range(10)]
+    assert [i for i in admitted if i[0] == "y"] == [f"y{k}" for k in range(10)]
+
+
+def test_cancel_client_drops_only_its_queued_work() -> None:
+    s = GangScheduler("a", FifoPolicy(), window=1)
+    s.submit(sub("x0", "x"))
+    s.submit(sub("y0", "y"))
+    s.submit(sub("x1", "x"))
+    s.submit(sub("x2", "x"))
+    assert ids(s.admit()) == ["x0"]
+    dropped = s.cancel_client("x")
+    assert [d.id for d in dropped] == ["x1", "x2"]
+    assert [q.id for q in s.queued] == ["y0"]
+    assert s.cancel_client("x") == ()
+    assert s.cancel_client("nobody") == ()
+    # In-flight work runs on and still needs done.
+    assert ids(list(s.in_flight)) == ["x0"]
+    s.done("x0")
+    assert ids(s.admit()) == ["y0"]
+    with pytest.raises(NotFound, match="'x1'"):
+        s.done("x1")
+
+
+def test_running_is_each_hosts_lowest_in_flight_position() -> None:
+    s = GangScheduler("a", FifoPolicy(), window=3)
+    s.submit(sub("g", hosts=("a0", "a1")))
+    s.submit(sub("h", hosts=("a1", "a2")))
+    s.submit(sub("k", hosts=("a2",)))
+    s.admit()
+    assert {h: a.submission.id for h, a in s.running().items()} == {"a0": "g", "a1": "g", "a2": "h"}
+    s.done("g")
+    assert {h: a.submission.id for h, a in s.running().items()} == {"a1": "h", "a2": "h"}
+    s.done("h")
+    s.done("k")
+    assert s.running() == {}
+
+
+def test_host_orders_restrict_the_island_order() -> None:
+    admitted = [
+        Admitted(sub("p2", hosts=("a1",)), 2),
+        Admitted(sub("p0", hosts=("a0", "a1")), 0),
+        Admitted(sub("p1", hosts=("a0", "a2")), 1),
+        Admitted(sub("p3", hosts=("a2", "a0", "a1")), 3),
+    ]
+    assert host_orders(admitted) == {
+        "a0": ["p0", "p1", "p3"],
+        "a1": ["p0", "p2", "p3"],
+        "a2": ["p1", "p3"],
+    }
+    assert host_orders([]) == {}
+
+
+def test_host_orders_refuses_ambiguous_orders() -> None:
+    with pytest.raises(InvalidArgument, match=r"position 1 .*'p'.*'q'"):
+        host_orders([Admitted(sub("p"), 1), Admitted(sub("q"), 1)])
+    with pytest.raises(InvalidArgument, match="'p' appears more than once"):
+        host_orders([Admitted(sub("p"), 1), Admitted(sub("p"), 2)])
+
+
+def test_set_policy_applies_to_later_admissions() -> None:
+    s = GangScheduler("a", FifoPolicy(), window=100)
+    for k in range(4):
+        s.submit(sub(f"x{k}", "x"))
+    for k in range(4):
+        s.submit(sub(f"y{k}", "y"))
+    s.set_policy(ProportionalShare())
+    assert ids(s.admit()) == ["x0", "y0", "x1", "y1", "x2", "y2", "x3", "y3"]
+    assert isinstance(s.policy, ProportionalShare)
+
+
+def test_policies_satisfy_the_protocol() -> None:
+    assert isinstance(FifoPolicy(), Policy)
+    assert isinstance(ProportionalShare({"x": 2}), Policy)
+    assert FifoPolicy().stride(sub("r", cost=5)) == 0.0
+    share = ProportionalShare({"x": 2}, default_weight=0.5)
+    assert share.stride(sub("r", "x", cost=5)) == 2.5
+    assert share.stride(sub("r", "other", cost=5)) == 10.0
+    assert ProportionalShare({"x": 2}) == ProportionalShare({"x": 2.0})
+
+
+# -- bad input ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("weight", [0, -1, -0.5, math.nan, math.inf, True, "2", None])
+def test_bad_weight_names_client_and_value(weight: object) -> None:
+    with pytest.raises(InvalidArgument, match=rf"client 'bob'.*> 0, got {weight!r}"):
+        ProportionalShare({"alice": 1.0, "bob": weight})  # type: ignore[dict-item]
+
+
+@pytest.mark.parametrize("weight", [0, -2.0, math.nan])
+def test_bad_default_weight(weight: float) -> None:
+    with pytest.raises(InvalidArgument, match=rf"default_weight.*got {weight!r}"):
+        ProportionalShare({}, default_weight=weight)
+
+
+def test_bad_weights_mapping() -> None:
+    with pytest.raises(InvalidArgument, match="mapping"):
+        ProportionalShare([("a", 1.0)])  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="non-empty client names, got ''"):
+        ProportionalShare({"": 1.0})
+
+
+def test_unknown_done_id_is_not_found_and_named() -> None:
+    s = GangScheduler("isl", FifoPolicy(), window=2)
+    with pytest.raises(NotFound, match=r"island 'isl'.*'ghost'"):
+        s.done("ghost")
+
+
+def test_done_twice_is_an_error() -> None:
+    s = GangScheduler("a", FifoPolicy(), window=2)
+    s.submit(sub("r"))
+    s.admit()
+    s.done("r")
+    with pytest.raises(NotFound, match=r"'r' is not in flight"):
+        s.done("r")
+
+
+def test_done_before_admission_is_a_conflict() -> None:
+    s = GangScheduler("a", FifoPolicy(), window=1)
+    s.submit(sub("r0"))
+    s.submit(sub("r1"))
+    s.admit()
+    with pytest.raises(Conflict, match="'r1' is queued, not admitted"):
+        s.done("r1")
+
+
+def test_duplicate_submission_id_is_a_conflict() -> None:
+    s = GangScheduler("a", FifoPolicy(), window=1)
+    s.submit(sub("r0", "x"))
+    s.submit(sub("r1", "x"))
+    with pytest.raises(Conflict, match="'r1' is already queued"):
+        s.submit(sub("r1", "y"))
+    s.admit()
+    with pytest.raises(Conflict, match="'r0' is already in flight"):
+        s.submit(sub("r0", "y"))
+    assert [q.id for q in s.queued] == ["r1"]  # the refused submissions left no trace
+
+
+@pytest.mark.parametrize("window", [0, -1, 1.5, True, None])
+def test_bad_window(window: object) -> None:
+    with pytest.raises(InvalidArgument, match=rf"window: expected an int >= 1, got {window!r}"):
+        GangScheduler("a", FifoPolicy(), window=window)  # type: ignore[arg-type]
+
+
+def test_bad_scheduler_arguments() -> None:
+    with pytest.raises(InvalidArgument, match="island: expected a non-empty string"):
+        GangScheduler("", FifoPolicy(), window=1)
+    with pytest.raises(InvalidArgument, match="policy: expected a Policy"):
+        GangScheduler("a", "fifo", window=1)  # type: ignore[arg-type]
+    s = GangScheduler("a", FifoPolicy(), window=1)
+    with pytest.raises(InvalidArgument, match="expected a Submission"):
+        s.submit(("r", "c", ("a0",)))  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="policy: expected a Policy"):
+        s.set_policy(None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"id": ""}, "id: expected a non-empty string"),
+        ({"client": 3}, "client: expected a non-empty string"),
+        ({"hosts": ()}, "hosts: expected a non-empty tuple"),
+        ({"hosts": ["a0"]}, "hosts: expected a non-empty tuple"),
+        ({"hosts": ("a0", "a0")}, "distinct host names"),
+        ({"hosts": ("a0", "")}, "distinct host names"),
+        ({"cost": 0}, "cost: expected a finite number > 0, got 0"),
+        ({"cost": -1.0}, "cost: expected a finite number > 0, got -1.0"),
+        ({"cost": math.inf}, "cost: expected a finite number > 0, got inf"),
+        ({"cost": False}, "cost: expected a finite number > 0, got False"),
+    ],
+)
+def test_bad_submission(kwargs: dict[str, object], message: str) -> None:
+    fields: dict[str, object] = {"id": "r", "client": "c", "hosts": ("a0",), "cost": 1.0} | kwargs
+    with pytest.raises(InvalidArgument, match=message):
+        Submission(**fields)  # type: ignore[arg-type]
+
+
+def test_bad_admitted() -> None:
+    with pytest.raises(InvalidArgument, match="position: expected an int >= 0, got -1"):
+        Admitted(sub("r"), -1)
+    with pytest.raises(InvalidArgument, match="expected a Submission"):
+        Admitted("r", 0)  # type: ignore[arg-type]
