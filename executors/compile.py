@@ -17,11 +17,20 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ir import Spec
 from ir.fused import Fused, decode_fused
 
+Device = int | tuple[int, int]  # a local index, or (process index in the island's group, its index)
 
-def make_mesh(device_indices: Sequence[int], axes: Sequence[tuple[str, int]]) -> Mesh:
+
+def make_mesh(devices: Sequence[Device], axes: Sequence[tuple[str, int]]) -> Mesh:
+    """The concrete mesh: local devices by index, or, on a slice spanning the hosts of an
+    island's JAX group, (process, index) pairs naming any process's devices."""
     local = jax.local_devices()
-    devices = np.array([local[i] for i in device_indices], dtype=object)
-    return Mesh(devices.reshape([s for _, s in axes]), tuple(n for n, _ in axes))
+    chosen = np.array([local[d] if isinstance(d, int) else _process_devices(d[0])[d[1]] for d in devices],
+                      dtype=object)
+    return Mesh(chosen.reshape([s for _, s in axes]), tuple(n for n, _ in axes))
+
+
+def _process_devices(process: int) -> list[Any]:
+    return sorted((d for d in jax.devices() if d.process_index == process), key=lambda d: d.id)
 
 
 def named(mesh: Mesh, spec: Spec) -> NamedSharding:

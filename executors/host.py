@@ -61,6 +61,21 @@ class Host:
         self._thread = threading.Thread(target=self._dispatch, name=f"dispatch-{host}", daemon=True)
         self._thread.start()
 
+    # -- the island's JAX distributed group ------------------------------------------------
+
+    def join_group(self, coordinator: str, num_processes: int, process_id: int, timeout_s: int) -> None:
+        """Join the island's JAX distributed group (before anything else touches JAX here).
+
+        Every host of a multi-host island runs this at start-up, at once: from then on its
+        JAX sees the island's devices, and a computation on a slice spanning hosts runs as
+        one SPMD program, each host running its shards (CPU collectives over gloo).
+        """
+        import jax
+
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU islands; GPUs use NCCL
+        jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
+                                   process_id=process_id, initialization_timeout=timeout_s)
+
     # -- inventory -------------------------------------------------------------------------
 
     def info(self) -> list[dict[str, Any]]:
@@ -167,11 +182,15 @@ class Host:
         self._submit(seq, op)
 
     def _place(self, array: Any, placement: Placement, spec: Any) -> Any:
+        """The array on the placement's devices; on a multi-host slice, this host's shards."""
         import jax
 
         devices, axes = placement
         sharding = named(make_mesh(devices, axes), Spec.from_json(spec))
-        return jax.block_until_ready(jax.device_put(array, sharding))
+        if sharding.is_fully_addressable:
+            return jax.block_until_ready(jax.device_put(array, sharding))
+        placed = jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
+        return jax.block_until_ready(placed)
 
     def call(self, seq: int, key: str, inputs: Sequence[str], outputs: Sequence[str],
              label: str) -> None:
@@ -229,8 +248,10 @@ class Host:
         except Exception:
             self.store.fail(buffer_id, Failure(f"transfer into {buffer_id} failed:\n{_cause()}"))
 
-    async def _settled(self, seq: int, buffer_id: str, to_host: bool = True) -> Settled:
-        """The buffer (as a host numpy array if `to_host`), once its turn has come."""
+    async def _settled(self, seq: int, buffer_id: str,
+                       read: Callable[[Any], Any] | None = np.asarray) -> Settled:
+        """The buffer, once its turn has come, passed through `read` (off the event loop):
+        by default a host numpy array; with None, nothing is read."""
         taken: Future[Future[Any]] = Future()
 
         def op() -> None:
@@ -244,11 +265,11 @@ class Host:
             value = await asyncio.wrap_future(await asyncio.wrap_future(taken))
         except Failure as f:
             return "failed", f.cause
-        return "ready", (await asyncio.to_thread(np.asarray, value)) if to_host else None
+        return "ready", None if read is None else await asyncio.to_thread(read, value)
 
     async def wait(self, seq: int, buffer_id: str) -> Settled:
         """("ready", None) or ("failed", cause): settle a buffer without copying it."""
-        return await self._settled(seq, buffer_id, to_host=False)
+        return await self._settled(seq, buffer_id, read=None)
 
     async def send(self, seq: int, buffer_id: str) -> Settled:
         """The sending side of a transfer: the result goes into Ray's object store."""
@@ -279,6 +300,11 @@ class Host:
         """Hand a value to a peer host; `executors.pool` wires this to the peer's actor."""
         raise Failure(f"host {self.host} has no route to host {to}")
 
+    async def fetch_shards(self, seq: int, buffer_id: str) -> Settled:
+        """("ready", [(index, raw bytes), ...]): the shards this host holds of a buffer on a
+        slice spanning hosts, one per distinct index (the server assembles them)."""
+        return await self._settled(seq, buffer_id, read=_local_shards)
+
     def delete(self, seq: int, buffer_ids: Sequence[str]) -> None:
         ids = list(buffer_ids)
         self._submit(seq, lambda: self.store.delete(ids))
@@ -286,3 +312,14 @@ class Host:
     def states(self, buffer_ids: Sequence[str]) -> list[str]:
         """Unsequenced: a buffer whose producer has not arrived yet reads as pending."""
         return ["pending" if (s := self.store.state(b)) == "missing" else s for b in buffer_ids]
+
+
+def _local_shards(array: Any) -> list[tuple[list[tuple[int, int]], bytes]]:
+    """This process's shards of a global array: per distinct index, its (start, stop) per
+    dimension and its raw bytes."""
+    out: dict[tuple[tuple[int, int], ...], bytes] = {}
+    for shard in array.addressable_shards:
+        index = tuple(sl.indices(n)[:2] for sl, n in zip(shard.index, array.shape, strict=True))
+        if index not in out:
+            out[index] = np.ascontiguousarray(np.asarray(shard.data)).tobytes()
+    return [(list(k), v) for k, v in out.items()]

@@ -34,6 +34,8 @@ class RayOptions:
     num_cpus: int = 2
     object_store_bytes: int = 1 << 30
     namespace: str = "isthmus"
+    groups: bool = True  # multi-host CPU islands form one JAX distributed group each
+    group_timeout_s: int = 120
 
 
 def _actor_name(host: str) -> str:
@@ -47,6 +49,15 @@ class RayHost(Host):
         super().__init__(host)
         self._namespace = namespace
         self._peers: dict[str, Any] = {}
+
+    def coordinator_address(self) -> str:
+        """An address on this host's node where the island's JAX coordinator can listen."""
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return f"{ray.util.get_node_ip_address()}:{port}"
 
     def _deliver(self, to: str, run_id: str, tag: str, payload: Payload) -> None:
         peer = self._peers.get(to)
@@ -74,8 +85,11 @@ def _actor_options(host: HostSpec) -> dict[str, Any]:
 
 
 class ExecutorPool:
-    def __init__(self, handles: Mapping[str, Any], owns_ray: bool) -> None:
+    def __init__(self, handles: Mapping[str, Any], owns_ray: bool,
+                 groups: Mapping[str, tuple[str, ...]] | None = None) -> None:
         self._handles = dict(handles)
+        # island -> its hosts in process order, for islands that are one JAX distributed group
+        self.groups = dict(groups or {})
         self._owns_ray = owns_ray
         self._seq = {h: itertools.count() for h in handles}
         self._lock = threading.Lock()
@@ -84,17 +98,28 @@ class ExecutorPool:
 
     def _send(self, host: str, method: str, *args: Any) -> Any:
         """Number the request in this host's order and send it; never leave a gap."""
-        handle = self._handles[host]
+        return self._send_all((host,), method, *args)[0]
+
+    def _send_all(self, hosts: Sequence[str], method: str, *args: Any) -> list[Any]:
+        """The same request to several hosts, numbered in one atomic step: every host of a
+        slice spanning hosts sees it at the same place relative to everything else (the
+        island order that keeps their collectives from waiting on each other in a cycle)."""
+        refs = []
         with self._lock:
-            seq = next(self._seq[host])
-            try:
-                return getattr(handle, method).remote(seq, *args)
-            except Exception:
-                handle.skip.remote(seq)
-                raise
+            for host in hosts:
+                handle = self._handles[host]
+                seq = next(self._seq[host])
+                try:
+                    refs.append(getattr(handle, method).remote(seq, *args))
+                except Exception:
+                    handle.skip.remote(seq)
+                    raise
+        return refs
 
     @classmethod
     async def start(cls, spec: ClusterSpec, options: RayOptions) -> ExecutorPool:
+        """Start one actor per host; each multi-host CPU island forms one JAX distributed group
+        (`RayOptions.groups`), its hosts joining at once, before anything else uses JAX."""
         owns = options.address is None and not ray.is_initialized()
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"namespace": options.namespace, "logging_level": "WARNING",
@@ -109,7 +134,32 @@ class ExecutorPool:
         actor = ray.remote(RayHost)
         handles = {h.name: actor.options(**_actor_options(h)).remote(h.name, options.namespace)
                    for _, h in spec.hosts()}
-        return cls(handles, owns)
+        groups = {i.name: tuple(h.name for h in i.hosts) for i in spec.islands
+                  if options.groups and len(i.hosts) > 1 and all(h.platform == "cpu" for h in i.hosts)}
+        pool = cls(handles, owns, groups)
+        try:
+            timeout = options.group_timeout_s
+            await asyncio.gather(*(pool._form_group(hosts, timeout) for hosts in groups.values()))
+        except BaseException:
+            pool.shutdown()
+            raise
+        return pool
+
+    async def _form_group(self, hosts: Sequence[str], timeout: int) -> None:
+        first = self._handles[hosts[0]]
+        address = await self._await(first.coordinator_address.remote(), hosts[0], timeout, "coordinator")
+        await asyncio.gather(*(
+            self._await(self._handles[h].join_group.remote(address, len(hosts), k, timeout), h, timeout + 10,
+                        "join the island's JAX group")
+            for k, h in enumerate(hosts)
+        ))
+
+    def group_rank(self, host: str) -> int | None:
+        """The host's process index in its island's JAX group, or None if it is in none."""
+        for hosts in self.groups.values():
+            if host in hosts:
+                return hosts.index(host)
+        return None
 
     @property
     def hosts(self) -> list[str]:
@@ -139,13 +189,15 @@ class ExecutorPool:
         ref = self._handles[host].compile.remote(key, artifact, placement, in_specs, out_specs)
         return await self._await(ref, host, timeout, f"compile {key}")
 
-    def put(self, host: str, buffer_id: str, data: bytes, dtype: str, shape: Sequence[int],
+    def put(self, hosts: Sequence[str], buffer_id: str, data: bytes, dtype: str, shape: Sequence[int],
             placement: Placement, spec: Any) -> None:
-        self._send(host, "put", buffer_id, data, dtype, list(shape), placement, spec)
+        """Upload onto a slice's hosts; each keeps the shards on its own devices."""
+        self._send_all(hosts, "put", buffer_id, data, dtype, list(shape), placement, spec)
 
-    def call(self, host: str, key: str, inputs: Sequence[str], outputs: Sequence[str],
+    def call(self, hosts: Sequence[str], key: str, inputs: Sequence[str], outputs: Sequence[str],
              label: str) -> None:
-        self._send(host, "call", key, list(inputs), list(outputs), label)
+        """One computation on a slice's hosts: one SPMD program, each host running its shards."""
+        self._send_all(hosts, "call", key, list(inputs), list(outputs), label)
 
     def transfer(self, src: str, buffer_id: str, dst: str, new_id: str, placement: Placement,
                  spec: Any) -> None:
@@ -182,6 +234,14 @@ class ExecutorPool:
         with self._lock:
             ref = self._run(host, message, plan)
         await self._await(ref, host, timeout, f"run {message.run_id}")
+
+    async def fetch_shards(self, host: str, buffer_id: str, timeout: float) -> list[tuple[list[Any], bytes]]:
+        state, value = await self._await(
+            self._send(host, "fetch_shards", buffer_id), host, timeout, f"fetch {buffer_id}"
+        )
+        if state == "failed":
+            raise RemoteError(value)
+        return value
 
     async def fetch(self, host: str, buffer_id: str, timeout: float) -> bytes:
         state, value = await self._await(

@@ -191,7 +191,7 @@ class Programs:
         self._check_inputs(owner, rec, inputs)
         _, plans = self._lowered(owner, rec)
         hosts = {k: plan.host for plan in plans.values() for k, _ in plan.results}
-        outs = [BufferRecord(new_id("b"), owner.id, t.slice, hosts[k], t.aval, t.spec)
+        outs = [BufferRecord(new_id("b"), owner.id, t.slice, (hosts[k],), t.aval, t.spec)
                 for k, t in enumerate(rec.result_types)]
         run_id = f"{rec.id}/{rec.runs}"
         rec.runs += 1

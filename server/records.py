@@ -29,7 +29,7 @@ class BufferRecord:
     id: str
     owner: str
     slice_id: str
-    host: str
+    hosts: tuple[str, ...]  # one, or every host of a slice spanning an island's hosts
     aval: Aval
     spec: Spec
 

@@ -14,6 +14,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from executors import ExecutorPool, Placement, RayOptions
 from ir import (
     Aval,
@@ -25,6 +27,7 @@ from ir import (
     Unavailable,
     content_hash,
     executable_key,
+    parse_dtype,
 )
 from resource_manager import ClusterSpec, ResourceManager, Slice, default_cluster, load_cluster
 from server.artifacts import inspect_artifact
@@ -56,11 +59,14 @@ class Service:
             address=settings.ray_address,
             num_cpus=settings.ray_num_cpus,
             object_store_bytes=settings.object_store_mb << 20,
+            groups=settings.island_groups,
         )
         pool = await ExecutorPool.start(spec, options)
         try:
             reports = await pool.reports(settings.rpc_timeout_s)
-            return cls(settings, pool, ResourceManager(spec, reports))
+            # Slices may span the hosts of an island that is one JAX group (filled host by host).
+            span = max((len(hosts) for hosts in pool.groups.values()), default=1)
+            return cls(settings, pool, ResourceManager(spec, reports, max_hosts_per_slice=span))
         except BaseException:
             pool.shutdown()
             raise
@@ -120,11 +126,16 @@ class Service:
         self.programs.forget_slice(owner, s.id)
         self.rm.release(s.id)
 
-    def _host_and_placement(self, s: Slice) -> tuple[str, Placement]:
-        if len(s.hosts) != 1:
-            raise Conflict(f"slice {s.id} spans hosts {list(s.hosts)}; one host is supported")
-        indices = tuple(self.rm.device(d).index for d in s.device_ids)
-        return s.hosts[0], (indices, s.mesh.axes)
+    def _hosts_and_placement(self, s: Slice) -> tuple[tuple[str, ...], Placement]:
+        """The slice's hosts, and its devices as the executors name them: local indices on
+        one host; (process in the island's JAX group, index) pairs across hosts."""
+        devices = [self.rm.device(d) for d in s.device_ids]
+        if len(s.hosts) == 1:
+            return tuple(s.hosts), (tuple(d.index for d in devices), s.mesh.axes)
+        ranks = {h: self.pool.group_rank(h) for h in s.hosts}
+        if any(r is None for r in ranks.values()):
+            raise Conflict(f"slice {s.id} spans hosts {list(s.hosts)}, which are not one JAX group")
+        return tuple(s.hosts), (tuple((ranks[d.host], d.index) for d in devices), s.mesh.axes)
 
     # -- buffers ---------------------------------------------------------------------------
 
@@ -137,9 +148,9 @@ class Service:
                 f"body has {len(data)} bytes; an array {aval} needs exactly {aval.nbytes} "
                 "(raw little-endian bytes in C order, nothing else)"
             )
-        host, placement = self._host_and_placement(s)
-        rec = BufferRecord(new_id("b"), owner.id, s.id, host, aval, spec)
-        self.pool.put(host, rec.id, data, aval.dtype, aval.shape, placement, spec.to_json())
+        hosts, placement = self._hosts_and_placement(s)
+        rec = BufferRecord(new_id("b"), owner.id, s.id, hosts, aval, spec)
+        self.pool.put(hosts, rec.id, data, aval.dtype, aval.shape, placement, spec.to_json())
         return self.own(owner, rec)
 
     def own(self, owner: ClientRecord, rec: BufferRecord) -> BufferRecord:
@@ -154,31 +165,39 @@ class Service:
         return rec
 
     async def state(self, rec: BufferRecord) -> str:
+        """ready once every host's part is; failed if any is."""
+        timeout = self.settings.rpc_timeout_s
         try:
-            [state] = await self.pool.states(rec.host, [rec.id], self.settings.rpc_timeout_s)
+            states = await asyncio.gather(*(self.pool.states(h, [rec.id], timeout) for h in rec.hosts))
         except Unavailable:
             return "failed"
-        return state
+        flat = {st for [st] in states}
+        return "failed" if "failed" in flat else "ready" if flat == {"ready"} else "pending"
 
     async def wait(self, rec: BufferRecord) -> str:
-        """Wait until the buffer settles; raise its remote cause if it failed."""
-        await self.pool.wait(rec.host, rec.id, self.settings.fetch_timeout_s)
+        """Wait until the buffer settles on every host; raise its remote cause if it failed."""
+        await asyncio.gather(*(self.pool.wait(h, rec.id, self.settings.fetch_timeout_s) for h in rec.hosts))
         return "ready"
 
     async def fetch(self, owner: ClientRecord, buffer_id: str) -> tuple[BufferRecord, bytes]:
         rec = self.buffer(owner, buffer_id)
-        return rec, await self.pool.fetch(rec.host, rec.id, self.settings.fetch_timeout_s)
+        timeout = self.settings.fetch_timeout_s
+        if len(rec.hosts) == 1:
+            return rec, await self.pool.fetch(rec.hosts[0], rec.id, timeout)
+        parts = await asyncio.gather(*(self.pool.fetch_shards(h, rec.id, timeout) for h in rec.hosts))
+        return rec, assemble(rec.aval, [shard for shards in parts for shard in shards])
 
     def delete_buffers(self, owner: ClientRecord, buffer_ids: Sequence[str]) -> None:
         by_host: dict[str, list[str]] = {}
         for b in buffer_ids:
             rec = self.buffer(owner, b)
-            by_host.setdefault(rec.host, []).append(rec.id)
+            for host in rec.hosts:
+                by_host.setdefault(host, []).append(rec.id)
         for host, ids in by_host.items():
             self.pool.delete(host, ids)
-            for b in ids:
-                owner.buffers.discard(b)
-                del self.buffers[b]
+        for b in buffer_ids:
+            owner.buffers.discard(b)
+            self.buffers.pop(b, None)
 
     # -- computations ----------------------------------------------------------------------
 
@@ -193,29 +212,32 @@ class Service:
         ins = _specs(in_specs, info.in_avals, s, "in_specs")
         outs = _specs(out_specs, info.out_avals, s, "out_specs")
         info.check_specs(ins, outs, "")
-        host, placement = self._host_and_placement(s)
+        hosts, placement = self._hosts_and_placement(s)
         key = executable_key(content_hash(artifact), placement[0], s.mesh.axes)
         rec = ComputationRecord(new_id("c"), owner.id, s.id, key, name or "computation",
                                 info.in_avals, info.out_avals, ins, outs)
         self.computations[rec.id] = rec
         owner.computations.add(rec.id)
         task = asyncio.get_running_loop().create_task(
-            self._compile(rec, host, artifact, placement)
+            self._compile(rec, hosts, artifact, placement)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return rec
 
-    async def _compile(self, rec: ComputationRecord, host: str, artifact: bytes,
+    async def _compile(self, rec: ComputationRecord, hosts: Sequence[str], artifact: bytes,
                        placement: Placement) -> None:
-        try:
-            message = await self.pool.compile(
-                host, rec.key, artifact, placement, [s.to_json() for s in rec.in_specs],
-                [s.to_json() for s in rec.out_specs], self.settings.rpc_timeout_s,
-            )
-        except Exception as e:
-            message = f"{type(e).__name__}: {e}"
-        rec.status, rec.message = ("failed", message) if message else ("ready", None)
+        async def one(host: str) -> str | None:
+            try:
+                return await self.pool.compile(
+                    host, rec.key, artifact, placement, [s.to_json() for s in rec.in_specs],
+                    [s.to_json() for s in rec.out_specs], self.settings.rpc_timeout_s,
+                )
+            except Exception as e:
+                return f"{type(e).__name__}: {e}"
+
+        messages = [m for m in await asyncio.gather(*map(one, hosts)) if m]
+        rec.status, rec.message = ("failed", messages[0]) if messages else ("ready", None)
 
     def computation(self, owner: ClientRecord, computation_id: str) -> ComputationRecord:
         rec = self.computations.get(computation_id)
@@ -236,7 +258,7 @@ class Service:
                 f"computation {comp.id} takes {len(comp.in_avals)} inputs; got {len(inputs)}"
             )
         s = self.slice(owner, comp.slice_id)
-        host, placement = self._host_and_placement(s)
+        hosts, placement = self._hosts_and_placement(s)
         args: list[str] = []
         moved: list[str] = []
         for i, (b, want) in enumerate(zip(inputs, comp.in_avals, strict=True)):
@@ -245,18 +267,33 @@ class Service:
                 raise InvalidArgument(
                     f"input {i} (buffer {b}): expected {want}, got {rec.aval}"
                 )
-            if rec.host != host:
+            if rec.hosts != hosts:
+                if len(rec.hosts) > 1 or len(hosts) > 1:
+                    raise Conflict(
+                        f"input {i} (buffer {b}) lives on hosts {list(rec.hosts)}, the computation on "
+                        f"{list(hosts)}: moving buffers into or out of a slice spanning hosts is not "
+                        "supported yet"
+                    )
                 tmp = new_id("t")
-                self.pool.transfer(rec.host, rec.id, host, tmp, placement,
+                self.pool.transfer(rec.hosts[0], rec.id, hosts[0], tmp, placement,
                                    comp.in_specs[i].to_json())
                 moved.append(tmp)
                 b = tmp
             args.append(b)
-        outs = [BufferRecord(new_id("b"), owner.id, s.id, host, aval, spec)
+        outs = [BufferRecord(new_id("b"), owner.id, s.id, hosts, aval, spec)
                 for aval, spec in zip(comp.out_avals, comp.out_specs, strict=True)]
-        self.pool.call(host, comp.key, args, [o.id for o in outs], f"{comp.name} ({comp.id})")
-        self.pool.delete(host, moved)
+        self.pool.call(hosts, comp.key, args, [o.id for o in outs], f"{comp.name} ({comp.id})")
+        self.pool.delete(hosts[0], moved)
         return [self.own(owner, o) for o in outs]
+
+
+def assemble(aval: Aval, shards: Sequence[tuple[Sequence[Sequence[int]], bytes]]) -> bytes:
+    """The raw bytes of a whole array from its shards: (start, stop) per dimension and bytes."""
+    out = np.empty(aval.shape, dtype=parse_dtype(aval.dtype))
+    for index, data in shards:
+        region = tuple(slice(start, stop) for start, stop in index)
+        out[region] = np.frombuffer(data, dtype=out.dtype).reshape(out[region].shape)
+    return out.tobytes()
 
 
 def _specs(values: list[Any], avals: Sequence[Aval], s: Slice, field: str) -> tuple[Spec, ...]:

@@ -55,15 +55,40 @@ def test_compute_on_one_host_and_move_to_another(pool):
         for host in ("a0", "a1"):
             assert await pool.compile(host, "cumsum", art, PAIR, [["x"]], [["x"]], 120) is None
         x = np.arange(8, dtype=np.float32)
-        pool.put("a0", "x", x.tobytes(), "float32", (8,), PAIR, ["x"])
-        pool.call("a0", "cumsum", ["x"], ["y"], "cumsum")
+        pool.put(["a0"], "x", x.tobytes(), "float32", (8,), PAIR, ["x"])
+        pool.call(["a0"], "cumsum", ["x"], ["y"], "cumsum")
         pool.transfer("a0", "y", "a1", "y@a1", PAIR, ["x"])
-        pool.call("a1", "cumsum", ["y@a1"], ["z"], "cumsum")
+        pool.call(["a1"], "cumsum", ["y@a1"], ["z"], "cumsum")
         return await pool.fetch("a1", "z", 60)
 
     got = np.frombuffer(run(scenario()), np.float32)
     f = jax.jit(lambda a: jnp.cumsum(a) * 2)
     np.testing.assert_array_equal(got, np.asarray(f(f(np.arange(8, dtype=np.float32)))))
+
+
+def test_a_slice_over_both_hosts_runs_one_spmd_computation(pool):
+    assert pool.groups == {"a": ("a0", "a1")}
+    both = (((0, 0), (0, 1), (1, 0), (1, 1)), (("x", 4),))  # (process, index) per mesh position
+    mesh = AbstractMesh((4,), ("x",))
+    fn = jax.jit(lambda a: (a * 2 - jnp.sum(a),), in_shardings=(NamedSharding(mesh, P("x")),),
+                 out_shardings=(NamedSharding(mesh, P("x")),))
+    art = jax.export.export(fn, platforms=["cpu"])(jax.ShapeDtypeStruct((8,), jnp.float32)).serialize()
+    x = np.arange(8, dtype=np.float32)
+
+    async def scenario():
+        for host in ("a0", "a1"):
+            assert await pool.compile(host, "spmd", art, both, [["x"]], [["x"]], 120) is None
+        for k in range(20):  # back to back: the hosts' collectives meet in the same order
+            pool.put(["a0", "a1"], f"x{k}", x.tobytes(), "float32", (8,), both, ["x"])
+            pool.call(["a0", "a1"], "spmd", [f"x{k}"], [f"y{k}"], "spmd")
+        return [await pool.fetch_shards(h, "y19", 60) for h in ("a0", "a1")]
+
+    got = np.empty(8, np.float32)
+    for shards in run(scenario()):
+        for index, data in shards:
+            (start, stop), = index
+            got[start:stop] = np.frombuffer(data, np.float32)
+    np.testing.assert_array_equal(got, x * 2 - x.sum())
 
 
 def test_a_dead_host_is_an_error_not_a_hang(pool):

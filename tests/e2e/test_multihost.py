@@ -1,0 +1,96 @@
+"""Slices spanning the hosts of an island: one SPMD computation, each host running its shards."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from ir import Conflict
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def grouped(tmp_path_factory):
+    """A server whose multi-host islands are JAX distributed groups (ISTHMUS_ISLAND_GROUPS)."""
+    from client.embedded import EmbeddedServer
+
+    state = tmp_path_factory.mktemp("isthmus-grouped")
+    srv = EmbeddedServer.start(state, env={"ISTHMUS_ISLAND_GROUPS": "1"})
+    try:
+        yield srv.address, (state / "token").read_text().strip()
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def c(grouped):
+    import client as isthmus
+
+    address, token = grouped
+    with isthmus.connect(address, token=token) as client:
+        yield client
+
+
+def local_jit(fn, shape, names, in_specs, out_specs):
+    mesh = jax.make_mesh(shape, names, devices=jax.devices()[: int(np.prod(shape))])
+    shard = lambda s: NamedSharding(mesh, s)  # noqa: E731
+    return jax.jit(fn, in_shardings=tuple(map(shard, in_specs)), out_shardings=shard(out_specs))
+
+
+def test_a_computation_on_a_2_host_8_device_slice_equals_local_jit_on_8_devices(c):
+    s = c.slice({"x": 8}, island="a")
+    assert sorted(s.hosts) == ["a0", "a1"] and len(s.device_ids) == 8
+
+    def step(v, w):
+        return jnp.tanh(v @ w) - jnp.mean(v)  # a matmul and an all-reduce over both hosts
+
+    f = c.jit(step, slice=s, in_specs=(P("x"), P()), out_specs=P("x"))
+    rng = np.random.default_rng(0)
+    v = rng.standard_normal((32, 16), dtype=np.float32)
+    w = rng.standard_normal((16, 16), dtype=np.float32)
+    want = np.asarray(local_jit(step, (8,), ("x",), (P("x"), P()), P("x"))(v, w))
+    np.testing.assert_array_equal(f(v, w).numpy(), want)
+
+
+def test_back_to_back_collectives_across_hosts_stay_exact(c):
+    s = c.slice({"x": 8}, island="a")
+
+    def step(v):  # integer-valued floats: every all-reduce order gives the same bits
+        return (v + jnp.sum(v)) % 1024.0
+
+    f = c.jit(step, slice=s, in_specs=P("x"), out_specs=P("x"))
+    local = local_jit(step, (8,), ("x",), (P("x"),), P("x"))
+    y, want = c.put(np.arange(64, dtype=np.float32), s, P("x")), np.arange(64, dtype=np.float32)
+    for _ in range(30):  # back to back on both hosts: their collectives meet in one order
+        y, want = f(y), np.asarray(local(want))
+    np.testing.assert_array_equal(y.numpy(), want)
+
+
+def test_a_2d_mesh_across_hosts_with_an_all_gather(c):
+    s = c.slice({"data": 2, "model": 4}, island="a")
+
+    def gather(v):
+        return jnp.concatenate([v, v * 2], axis=1)  # model-sharded input, replicated output
+
+    f = c.jit(gather, slice=s, in_specs=P("data", "model"), out_specs=P())
+    v = np.arange(64, dtype=np.float32).reshape(8, 8)
+    want = np.asarray(local_jit(gather, (2, 4), ("data", "model"), (P("data", "model"),), P())(v))
+    np.testing.assert_array_equal(f(v).numpy(), want)
+
+
+def test_without_groups_a_slice_stays_on_one_host(connect):
+    c = connect()  # the session's server: ISTHMUS_ISLAND_GROUPS off, the default
+    with pytest.raises(Conflict, match="8 devices"):
+        c.slice({"x": 8}, island="a")
+
+
+def test_moving_into_a_slice_spanning_hosts_is_a_clear_conflict(c):
+    one, both = c.slice({"x": 1}, island="a"), c.slice({"x": 8}, island="a")
+    x = c.put(np.zeros(8, np.float32), one)
+    f = c.jit(lambda v: v + 1, slice=both, in_specs=P(), out_specs=P())
+    with pytest.raises(Conflict, match=r"input 0 \(buffer .*\) lives on hosts"):
+        f(x)
+    np.testing.assert_array_equal(f(np.zeros(8, np.float32)).numpy(), np.ones(8, np.float32))
