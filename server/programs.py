@@ -131,7 +131,8 @@ class Programs:
         key = self._placements(owner, rec.program)
         if key not in rec.lowered:
             lowered = lower(rec.program, dict(key), fuse=rec.fuse)
-            rec.lowered[key] = (lowered, host_plans(lowered))
+            ranks = {h: k for hosts in self.service.pool.groups.values() for k, h in enumerate(hosts)}
+            rec.lowered[key] = (lowered, host_plans(lowered, ranks))
             task = asyncio.get_running_loop().create_task(self._compile(rec, *rec.lowered[key]))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -190,9 +191,9 @@ class Programs:
             raise Conflict(f"program {rec.id} failed to compile: {rec.message}")
         self._check_inputs(owner, rec, inputs)
         _, plans = self._lowered(owner, rec)
-        hosts = {k: plan.host for plan in plans.values() for k, _ in plan.results}
-        outs = [BufferRecord(new_id("b"), owner.id, t.slice, (hosts[k],), t.aval, t.spec)
-                for k, t in enumerate(rec.result_types)]
+        outs = [BufferRecord(new_id("b"), owner.id, t.slice, self.service.slice(owner, t.slice).hosts,
+                             t.aval, t.spec)
+                for t in rec.result_types]
         run_id = f"{rec.id}/{rec.runs}"
         rec.runs += 1
         timeout = self.service.settings.step_timeout_s

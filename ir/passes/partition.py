@@ -1,8 +1,10 @@
 """`partition`: cut the program between hosts.
 
-Contract: every slice must be placed on exactly one host (else an `InvalidArgument` naming
-the slice: unplaced, or spanning several hosts, which waits for multi-host islands). A
-`local` transfer stays a `TRANSFER` (a reshard on one host). Each `island` or `dcn` transfer
+Contract: every slice must be placed (else an `InvalidArgument` naming the slice); a slice
+may span the hosts of an island (its computations then run on all of them, as one SPMD
+program), but a value moves between hosts only from and to slices on one host (a transfer
+touching a slice that spans hosts is an `InvalidArgument` naming it). A `local` transfer
+stays a `TRANSFER` (a reshard on one host). Each `island` or `dcn` transfer
 
     %t = transfer %v -> T via R
 
@@ -30,7 +32,10 @@ from ir.verify import value_types
 
 
 def partition(program: Program) -> Program:
-    host = {s.name: _one_host(s.name, s.placement.hosts if s.placement else ()) for s in program.slices}
+    hosts = {s.name: s.placement.hosts if s.placement else () for s in program.slices}
+    for name, placed in hosts.items():
+        if not placed:
+            raise InvalidArgument(f"partition: slice {name}: expected a placement, found none (run place)")
     types = value_types(program)
     used = {n.attrs.tag for n in program.nodes if isinstance(n.attrs, SendAttrs | RecvAttrs)}
     tags = (t for t in (f"t{k}" for k in itertools.count()) if t not in used)
@@ -50,17 +55,17 @@ def partition(program: Program) -> Program:
             nodes.append(node)
             continue
         tag, value = next(tags), node.inputs[0]
-        nodes.append(Node(Op.SEND, (value,), (), SendAttrs(host[a.type.slice], tag)))
-        nodes.append(Node(Op.RECV, (), node.outputs, RecvAttrs(a.type, host[types[value].slice], tag)))
+        source, target = types[value].slice, a.type.slice
+        to, come_from = _one_host(node, target, hosts[target]), _one_host(node, source, hosts[source])
+        nodes.append(Node(Op.SEND, (value,), (), SendAttrs(to, tag)))
+        nodes.append(Node(Op.RECV, (), node.outputs, RecvAttrs(a.type, come_from, tag)))
     return replace(program, graph=Graph(tuple(nodes)))
 
 
-def _one_host(slice_name: str, hosts: tuple[str, ...]) -> str:
-    if not hosts:
-        raise InvalidArgument(f"partition: slice {slice_name}: expected a placement, found none (run place)")
+def _one_host(node: Node, slice_name: str, hosts: tuple[str, ...]) -> str:
     if len(hosts) > 1:
         raise InvalidArgument(
-            f"partition: slice {slice_name} spans hosts {', '.join(hosts)}: "
-            "a slice on one host is supported until multi-host islands"
+            f"partition: `{node_line(node)}`: slice {slice_name} spans hosts {', '.join(hosts)}; "
+            "moving values into or out of a slice spanning hosts is not supported yet"
         )
     return hosts[0]

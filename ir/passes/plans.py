@@ -1,20 +1,23 @@
 """`host_plans`: the last step of lowering, from one program to what each host runs.
 
-Contract: `host_plans(lowered)` takes a lowered program (verified, every slice placed on one
-host, no logical or non-local transfers left: `ir.passes.lower`'s output) and returns one
+Contract: `host_plans(lowered, ranks)` takes a lowered program (verified, every slice placed,
+no logical or non-local transfers left: `ir.passes.lower`'s output) and returns one
 `ir.plan.HostPlan` per host that holds any argument, step or result, keyed and ordered by
-host name. Walking the graph, a node's global position (`HostPlan.order`) counts the nodes
+host name. A slice spanning several hosts (an island's JAX group) puts its arguments,
+computations and results on each of them, with its devices named `(rank, local index)`,
+`ranks` giving each host's process index in the group; a slice on one host names its
+devices by local index. Walking the graph, a node's global position (`HostPlan.order`) counts the nodes
 that are neither `ARG` nor `RESULT`, in graph order. Per op:
 
-- `ARG` k (the k-th arg node): `(k, value)` in `args` of the host of its slice;
-- `COMPUTE`: `Compute(executable_key(artifact, local devices of its slice, mesh axes), inputs,
-  outputs, label=name)` on its slice's host, and one `CompileJob` per distinct key per host,
-  in order of first use, with the computation's declared in/out specs;
+- `ARG` k (the k-th arg node): `(k, value)` in `args` of each host of its slice;
+- `COMPUTE`: `Compute(executable_key(artifact, devices of its slice, mesh axes), inputs,
+  outputs, label=name)` on each of its slice's hosts, and one `CompileJob` per distinct key
+  per host, in order of first use, with the computation's declared in/out specs;
 - a `local` `TRANSFER`: `Reshard(input, output, devices, axes, spec)` of its target type;
 - `SEND`: `Send(input, to, tag)` on the host of its operand's slice;
 - `RECV`: `Recv(output, source, tag, devices, axes, spec)` on the host of its type's slice;
-- `RESULT` position k: `(k, value)` in `results` of the host of that value's slice (a value
-  may be an argument, and may appear at several positions).
+- `RESULT` position k: `(k, value)` in `results` of each host of that value's slice (a
+  value may be an argument, and may appear at several positions).
 
 Anything else (a routed transfer between hosts, `WHILE`, `COND`) is an `InvalidArgument`
 naming the node.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from ir.errors import InvalidArgument
 from ir.node import Node, Op, Type
@@ -40,35 +44,54 @@ class _Where:
 
     types: Mapping[str, Type]
     slices: Mapping[str, SliceDef]
+    ranks: Mapping[str, int]
+
+    def hosts(self, slice_name: str) -> tuple[str, ...]:
+        placement = self.slices[slice_name].placement
+        if placement is None:
+            raise InvalidArgument(f"host_plans: slice {slice_name}: expected a placement, found none "
+                                  "(lower the program first)")
+        return placement.hosts
 
     def host(self, slice_name: str) -> str:
-        placement = self.slices[slice_name].placement
-        hosts = placement.hosts if placement else ()
+        hosts = self.hosts(slice_name)
         if len(hosts) != 1:
-            raise InvalidArgument(
-                f"host_plans: slice {slice_name}: expected a placement on one host, "
-                f"found {', '.join(hosts) or 'none'} (lower the program first)"
-            )
+            raise InvalidArgument(f"host_plans: slice {slice_name}: expected a placement on one host, "
+                                  f"found {', '.join(hosts)}")
         return hosts[0]
 
-    def mesh(self, slice_name: str) -> tuple[str, tuple[int, ...], Axes]:
-        """The slice's host, its local device indices there, and its mesh axes."""
-        host, s = self.host(slice_name), self.slices[slice_name]
+    def devices(self, slice_name: str) -> tuple[Any, ...]:
+        """The slice's devices as its hosts' executors name them (see the module contract)."""
+        s = self.slices[slice_name]
         assert s.placement is not None
-        return host, s.placement.local(host), s.mesh.axes
+        if len(s.placement.hosts) == 1:
+            return s.placement.local(s.placement.hosts[0])
+        missing = [h for h in s.placement.hosts if h not in self.ranks]
+        if missing:
+            raise InvalidArgument(f"host_plans: slice {slice_name} spans hosts with no process rank: "
+                                  f"{', '.join(missing)} (its island must be one JAX group)")
+        return tuple((self.ranks[h], i) for h, i in s.placement.devices)
+
+    def one(self, slice_name: str) -> tuple[str, tuple[Any, ...], Axes]:
+        """A slice on one host: the host, its local device indices, its mesh axes."""
+        return self.host(slice_name), self.devices(slice_name), self.slices[slice_name].mesh.axes
+
+    def mesh(self, slice_name: str) -> tuple[tuple[str, ...], tuple[Any, ...], Axes]:
+        """The slice's hosts, its devices as the executors name them, and its mesh axes."""
+        return self.hosts(slice_name), self.devices(slice_name), self.slices[slice_name].mesh.axes
 
 
-Planned = tuple[str, Step, CompileJob | None]
+Planned = tuple[tuple[str, ...], Step, CompileJob | None]  # the hosts that run one step
 
 
 def _compute(node: Node, where: _Where) -> Planned:
     a = node.attrs
     assert isinstance(a, ComputeAttrs)
-    host, devices, axes = where.mesh(a.slice)
+    hosts, devices, axes = where.mesh(a.slice)
     key = executable_key(a.artifact, devices, axes)
     specs = tuple(s.spec for s in a.ins), tuple(s.spec for s in a.outs)
     job = CompileJob(key, a.artifact, devices, axes, *specs)
-    return host, Compute(key, node.inputs, node.outputs, a.name), job
+    return hosts, Compute(key, node.inputs, node.outputs, a.name), job
 
 
 def _reshard(node: Node, where: _Where) -> Planned:
@@ -79,21 +102,21 @@ def _reshard(node: Node, where: _Where) -> Planned:
             f"host_plans: `{node_line(node)}`: expected a local transfer (partition turns the others "
             f"into send and recv), found route {a.route}"
         )
-    host, devices, axes = where.mesh(a.type.slice)
-    return host, Reshard(node.inputs[0], node.outputs[0], devices, axes, a.type.spec), None
+    host, devices, axes = where.one(a.type.slice)
+    return (host,), Reshard(node.inputs[0], node.outputs[0], devices, axes, a.type.spec), None
 
 
 def _send(node: Node, where: _Where) -> Planned:
     a = node.attrs
     assert isinstance(a, SendAttrs)
-    return where.host(where.types[node.inputs[0]].slice), Send(node.inputs[0], a.to, a.tag), None
+    return (where.host(where.types[node.inputs[0]].slice),), Send(node.inputs[0], a.to, a.tag), None
 
 
 def _recv(node: Node, where: _Where) -> Planned:
     a = node.attrs
     assert isinstance(a, RecvAttrs)
-    host, devices, axes = where.mesh(a.type.slice)
-    return host, Recv(node.outputs[0], a.source, a.tag, devices, axes, a.type.spec), None
+    host, devices, axes = where.one(a.type.slice)
+    return (host,), Recv(node.outputs[0], a.source, a.tag, devices, axes, a.type.spec), None
 
 
 _STEPS: dict[Op, Callable[[Node, _Where], Planned]] = {
@@ -115,27 +138,30 @@ class _Draft:
     compiles: dict[str, CompileJob] = field(default_factory=dict)
 
 
-def host_plans(lowered: Program) -> dict[str, HostPlan]:
-    where = _Where(value_types(lowered), lowered.slice_table)
+def host_plans(lowered: Program, ranks: Mapping[str, int] | None = None) -> dict[str, HostPlan]:
+    where = _Where(value_types(lowered), lowered.slice_table, ranks or {})
     drafts: dict[str, _Draft] = {}
     args = [n for n in lowered.nodes if n.op is Op.ARG]
     for k, node in enumerate(args):
         assert isinstance(node.attrs, ArgAttrs)
-        drafts.setdefault(where.host(node.attrs.type.slice), _Draft()).args.append((k, node.outputs[0]))
+        for host in where.hosts(node.attrs.type.slice):
+            drafts.setdefault(host, _Draft()).args.append((k, node.outputs[0]))
     for position, node in enumerate(n for n in lowered.nodes[:-1] if n.op is not Op.ARG):
         if node.op not in _STEPS:
             raise InvalidArgument(
                 f"host_plans: `{node_line(node)}`: expected one of {', '.join(o.value for o in _STEPS)}, "
                 f"found {node.op.value} (lower the program first)"
             )
-        host, step, job = _STEPS[node.op](node, where)
-        draft = drafts.setdefault(host, _Draft())
-        draft.steps.append(step)
-        draft.order.append(position)
-        if job is not None:
-            draft.compiles.setdefault(job.key, job)
+        hosts, step, job = _STEPS[node.op](node, where)
+        for host in hosts:
+            draft = drafts.setdefault(host, _Draft())
+            draft.steps.append(step)
+            draft.order.append(position)
+            if job is not None:
+                draft.compiles.setdefault(job.key, job)
     for k, value in enumerate(lowered.results):
-        drafts.setdefault(where.host(where.types[value].slice), _Draft()).results.append((k, value))
+        for host in where.hosts(where.types[value].slice):
+            drafts.setdefault(host, _Draft()).results.append((k, value))
     return {
         host: HostPlan(host, tuple(d.args), tuple(d.steps), tuple(d.order), tuple(d.results),
                        tuple(d.compiles.values()))

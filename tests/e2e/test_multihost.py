@@ -94,3 +94,74 @@ def test_moving_into_a_slice_spanning_hosts_is_a_clear_conflict(c):
     with pytest.raises(Conflict, match=r"input 0 \(buffer .*\) lives on hosts"):
         f(x)
     np.testing.assert_array_equal(f(np.zeros(8, np.float32)).numpy(), np.ones(8, np.float32))
+
+
+def test_a_program_on_a_slice_spanning_hosts_is_one_message_per_host(c):
+    s = c.slice({"x": 8}, island="a")
+
+    def step(v):
+        return (v + jnp.sum(v)) % 1024.0
+
+    f = c.jit(step, slice=s, in_specs=P("x"), out_specs=P("x"))
+
+    @c.program
+    def chain(v):
+        for _ in range(16):
+            v = f(v)
+        return v
+
+    x = c.put(np.arange(64, dtype=np.float32), s, P("x"))
+    first = chain(x).result()
+    before = {h["name"]: h["dispatch_messages"] for i in c._json("GET", "/v1/islands") for h in i["hosts"]}
+    outs = [chain(x) for _ in range(5)]
+    after = {h["name"]: h["dispatch_messages"] for i in c._json("GET", "/v1/islands") for h in i["hosts"]}
+    assert {h: after[h] - before[h] for h in ("a0", "a1")} == {"a0": 5, "a1": 5}
+    want = np.arange(64, dtype=np.float32)
+    local = local_jit(step, (8,), ("x",), (P("x"),), P("x"))
+    for _ in range(16):
+        want = np.asarray(local(want))
+    for o in [first, *outs]:
+        np.testing.assert_array_equal(o.numpy(), want)
+
+
+def test_clients_running_collective_programs_on_overlapping_cross_host_slices_all_finish(grouped):
+    import threading
+
+    import client as isthmus
+
+    address, token = grouped
+    results: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+    errors: list[BaseException] = []
+
+    def step(v):
+        return (v + jnp.sum(v)) % 1024.0  # an all-reduce over both hosts
+
+    def gather(v):
+        return jnp.concatenate([v, v], axis=0)  # an all-gather over both hosts
+
+    def tenant(k: int) -> None:
+        try:
+            with isthmus.connect(address, token=token, name=f"tenant-{k}") as c:
+                mesh = {"x": 8} if k % 2 else {"data": 2, "model": 4}
+                s = c.slice(mesh, island="a")
+                axis = "x" if k % 2 else ("data", "model")
+                f = c.jit(step, slice=s, in_specs=P(axis), out_specs=P(axis))
+                g = c.jit(gather, slice=s, in_specs=P(axis), out_specs=P())
+                prog = c.program(lambda v: g(f(f(v))))
+                x = c.put(np.arange(32, dtype=np.float32) + k, s, P(axis))
+                outs = [prog(x) for _ in range(6)]
+                for r, o in enumerate(outs):
+                    results[(k, r)] = (o.numpy(), np.arange(32, dtype=np.float32) + k)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=tenant, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=240)
+    assert not errors, errors
+    assert len(results) == 48
+    for got, x in results.values():
+        y = step(step(x))
+        np.testing.assert_array_equal(got, np.concatenate([y, y]))

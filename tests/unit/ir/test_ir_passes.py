@@ -252,10 +252,11 @@ def test_route_transfers_needs_placed_slices(example):
     )
 
 
-def test_partition_refuses_a_slice_over_two_hosts(example):
+def test_partition_refuses_moves_out_of_a_slice_over_two_hosts(example):
     wide = EXAMPLE_PLACEMENTS | {"s0": Placement("a", (("a0", 0), ("a0", 1), ("a1", 0), ("a1", 1)))}
     assert message(InvalidArgument, lambda: lower(example, wide)) == (
-        "partition: slice s0 spans hosts a0, a1: a slice on one host is supported until multi-host islands"
+        "partition: `%4 = transfer %3 -> float32[4,16] P('x', None) @s1 via dcn`: slice s0 spans hosts "
+        "a0, a1; moving values into or out of a slice spanning hosts is not supported yet"
     )
 
 

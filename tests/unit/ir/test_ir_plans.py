@@ -23,6 +23,7 @@ from ir import (
     Compute,
     HostPlan,
     InvalidArgument,
+    Placement,
     ProgramBuilder,
     Recv,
     Reshard,
@@ -130,7 +131,7 @@ def test_plans_need_a_lowered_program(example):
     with pytest.raises(InvalidArgument) as info:
         host_plans(example)
     assert str(info.value) == (
-        "host_plans: slice s0: expected a placement on one host, found none (lower the program first)"
+        "host_plans: slice s0: expected a placement, found none (lower the program first)"
     )
     with pytest.raises(InvalidArgument) as info:
         host_plans(route_transfers(place(example, EXAMPLE_PLACEMENTS)))
@@ -166,3 +167,25 @@ def test_random_chains_give_plans_that_run(steps, width, split):
     plans = host_plans(lowered)
     ran = run_plans(plans)
     assert sorted(ran) == list(range(len(lowered.nodes) - 2))  # all but the one arg and the result
+
+
+def test_a_slice_over_two_hosts_runs_its_computations_on_both():
+    b = ProgramBuilder()
+    s = b.slice("s", {"x": 4}, island="a")
+    v = Aval((8,), "float32")
+    x = b.arg(v, ("x",), s)
+    (y,) = b.compute("f", b"f", s, [x], [(v, ("x",))])
+    (z,) = b.compute("g", b"g", s, [y], [(v, ())])
+    b.result(z, x)
+    wide = {"s": Placement("a", (("a0", 0), ("a0", 1), ("a1", 0), ("a1", 1)))}
+    lowered = lower(b.build(), wide, check=True)
+    with pytest.raises(InvalidArgument, match="spans hosts with no process rank: a0, a1"):
+        host_plans(lowered)
+    plans = host_plans(lowered, {"a0": 0, "a1": 1})
+    assert sorted(plans) == ["a0", "a1"]
+    devices = ((0, 0), (0, 1), (1, 0), (1, 1))
+    for plan in plans.values():
+        assert plan.args == ((0, x),) and plan.results == ((0, z), (1, x))
+        assert [s.label for s in plan.steps] == ["f", "g"] and plan.order == (0, 1)
+        assert {j.devices for j in plan.compiles} == {devices}
+    assert plans["a0"].steps == plans["a1"].steps  # one SPMD program, the same steps on both
