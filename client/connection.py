@@ -76,12 +76,13 @@ class Slice:
 
 
 class Client:
-    def __init__(self, address: str, token: str, name: str = "", timeout: float = 600.0) -> None:
+    def __init__(self, address: str, token: str, name: str = "", timeout: float = 600.0,
+                 weight: float = 1.0) -> None:
         self._transport = Transport(address, token, timeout)
         self._released: list[str] = []
         self._slices: dict[str, Slice] = {}  # the slices this client created, by id
         self._lock = threading.Lock()
-        record = self._transport.json("POST", "/v1/clients", json={"name": name})
+        record = self._transport.json("POST", "/v1/clients", json={"name": name, "weight": weight})
         self.id: str = record["id"]
         self._transport.client_id = self.id
         self._closed = False
@@ -190,10 +191,14 @@ class Client:
         self.close()
 
 
-def connect(address: str | None = None, token: str | None = None, name: str = "") -> Client:
-    """Connect to an Isthmus server (default: `ISTHMUS_ADDRESS`, else the local one)."""
+def connect(address: str | None = None, token: str | None = None, name: str = "",
+            weight: float = 1.0) -> Client:
+    """Connect to an Isthmus server (default: `ISTHMUS_ADDRESS`, else the local one).
+
+    `weight` is this client's share of an island when the server schedules by proportional
+    share (`ISTHMUS_GANG_POLICY=share`)."""
     address = address or os.environ.get("ISTHMUS_ADDRESS") or DEFAULT_ADDRESS
-    return Client(address, token or find_token(), name=name)
+    return Client(address, token or find_token(), name=name, weight=weight)
 
 
 __all__ = ["Client", "PartitionSpec", "Slice", "connect"]

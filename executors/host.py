@@ -104,11 +104,21 @@ class Host:
 
     # -- the dispatch thread ---------------------------------------------------------------
 
-    def _submit(self, seq: int, op: Callable[[], None]) -> None:
+    def _submit(self, seq: int, op: Callable[[], None]) -> Future[None]:
+        """Queue `op` at its sequence number; the future settles once it has run."""
+        finished: Future[None] = Future()
+
+        def run() -> None:
+            try:
+                op()
+            finally:
+                finished.set_result(None)
+
         with self._cond:
             self._requests += 1
-            self._ops[seq] = op
+            self._ops[seq] = run
             self._cond.notify()
+        return finished
 
     def _dispatch(self) -> None:
         while True:
@@ -192,9 +202,13 @@ class Host:
         placed = jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
         return jax.block_until_ready(placed)
 
-    def call(self, seq: int, key: str, inputs: Sequence[str], outputs: Sequence[str],
-             label: str) -> None:
-        self._submit(seq, lambda: self._call(key, list(inputs), list(outputs), label))
+    async def call(self, seq: int, key: str, inputs: Sequence[str], outputs: Sequence[str],
+                   label: str, notify: bool = False) -> None:
+        """Queue one computation; with `notify`, answer once it has run (the gang scheduler's
+        signal that the island may admit more)."""
+        finished = self._submit(seq, lambda: self._call(key, list(inputs), list(outputs), label))
+        if notify:
+            await asyncio.wrap_future(finished)
 
     def _call(self, key: str, inputs: list[str], outputs: list[str], label: str) -> None:
         import jax
@@ -284,13 +298,15 @@ class Host:
 
     # -- programs ------------------------------------------------------------------------
 
-    def run(self, seq: int, message: RunMessage, plan: HostPlan | None) -> None:
+    async def run(self, seq: int, message: RunMessage, plan: HostPlan | None, notify: bool = False) -> None:
         """Run a range of this host's plan for one program run (see `executors.runner`).
 
-        Returns once the message is accepted: under sequential dispatch, that is the ack the
-        server waits for before sending the next node.
+        Answers once the message is accepted (under sequential dispatch, the ack the server
+        waits for before sending the next node), or with `notify` once it has run.
         """
-        self._submit(seq, self.runner.accept(message, plan))
+        finished = self._submit(seq, self.runner.accept(message, plan))
+        if notify:
+            await asyncio.wrap_future(finished)
 
     def deliver(self, run_id: str, tag: str, payload: Payload) -> None:
         """A peer host's `Send` for one of this host's `Recv`s (unsequenced)."""

@@ -195,9 +195,10 @@ class ExecutorPool:
         self._send_all(hosts, "put", buffer_id, data, dtype, list(shape), placement, spec)
 
     def call(self, hosts: Sequence[str], key: str, inputs: Sequence[str], outputs: Sequence[str],
-             label: str) -> None:
-        """One computation on a slice's hosts: one SPMD program, each host running its shards."""
-        self._send_all(hosts, "call", key, list(inputs), list(outputs), label)
+             label: str, notify: bool = False) -> list[Any]:
+        """One computation on a slice's hosts: one SPMD program, each host running its shards.
+        With `notify`, the returned refs settle once each host has run it (`settle`)."""
+        return self._send_all(hosts, "call", key, list(inputs), list(outputs), label, notify)
 
     def transfer(self, src: str, buffer_id: str, dst: str, new_id: str, placement: Placement,
                  spec: Any) -> None:
@@ -205,13 +206,13 @@ class ExecutorPool:
         ref = self._send(src, "send", buffer_id)
         self._send(dst, "receive", new_id, [ref], placement, spec)
 
-    def _run(self, host: str, message: RunMessage, plan: HostPlan) -> Any:
+    def _run(self, host: str, message: RunMessage, plan: HostPlan, notify: bool = False) -> Any:
         """Send one run message (under `self._lock`); the plan travels once per host."""
         sent = (host, message.plan_key) in self._plans
         handle = self._handles[host]
         seq = next(self._seq[host])
         try:
-            ref = handle.run.remote(seq, message, None if sent else plan)
+            ref = handle.run.remote(seq, message, None if sent else plan, notify)
         except Exception:
             handle.skip.remote(seq)
             raise
@@ -219,20 +220,33 @@ class ExecutorPool:
         self.messages[host] += 1
         return ref
 
-    def run(self, messages: Sequence[tuple[str, RunMessage, HostPlan]]) -> None:
+    def run(self, messages: Sequence[tuple[str, RunMessage, HostPlan]], notify: bool = False) -> list[Any]:
         """Parallel dispatch: one message per host, numbered in one atomic step.
 
         Numbering every host's message of a run at once puts all runs in one global order,
-        the same on every host, so hosts never wait on each other in a cycle.
+        the same on every host, so hosts never wait on each other in a cycle. With `notify`,
+        the returned refs settle once each host has run its part (`settle`).
         """
         with self._lock:
-            for host, message, plan in messages:
-                self._run(host, message, plan)
+            return [self._run(host, message, plan, notify) for host, message, plan in messages]
 
-    async def run_step(self, host: str, message: RunMessage, plan: HostPlan, timeout: float) -> None:
-        """Sequential dispatch: send one message and wait until the host has accepted it."""
+    async def settle(self, refs: Sequence[Any], hosts: Sequence[str], timeout: float) -> None:
+        """Wait until every host has run what `refs` were sent for; a dead or silent host
+        counts as settled (its outputs fail or are unreachable, never a hang)."""
+        async def one(ref: Any, host: str) -> None:
+            try:
+                await self._await(ref, host, timeout, "settle")
+            except (Unavailable, RemoteError) as e:
+                log.warning("host %s: %s", host, e)
+
+        await asyncio.gather(*(one(r, h) for r, h in zip(refs, hosts, strict=True)))
+
+    async def run_step(self, host: str, message: RunMessage, plan: HostPlan, timeout: float,
+                       notify: bool = False) -> None:
+        """Sequential dispatch: send one message and wait until the host has accepted it
+        (with `notify`, until it has run it)."""
         with self._lock:
-            ref = self._run(host, message, plan)
+            ref = self._run(host, message, plan, notify)
         await self._await(ref, host, timeout, f"run {message.run_id}")
 
     async def fetch_shards(self, host: str, buffer_id: str, timeout: float) -> list[tuple[list[Any], bytes]]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -36,6 +36,7 @@ from ir import (
     verify,
 )
 from ir.passes import host_plans, lower
+from scheduler import Submission
 from server.artifacts import ArtifactInfo, inspect_artifact
 from server.records import BufferRecord, ClientRecord, new_id
 
@@ -203,13 +204,22 @@ class Programs:
                               [(v, outs[k].id) for k, v in plan.results], True, timeout))
             for plan in plans.values()
         ]
-        if (dispatch or self.service.settings.dispatch) == "parallel":
-            self.service.pool.run([(plan.host, m, plan) for plan, m in messages])
-        else:
-            await self._sequential(messages)
-            if owner.id not in self.service.clients:
-                raise NotFound(f"client {owner.id} was closed during the run")
+        island = self.service.slice(owner, rec.program.slices[0].name).island
+        cost = float(max(1, sum(n.op is Op.COMPUTE for n in rec.program.nodes)))
+        sub = Submission(run_id, owner.id, tuple(sorted(plans)), cost)
+        sequential = (dispatch or self.service.settings.dispatch) == "sequential"
+        start = (lambda: self._sequential(messages)) if sequential else (lambda: self._parallel(messages))
+        # Sequential dispatch writes the results with its last messages: they wait until then.
+        outputs = [o.id for o in outs]
+        self.service.gangs.submit(island, sub, start, [*inputs, *([] if sequential else outputs)],
+                                  outputs if sequential else [])
         return [self.service.own(owner, o) for o in outs]
+
+    def _parallel(self, messages: list[tuple[HostPlan, RunMessage]]) -> Awaitable[None]:
+        """At admission: one message per host, numbered at once; then wait until all have run."""
+        refs = self.service.pool.run([(plan.host, m, plan) for plan, m in messages], notify=True)
+        return self.service.pool.settle(refs, [plan.host for plan, _ in messages],
+                                        self.service.settings.fetch_timeout_s)
 
     def _check_inputs(self, owner: ClientRecord, rec: ProgramRecord, inputs: Sequence[str]) -> None:
         if len(inputs) != len(rec.arg_types):
@@ -220,13 +230,18 @@ class Programs:
             if found != want:
                 raise InvalidArgument(f"input {i} (buffer {b}): expected {want}, got {found}")
 
-    async def _sequential(self, messages: list[tuple[HostPlan, RunMessage]]) -> None:
-        """Every host first binds the run's arguments, all in one atomic step (so a release
-        numbered later cannot take them away); then one message per step, in the global
-        schedule, each sent once the previous one is accepted. If dispatch breaks off, every
-        host still holding the run is told to close it (its results fail, its values go)."""
-        pool, timeout = self.service.pool, self.service.settings.rpc_timeout_s
+    def _sequential(self, messages: list[tuple[HostPlan, RunMessage]]) -> Awaitable[None]:
+        """At admission, every host binds the run's arguments, all in one atomic step (so a
+        release numbered later cannot take them away); then one message per step, in the
+        global schedule, each sent once the previous one is accepted (a host's last once it
+        has run). If dispatch breaks off, every host still holding the run is told to close it
+        (its results fail, its values go)."""
+        pool = self.service.pool
         pool.run([(plan.host, replace(m, lo=0, hi=0, final=not plan.steps), plan) for plan, m in messages])
+        return self._steps(messages)
+
+    async def _steps(self, messages: list[tuple[HostPlan, RunMessage]]) -> None:
+        pool, timeout = self.service.pool, self.service.settings.rpc_timeout_s
         closed = {plan.host for plan, _ in messages if not plan.steps}
         by_host = {plan.host: (plan, m) for plan, m in messages}
         schedule = sorted((o, plan.host, i) for plan, _ in messages for i, o in enumerate(plan.order))
@@ -234,7 +249,8 @@ class Programs:
             for _, host, i in schedule:
                 plan, m = by_host[host]
                 last = i == len(plan.steps) - 1
-                await pool.run_step(host, replace(m, lo=i, hi=i + 1, final=last), plan, timeout)
+                await pool.run_step(host, replace(m, lo=i, hi=i + 1, final=last), plan, timeout,
+                                    notify=last)
                 if last:
                     closed.add(host)
         except BaseException:

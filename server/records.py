@@ -19,6 +19,7 @@ def new_id(prefix: str) -> str:
 class ClientRecord:
     id: str
     name: str
+    weight: float = 1.0  # its share of an island under proportional-share scheduling
     buffers: set[str] = field(default_factory=set)
     computations: set[str] = field(default_factory=set)
     programs: set[str] = field(default_factory=set)

@@ -11,11 +11,13 @@ SpecJSON = list[str | list[str] | None]
 
 class ClientCreate(BaseModel):
     name: str = Field("", max_length=200)
+    weight: float = Field(1.0, gt=0, le=1e6, description="share of an island under the 'share' policy")
 
 
 class ClientPublic(BaseModel):
     id: str
     name: str
+    weight: float = 1.0
 
 
 class DevicePublic(BaseModel):
@@ -47,6 +49,8 @@ class IslandPublic(BaseModel):
     devices: int
     slices: int
     load: float
+    queued: int = Field(0, description="calls and program runs waiting for the gang scheduler")
+    in_flight: int = Field(0, description="calls and program runs admitted and not yet finished")
     hosts: list[HostPublic]
 
 

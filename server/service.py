@@ -11,7 +11,7 @@ import asyncio
 import base64
 import binascii
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,8 +30,10 @@ from ir import (
     parse_dtype,
 )
 from resource_manager import ClusterSpec, ResourceManager, Slice, default_cluster, load_cluster
+from scheduler import Submission
 from server.artifacts import inspect_artifact
 from server.errors import Unauthorized
+from server.gang import Gangs
 from server.programs import Programs
 from server.records import BufferRecord, ClientRecord, ComputationRecord, new_id
 from server.settings import Settings
@@ -48,6 +50,7 @@ class Service:
         self.buffers: dict[str, BufferRecord] = {}
         self.computations: dict[str, ComputationRecord] = {}
         self.programs = Programs(self)
+        self.gangs = Gangs(rm.islands(), settings.gang_policy, settings.gang_window)
         self._tasks: set[asyncio.Task[None]] = set()
 
     @classmethod
@@ -75,13 +78,15 @@ class Service:
         for t in self._tasks:
             t.cancel()
         self.programs.close()
+        self.gangs.close()
         self.pool.shutdown()
 
     # -- clients ---------------------------------------------------------------------------
 
-    def create_client(self, name: str) -> ClientRecord:
-        rec = ClientRecord(new_id("cl"), name)
+    def create_client(self, name: str, weight: float = 1.0) -> ClientRecord:
+        rec = ClientRecord(new_id("cl"), name, weight)
         self.clients[rec.id] = rec
+        self.gangs.set_weight(rec.id, weight)
         return rec
 
     def client(self, client_id: str | None) -> ClientRecord:
@@ -98,6 +103,7 @@ class Service:
         for cid in owner.computations:
             self.computations.pop(cid, None)
         self.programs.forget(owner)
+        self.gangs.cancel_client(owner.id)
         self.rm.release_owner(owner.id)
         del self.clients[owner.id]
 
@@ -165,7 +171,9 @@ class Service:
         return rec
 
     async def state(self, rec: BufferRecord) -> str:
-        """ready once every host's part is; failed if any is."""
+        """ready once every host's part is; failed if any is; pending while queued."""
+        if self.gangs.queued_for(rec.id):
+            return "pending"
         timeout = self.settings.rpc_timeout_s
         try:
             states = await asyncio.gather(*(self.pool.states(h, [rec.id], timeout) for h in rec.hosts))
@@ -176,12 +184,14 @@ class Service:
 
     async def wait(self, rec: BufferRecord) -> str:
         """Wait until the buffer settles on every host; raise its remote cause if it failed."""
+        await self.gangs.cleared([rec.id])
         await asyncio.gather(*(self.pool.wait(h, rec.id, self.settings.fetch_timeout_s) for h in rec.hosts))
         return "ready"
 
     async def fetch(self, owner: ClientRecord, buffer_id: str) -> tuple[BufferRecord, bytes]:
         rec = self.buffer(owner, buffer_id)
         timeout = self.settings.fetch_timeout_s
+        await self.gangs.cleared([rec.id])
         if len(rec.hosts) == 1:
             return rec, await self.pool.fetch(rec.hosts[0], rec.id, timeout)
         parts = await asyncio.gather(*(self.pool.fetch_shards(h, rec.id, timeout) for h in rec.hosts))
@@ -193,8 +203,8 @@ class Service:
             rec = self.buffer(owner, b)
             for host in rec.hosts:
                 by_host.setdefault(host, []).append(rec.id)
-        for host, ids in by_host.items():
-            self.pool.delete(host, ids)
+        for host, ids in by_host.items():  # after any queued call or run that uses them
+            self.gangs.later(ids, lambda host=host, ids=ids: self.pool.delete(host, ids))
         for b in buffer_ids:
             owner.buffers.discard(b)
             self.buffers.pop(b, None)
@@ -260,7 +270,7 @@ class Service:
         s = self.slice(owner, comp.slice_id)
         hosts, placement = self._hosts_and_placement(s)
         args: list[str] = []
-        moved: list[str] = []
+        moves: list[tuple[str, str, str, Any]] = []  # (source host, buffer, copy here, spec)
         for i, (b, want) in enumerate(zip(inputs, comp.in_avals, strict=True)):
             rec = self.buffer(owner, b)
             if rec.aval != want:
@@ -274,17 +284,27 @@ class Service:
                         f"{list(hosts)}: moving buffers into or out of a slice spanning hosts is not "
                         "supported yet"
                     )
-                tmp = new_id("t")
-                self.pool.transfer(rec.hosts[0], rec.id, hosts[0], tmp, placement,
-                                   comp.in_specs[i].to_json())
-                moved.append(tmp)
+                tmp = new_id("t")  # moved here when the call is admitted
+                moves.append((rec.hosts[0], rec.id, tmp, comp.in_specs[i].to_json()))
                 b = tmp
             args.append(b)
         outs = [BufferRecord(new_id("b"), owner.id, s.id, hosts, aval, spec)
                 for aval, spec in zip(comp.out_avals, comp.out_specs, strict=True)]
-        self.pool.call(hosts, comp.key, args, [o.id for o in outs], f"{comp.name} ({comp.id})")
-        self.pool.delete(hosts[0], moved)
+        self.gangs.submit(s.island, Submission(new_id("call"), owner.id, hosts),
+                          lambda: self._dispatch_call(comp, hosts, placement, moves, args, outs),
+                          [*inputs, *(o.id for o in outs)])
         return [self.own(owner, o) for o in outs]
+
+    def _dispatch_call(self, comp: ComputationRecord, hosts: tuple[str, ...], placement: Placement,
+                       moves: Sequence[tuple[str, str, str, Any]], args: Sequence[str],
+                       outs: Sequence[BufferRecord]) -> Awaitable[None]:
+        """At admission: move inputs from other hosts, send the call, free the moved copies."""
+        for source, buffer_id, copy, spec in moves:
+            self.pool.transfer(source, buffer_id, hosts[0], copy, placement, spec)
+        refs = self.pool.call(hosts, comp.key, args, [o.id for o in outs], f"{comp.name} ({comp.id})",
+                              notify=True)
+        self.pool.delete(hosts[0], [copy for _, _, copy, _ in moves])
+        return self.pool.settle(refs, hosts, self.settings.fetch_timeout_s)
 
 
 def assemble(aval: Aval, shards: Sequence[tuple[Sequence[Sequence[int]], bytes]]) -> bytes:

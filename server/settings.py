@@ -43,6 +43,10 @@ class Settings(BaseSettings):
     # Off by default: the island's CPU collectives then all go through gloo, whose reduction
     # order can differ from one process's jax.jit in the last bit (measured).
     island_groups: bool = False
+    # The per-island gang scheduler: its policy (fifo, or share: proportional to the
+    # clients' weights) and how many calls or program runs an island runs at once.
+    gang_policy: Literal["fifo", "share"] = "fifo"
+    gang_window: int = Field(16, ge=1)
     # Fuse adjacent computations on one slice into one executable (a program may override).
     # Off by default: XLA then optimizes across the computations, which can move results by
     # an ulp or so against the same functions jitted apart.

@@ -13,8 +13,8 @@ router = APIRouter(prefix="/v1/clients", tags=["clients"])
 
 @router.post("", status_code=201)
 async def create_client(body: ClientCreate, service: ServiceDep) -> ClientPublic:
-    rec = service.create_client(body.name)
-    return ClientPublic(id=rec.id, name=rec.name)
+    rec = service.create_client(body.name, body.weight)
+    return ClientPublic(id=rec.id, name=rec.name, weight=rec.weight)
 
 
 @router.delete("/{client_id}", status_code=204)

@@ -50,7 +50,8 @@ async def list_islands(service: ServiceDep) -> list[IslandPublic]:
                 requests=(st or {}).get("requests", 0),
                 dispatch_messages=service.pool.messages.get(h, 0),
             ))
+        queued, in_flight = service.gangs.stats(summary["name"])
         islands.append(IslandPublic(name=summary["name"], devices=summary["devices"],
-                                    slices=summary["slices"], load=summary["load"],
-                                    hosts=host_rows))
+                                    slices=summary["slices"], load=summary["load"], queued=queued,
+                                    in_flight=in_flight, hosts=host_rows))
     return islands

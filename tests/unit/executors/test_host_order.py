@@ -36,7 +36,7 @@ async def test_requests_run_in_sequence_order_whatever_their_arrival(host):
     art = artifact(lambda a: (a * 2,), f32(3))
     assert await host.compile("k", art, ONE, [[]], [[]]) is None
     # Arrival order: the call (seq 1) and the fetch (seq 2) before the upload (seq 0).
-    host.call(1, "k", ["in"], ["out"], "double")
+    await host.call(1, "k", ["in"], ["out"], "double")
     fetch = host.fetch(2, "out")
     host.put(0, "in", np.arange(3, dtype=np.float32).tobytes(), "float32", (3,), ONE, [])
     state, data = await fetch
@@ -48,8 +48,8 @@ async def test_a_failure_passes_its_cause_to_every_dependent(host):
     art = artifact(lambda a: (a + 1,), f32(2))
     await host.compile("k", art, ONE, [[]], [[]])
     host.put(0, "bad", b"\x00" * 3, "float32", (2,), ONE, [])  # 3 bytes cannot hold 2 floats
-    host.call(1, "k", ["bad"], ["mid"], "first")
-    host.call(2, "k", ["mid"], ["out"], "second")
+    await host.call(1, "k", ["bad"], ["mid"], "first")
+    await host.call(2, "k", ["mid"], ["out"], "second")
     state, cause = await host.fetch(3, "out")
     assert state == "failed"
     assert "upload of bad failed" in cause
@@ -61,7 +61,7 @@ async def test_compile_failure_fails_the_calls_that_use_it(host):
     message = await host.compile("k", art, ONE, [[], []], [[]])  # declares 2 inputs, has 1
     assert "declared 2 inputs" in message
     host.put(0, "a", np.zeros(2, np.float32).tobytes(), "float32", (2,), ONE, [])
-    host.call(1, "k", ["a"], ["out"], "f")
+    await host.call(1, "k", ["a"], ["out"], "f")
     state, cause = await host.fetch(2, "out")
     assert state == "failed" and "declared 2 inputs" in cause
 

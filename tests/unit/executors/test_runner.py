@@ -69,9 +69,9 @@ async def test_a_value_crosses_hosts_within_one_run(pair):
     await compile_both(a, b)
     pa, pb = plans("double", "inc")
     # b0's message arrives first: its receive is set up before a0 has produced anything.
-    b.run(0, message(pb, "r0", results=[("%3", "out")]), pb)
+    await b.run(0, message(pb, "r0", results=[("%3", "out")]), pb)
     a.put(0, "in", np.arange(3, dtype=np.float32).tobytes(), "float32", (3,), ((0,), AXES), [])
-    a.run(1, message(pa, "r0", args=[("%0", "in")]), pa)
+    await a.run(1, message(pa, "r0", args=[("%0", "in")]), pa)
     state, data = await b.fetch(1, "out")
     assert state == "ready"
     assert np.frombuffer(data, np.float32).tolist() == [1.0, 3.0, 5.0]
@@ -84,8 +84,8 @@ async def test_plans_travel_once_and_runs_stay_apart(pair):
     pa, pb = plans("double", "inc")
     a.put(0, "in", np.ones(3, np.float32).tobytes(), "float32", (3,), ((0,), AXES), [])
     for k in range(3):
-        a.run(1 + k, message(pa, f"r{k}", args=[("%0", "in")]), pa if k == 0 else None)
-        b.run(k, message(pb, f"r{k}", results=[("%3", f"out{k}")]), pb if k == 0 else None)
+        await a.run(1 + k, message(pa, f"r{k}", args=[("%0", "in")]), pa if k == 0 else None)
+        await b.run(k, message(pb, f"r{k}", results=[("%3", f"out{k}")]), pb if k == 0 else None)
     for k in range(3):
         state, data = await b.fetch(3 + k, f"out{k}")
         assert (state, np.frombuffer(data, np.float32).tolist()) == ("ready", [3.0] * 3)
@@ -96,8 +96,8 @@ async def test_a_failure_on_one_host_reaches_the_dependents_on_another(pair):
     await compile_both(a, b)
     pa, pb = plans("double", "inc")
     a.put(0, "bad", b"\x00", "float32", (3,), ((0,), AXES), [])
-    a.run(1, message(pa, "r0", args=[("%0", "bad")]), pa)
-    b.run(0, message(pb, "r0", results=[("%3", "out")]), pb)
+    await a.run(1, message(pa, "r0", args=[("%0", "bad")]), pa)
+    await b.run(0, message(pb, "r0", results=[("%3", "out")]), pb)
     state, cause = await b.fetch(1, "out")
     assert state == "failed"
     assert "upload of bad failed" in cause
@@ -107,7 +107,7 @@ async def test_a_missing_sender_fails_the_value_instead_of_hanging(pair):
     a, b = pair
     await compile_both(a, b)
     _, pb = plans("double", "inc")
-    b.run(0, message(pb, "r0", results=[("%3", "out")], timeout=0.2), pb)
+    await b.run(0, message(pb, "r0", results=[("%3", "out")], timeout=0.2), pb)
     state, cause = await b.fetch(1, "out")
     assert state == "failed"
     assert "no data from host a0" in cause
@@ -116,7 +116,7 @@ async def test_a_missing_sender_fails_the_value_instead_of_hanging(pair):
 async def test_an_unknown_plan_fails_the_results(pair):
     _, b = pair
     _, pb = plans("double", "inc")
-    b.run(0, message(pb, "r0", results=[("%3", "out")]), None)
+    await b.run(0, message(pb, "r0", results=[("%3", "out")]), None)
     state, cause = await b.fetch(1, "out")
     assert state == "failed"
     assert "has no plan" in cause
@@ -126,7 +126,7 @@ async def test_a_finished_run_leaves_no_mailbox_and_drops_late_deliveries(pair):
     a, b = pair
     await compile_both(a, b)
     _, pb = plans("double", "inc")
-    b.run(0, message(pb, "r0", results=[("%3", "out")], timeout=0.2), pb)
+    await b.run(0, message(pb, "r0", results=[("%3", "out")], timeout=0.2), pb)
     state, _ = await b.fetch(1, "out")  # the receive timed out; the run is over
     assert state == "failed"
     b.deliver("r0", "t0", ("ready", np.ones(3, np.float32)))  # too late

@@ -1,0 +1,148 @@
+"""The server's side of gang scheduling: one `scheduler.GangScheduler` per island, wired to
+dispatch.
+
+Contract:
+- Every call and program run is a submission to one island's scheduler (a run spanning
+  islands goes to the island of its first slice; its other hosts take it in the global
+  order all the same). Nothing of it is numbered or sent before the scheduler admits it;
+  admission dispatches at once, in island order, and the submission is `done` when every
+  host has run its part (or is gone), which lets the island admit the next.
+- A submission's outputs exist as records from the start. Reading them, and deleting them
+  or the inputs of a submission still queued, waits for that submission's admission, so
+  no request is numbered on a host before the work it depends on.
+- The policy is FIFO or proportional share by client weight; the window is how many
+  submissions an island runs at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from scheduler import FifoPolicy, GangScheduler, Policy, ProportionalShare, Submission
+
+log = logging.getLogger("isthmus.server")
+# Called at admission: numbers and sends at once, and returns what to await until it has run.
+Start = Callable[[], Awaitable[None]]
+
+
+@dataclass
+class _Queued:
+    island: str
+    start: Start
+    touches: tuple[str, ...]  # buffers (inputs and outputs) that wait for its admission
+    held: tuple[str, ...]  # buffers that wait until it has run (outputs written only then)
+
+
+class Gangs:
+    def __init__(self, islands: Sequence[str], policy: str, window: int) -> None:
+        self._share = policy == "share"
+        self._weights: dict[str, float] = {}
+        self.schedulers = {i: GangScheduler(i, self._policy(), window) for i in islands}
+        self._queued: dict[str, _Queued] = {}
+        self._waiting: Counter[str] = Counter()  # buffer -> queued submissions touching it
+        self._cleared: dict[str, asyncio.Event] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _policy(self) -> Policy:
+        return ProportionalShare(self._weights) if self._share else FifoPolicy()
+
+    def set_weight(self, client: str, weight: float | None) -> None:
+        if weight is None:
+            self._weights.pop(client, None)
+        else:
+            self._weights[client] = weight
+        for s in self.schedulers.values():
+            s.set_policy(self._policy())
+
+    # -- submissions -------------------------------------------------------------------------
+
+    def submit(self, island: str, sub: Submission, start: Start, touches: Sequence[str],
+               held: Sequence[str] = ()) -> None:
+        """Queue a submission; `touches` wait for its admission, `held` until it has run."""
+        self._queued[sub.id] = _Queued(island, start, tuple(touches), tuple(held))
+        self._waiting.update([*touches, *held])
+        self.schedulers[island].submit(sub)
+        self._pump(island)
+
+    def _pump(self, island: str) -> None:
+        for admitted in self.schedulers[island].admit():
+            sub_id = admitted.submission.id
+            queued = self._queued.pop(sub_id)
+            try:
+                running = queued.start()  # numbered on its hosts now, in island order
+            except Exception:
+                log.exception("island %s: submission %s could not be dispatched", island, sub_id)
+                running = asyncio.sleep(0)
+            self._release(queued.touches)  # only now may requests on its buffers be numbered
+            task = asyncio.get_running_loop().create_task(self._run(island, sub_id, running, queued.held))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, island: str, sub_id: str, running: Awaitable[None], held: Sequence[str]) -> None:
+        try:
+            await running
+        except Exception:  # its outputs carry the failure; the island goes on
+            log.exception("island %s: submission %s failed", island, sub_id)
+        finally:
+            self._release(held)
+            self.schedulers[island].done(sub_id)
+            self._pump(island)
+
+    def cancel_client(self, client: str) -> None:
+        """Drop a closing client's queued submissions (its records go with it)."""
+        for scheduler in self.schedulers.values():
+            for sub in scheduler.cancel_client(client):
+                queued = self._queued.pop(sub.id)
+                self._release([*queued.touches, *queued.held])
+        self.set_weight(client, None)
+
+    def _release(self, buffers: Sequence[str]) -> None:
+        self._waiting.subtract(buffers)
+        for b in buffers:
+            if self._waiting[b] <= 0:
+                del self._waiting[b]
+                event = self._cleared.pop(b, None)
+                if event is not None:
+                    event.set()
+
+    # -- buffers of queued submissions -----------------------------------------------------
+
+    def queued_for(self, buffer_id: str) -> bool:
+        """True while a queued submission reads or writes the buffer."""
+        return buffer_id in self._waiting
+
+    async def cleared(self, buffer_ids: Sequence[str]) -> None:
+        """Wait until no queued submission touches these buffers."""
+        for b in buffer_ids:
+            if b in self._waiting:
+                await self._cleared.setdefault(b, asyncio.Event()).wait()
+
+    def later(self, buffer_ids: Sequence[str], act: Callable[[], None]) -> None:
+        """Run `act` once no queued submission touches these buffers (at once if none does)."""
+        if not any(b in self._waiting for b in buffer_ids):
+            act()
+            return
+
+        async def wait_then_act() -> None:
+            await self.cleared(buffer_ids)
+            act()
+
+        task = asyncio.get_running_loop().create_task(wait_then_act())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- status ------------------------------------------------------------------------------
+
+    def stats(self, island: str) -> tuple[int, int]:
+        """(queued, in flight) of the island."""
+        s = self.schedulers[island]
+        return len(s.queued), len(s.in_flight)
+
+    def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+
