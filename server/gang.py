@@ -45,6 +45,7 @@ class Gangs:
         self._queued: dict[str, _Queued] = {}
         self._waiting: Counter[str] = Counter()  # buffer -> queued submissions touching it
         self._cleared: dict[str, asyncio.Event] = {}
+        self.admitted: dict[str, Counter[str]] = {i: Counter() for i in islands}  # island -> client -> cost
         self._tasks: set[asyncio.Task[None]] = set()
 
     def _policy(self) -> Policy:
@@ -72,6 +73,7 @@ class Gangs:
         for admitted in self.schedulers[island].admit():
             sub_id = admitted.submission.id
             queued = self._queued.pop(sub_id)
+            self.admitted[island][admitted.submission.client] += admitted.submission.cost
             try:
                 running = queued.start()  # numbered on its hosts now, in island order
             except Exception:
@@ -87,10 +89,10 @@ class Gangs:
             await running
         except Exception:  # its outputs carry the failure; the island goes on
             log.exception("island %s: submission %s failed", island, sub_id)
-        finally:
-            self._release(held)
-            self.schedulers[island].done(sub_id)
-            self._pump(island)
+        # (cancelled at shutdown: nothing more to admit)
+        self._release(held)
+        self.schedulers[island].done(sub_id)
+        self._pump(island)
 
     def cancel_client(self, client: str) -> None:
         """Drop a closing client's queued submissions (its records go with it)."""

@@ -51,6 +51,9 @@ class IslandPublic(BaseModel):
     load: float
     queued: int = Field(0, description="calls and program runs waiting for the gang scheduler")
     in_flight: int = Field(0, description="calls and program runs admitted and not yet finished")
+    admitted: dict[str, float] = Field(
+        default_factory=dict, description="cost admitted so far per client id (computations)"
+    )
     hosts: list[HostPublic]
 
 

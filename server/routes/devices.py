@@ -51,7 +51,8 @@ async def list_islands(service: ServiceDep) -> list[IslandPublic]:
                 dispatch_messages=service.pool.messages.get(h, 0),
             ))
         queued, in_flight = service.gangs.stats(summary["name"])
+        admitted = dict(service.gangs.admitted[summary["name"]])
         islands.append(IslandPublic(name=summary["name"], devices=summary["devices"],
                                     slices=summary["slices"], load=summary["load"], queued=queued,
-                                    in_flight=in_flight, hosts=host_rows))
+                                    in_flight=in_flight, admitted=admitted, hosts=host_rows))
     return islands

@@ -1,0 +1,78 @@
+"""Proportional share: clients at weights 1:2:4:8 keeping an island busy (a loose CI check;
+`bench/multitenancy.py` gives the exact figure)."""
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+WEIGHTS = (1, 2, 4, 8)
+RUNS = 24
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """A server scheduling by proportional share, one submission at a time per island."""
+    from client.embedded import EmbeddedServer
+
+    state = tmp_path_factory.mktemp("isthmus-share")
+    srv = EmbeddedServer.start(state, env={"ISTHMUS_GANG_POLICY": "share", "ISTHMUS_GANG_WINDOW": "1"})
+    try:
+        yield srv.address, (state / "token").read_text().strip()
+    finally:
+        srv.stop()
+
+
+def test_clients_get_the_island_in_proportion_to_their_weights(shared):
+    import client as isthmus
+
+    address, token = shared
+    clients = [isthmus.connect(address, token=token, name=f"w{w}", weight=w) for w in WEIGHTS]
+    blocker_client = isthmus.connect(address, token=token, name="blocker")
+    try:
+        def busy(v):  # a few milliseconds of work per run
+            return jax.lax.fori_loop(0, 8, lambda _, a: jnp.tanh(a @ a) * 0.5, v)
+
+        slices = [c.slice({"x": 1}, island="a") for c in clients]
+        fns = [c.jit(busy, slice=s) for c, s in zip(clients, slices, strict=True)]
+        progs = [c.program(lambda v, f=f: f(v)) for c, f in zip(clients, fns, strict=True)]
+        xs = [c.put(np.eye(128, dtype=np.float32), s) for c, s in zip(clients, slices, strict=True)]
+        for p, x in zip(progs, xs, strict=True):
+            p(x).result()  # trace, compile
+
+        # The island is kept busy while every client queues its runs: they all start backlogged.
+        s = blocker_client.slice({"x": 1}, island="a")
+        spin = lambda v: jax.lax.fori_loop(0, 1500, lambda _, a: jnp.tanh(a @ a), v)  # noqa: E731
+        long = blocker_client.jit(spin, slice=s)
+        blocker = long(blocker_client.put(np.eye(256, dtype=np.float32), s))
+        outs: list[list] = [[] for _ in WEIGHTS]
+
+        def submit(k: int) -> None:
+            outs[k] = [progs[k](xs[k]) for _ in range(RUNS)]
+
+        threads = [threading.Thread(target=submit, args=(k,)) for k in range(len(WEIGHTS))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        island = next(i for i in blocker_client._json("GET", "/v1/islands") if i["name"] == "a")
+        assert island["queued"] == len(WEIGHTS) * RUNS, island  # all backlogged behind the blocker
+        before = dict(island["admitted"])
+        blocker.result()
+        outs[-1][-1].result()  # the heaviest client's last run is done...
+        island = next(i for i in blocker_client._json("GET", "/v1/islands") if i["name"] == "a")
+        done = [island["admitted"].get(c.id, 0) - before.get(c.id, 0) for c in clients]
+        # ... and by then the others have had about weight/8 of its runs (one more may have
+        # been admitted since, one at a time).
+        expected = [RUNS * w / WEIGHTS[-1] for w in WEIGHTS]
+        assert done[-1] == RUNS
+        for got, want in zip(done[:-1], expected[:-1], strict=True):
+            assert abs(got - want) <= max(2.0, 0.25 * want), (done, expected)
+        assert done == sorted(done), done
+    finally:
+        for c in [*clients, blocker_client]:
+            c.close()

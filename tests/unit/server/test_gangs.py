@@ -1,0 +1,110 @@
+"""The server's gang layer without Ray: admission order, buffers that wait, cancellation."""
+
+import asyncio
+
+import pytest
+
+from scheduler import Submission
+from server.gang import Gangs
+
+pytestmark = pytest.mark.unit
+
+
+class Host:
+    """Records what is numbered, in order; a submission 'runs' until released."""
+
+    def __init__(self) -> None:
+        self.numbered: list[str] = []
+        self.gates: dict[str, asyncio.Event] = {}
+
+    def start(self, name: str):
+        def start():
+            self.numbered.append(name)  # numbered at admission, synchronously
+            self.gates[name] = gate = asyncio.Event()
+            return gate.wait()
+
+        return start
+
+
+@pytest.fixture
+async def gangs():
+    """Gangs(...) factories; every one is closed, its tasks cancelled, after the test."""
+    made: list[Gangs] = []
+
+    def make(policy: str, window: int) -> Gangs:
+        made.append(Gangs(["a"], policy, window))
+        return made[-1]
+
+    yield make
+    for g in made:
+        g.close()
+    await settle()
+
+
+async def settle() -> None:
+    """Let the event loop run what is ready (no timed wait)."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_fifo_admits_in_submission_order_within_the_window(gangs):
+    g, host = gangs("fifo", 2), Host()
+    for k in range(4):
+        g.submit("a", Submission(f"s{k}", "c", ("a0",)), host.start(f"s{k}"), [f"b{k}"])
+    assert host.numbered == ["s0", "s1"] and g.stats("a") == (2, 2)
+    host.gates["s0"].set()
+    await settle()
+    assert host.numbered == ["s0", "s1", "s2"]
+
+
+async def test_requests_on_a_queued_submissions_buffers_wait_for_its_admission(gangs):
+    g, host = gangs("fifo", 1), Host()
+    g.submit("a", Submission("s0", "c", ("a0",)), host.start("s0"), ["in0", "out0"])
+    g.submit("a", Submission("s1", "c", ("a0",)), host.start("s1"), ["out0", "out1"])
+    assert g.queued_for("out0")  # s1, still queued, reads it
+    deleted: list[str] = []
+    g.later(["out1"], lambda: deleted.append("out1"))
+    g.later(["in0"], lambda: deleted.append("in0"))  # s0 is admitted: at once
+    assert deleted == ["in0"]
+    waiter = asyncio.ensure_future(g.cleared(["out1"]))
+    await settle()
+    assert not waiter.done()
+    host.gates["s0"].set()
+    await settle()
+    assert waiter.done() and deleted == ["in0", "out1"]
+    assert host.numbered == ["s0", "s1"]  # s1 numbered before the delete of its output
+
+
+async def test_outputs_held_until_the_run_has_run(gangs):
+    g, host = gangs("fifo", 4), Host()
+    g.submit("a", Submission("s0", "c", ("a0",)), host.start("s0"), ["in"], held=["out"])
+    assert not g.queued_for("in") and g.queued_for("out")
+    host.gates["s0"].set()
+    await settle()
+    assert not g.queued_for("out")
+
+
+async def test_a_closing_client_drops_its_queued_work_and_frees_its_buffers(gangs):
+    g, host = gangs("fifo", 1), Host()
+    g.submit("a", Submission("s0", "other", ("a0",)), host.start("s0"), [])
+    g.submit("a", Submission("s1", "gone", ("a0",)), host.start("s1"), ["x"])
+    g.cancel_client("gone")
+    assert not g.queued_for("x") and g.stats("a") == (0, 1)
+    host.gates["s0"].set()
+    await settle()
+    assert host.numbered == ["s0"]
+
+
+async def test_proportional_share_follows_client_weights(gangs):
+    g, host = gangs("share", 1), Host()
+    g.set_weight("light", 1.0)
+    g.set_weight("heavy", 3.0)
+    for k in range(40):
+        for client in ("light", "heavy"):
+            g.submit("a", Submission(f"{client}{k}", client, ("a0",)), host.start(f"{client}{k}"), [])
+    for _ in range(40):
+        host.gates[host.numbered[-1]].set()
+        await settle()
+    first = host.numbered[:40]
+    heavy = sum(n.startswith("heavy") for n in first)
+    assert 27 <= heavy <= 33, first  # 3:1 of 40 is 30
