@@ -13,8 +13,10 @@ import asyncio
 import itertools
 import logging
 import os
+import random
 import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,6 +96,7 @@ class ExecutorPool:
         self._seq = {h: itertools.count() for h in handles}
         self._lock = threading.Lock()
         self._plans: set[tuple[str, str]] = set()  # (host, plan key) already sent
+        self.ordered = True  # False only to show what the island order prevents (debug)
         self.messages: dict[str, int] = dict.fromkeys(handles, 0)  # run messages sent per host
 
     def _send(self, host: str, method: str, *args: Any) -> Any:
@@ -104,6 +107,8 @@ class ExecutorPool:
         """The same request to several hosts, numbered in one atomic step: every host of a
         slice spanning hosts sees it at the same place relative to everything else (the
         island order that keeps their collectives from waiting on each other in a cycle)."""
+        if not self.ordered and len(hosts) > 1:
+            return [self._later(lambda h=h: self._send(h, method, *args)) for h in hosts]
         refs = []
         with self._lock:
             for host in hosts:
@@ -227,14 +232,36 @@ class ExecutorPool:
         the same on every host, so hosts never wait on each other in a cycle. With `notify`,
         the returned refs settle once each host has run its part (`settle`).
         """
+        if not self.ordered and len(messages) > 1:
+            return [self._later(lambda a=(h, m, p): self._locked_run(*a, notify)) for h, m, p in messages]
         with self._lock:
             return [self._run(host, message, plan, notify) for host, message, plan in messages]
+
+    def _locked_run(self, host: str, message: RunMessage, plan: HostPlan, notify: bool) -> Any:
+        with self._lock:
+            return self._run(host, message, plan, notify)
+
+    def _later(self, send: Any) -> Future[Any]:
+        """Debug, gang order off: send after a random delay of up to 5 ms, as if each host took
+        work in its own arrival order; the ref comes back through a future."""
+        box: Future[Any] = Future()
+
+        def fire() -> None:
+            try:
+                box.set_result(send())
+            except Exception as e:
+                box.set_exception(e)
+
+        asyncio.get_running_loop().call_later(random.uniform(0, 0.005), fire)
+        return box
 
     async def settle(self, refs: Sequence[Any], hosts: Sequence[str], timeout: float) -> None:
         """Wait until every host has run what `refs` were sent for; a dead or silent host
         counts as settled (its outputs fail or are unreachable, never a hang)."""
         async def one(ref: Any, host: str) -> None:
             try:
+                if isinstance(ref, Future):  # sent later (gang order off)
+                    ref = await asyncio.wrap_future(ref)
                 await self._await(ref, host, timeout, "settle")
             except (Unavailable, RemoteError) as e:
                 log.warning("host %s: %s", host, e)

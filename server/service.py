@@ -50,7 +50,9 @@ class Service:
         self.buffers: dict[str, BufferRecord] = {}
         self.computations: dict[str, ComputationRecord] = {}
         self.programs = Programs(self)
-        self.gangs = Gangs(rm.islands(), settings.gang_policy, settings.gang_window)
+        window = settings.gang_window if settings.gang_order else 1 << 30
+        self.gangs = Gangs(rm.islands(), settings.gang_policy, window)
+        pool.ordered = settings.gang_order
         self._tasks: set[asyncio.Task[None]] = set()
 
     @classmethod

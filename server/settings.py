@@ -47,6 +47,10 @@ class Settings(BaseSettings):
     # clients' weights) and how many calls or program runs an island runs at once.
     gang_policy: Literal["fifo", "share"] = "fifo"
     gang_window: int = Field(16, ge=1)
+    # Debug only: False drops the island order (no admission, and each host of a submission
+    # takes it after a random delay, in its own arrival order), to show what the order
+    # prevents (docs/architecture.md). Never in production: cross-host collectives deadlock.
+    gang_order: bool = True
     # Fuse adjacent computations on one slice into one executable (a program may override).
     # Off by default: XLA then optimizes across the computations, which can move results by
     # an ulp or so against the same functions jitted apart.
