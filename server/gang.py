@@ -103,10 +103,10 @@ class Gangs:
         self.set_weight(client, None)
 
     def _release(self, buffers: Sequence[str]) -> None:
-        self._waiting.subtract(buffers)
-        for b in buffers:
+        self._waiting.subtract(buffers)  # a buffer may appear more than once
+        for b in set(buffers):
             if self._waiting[b] <= 0:
-                del self._waiting[b]
+                self._waiting.pop(b, None)
                 event = self._cleared.pop(b, None)
                 if event is not None:
                     event.set()

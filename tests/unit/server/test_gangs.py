@@ -108,3 +108,13 @@ async def test_proportional_share_follows_client_weights(gangs):
     first = host.numbered[:40]
     heavy = sum(n.startswith("heavy") for n in first)
     assert 27 <= heavy <= 33, first  # 3:1 of 40 is 30
+
+
+async def test_a_buffer_read_twice_by_one_submission_is_released_once(gangs):
+    g, host = gangs("fifo", 1), Host()
+    g.submit("a", Submission("s0", "c", ("a0",)), host.start("s0"), [])
+    g.submit("a", Submission("s1", "c", ("a0",)), host.start("s1"), ["x", "x", "y"])
+    assert g.queued_for("x")
+    host.gates["s0"].set()
+    await settle()
+    assert not g.queued_for("x") and not g.queued_for("y") and host.numbered == ["s0", "s1"]
