@@ -15,7 +15,7 @@ import logging
 import os
 import random
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +37,7 @@ class RayOptions:
     object_store_bytes: int = 1 << 30
     namespace: str = "isthmus"
     groups: bool = True  # multi-host CPU islands form one JAX distributed group each
+    ordered: bool = True  # False only to show what the island order prevents (debug)
     group_timeout_s: int = 120
 
 
@@ -142,6 +143,7 @@ class ExecutorPool:
         groups = {i.name: tuple(h.name for h in i.hosts) for i in spec.islands
                   if options.groups and len(i.hosts) > 1 and all(h.platform == "cpu" for h in i.hosts)}
         pool = cls(handles, owns, groups)
+        pool.ordered = options.ordered
         try:
             timeout = options.group_timeout_s
             await asyncio.gather(*(pool._form_group(hosts, timeout) for hosts in groups.values()))
@@ -241,9 +243,11 @@ class ExecutorPool:
         with self._lock:
             return self._run(host, message, plan, notify)
 
-    def _later(self, send: Any) -> Future[Any]:
+    def _later(self, send: Callable[[], Any]) -> Future[Any]:
         """Debug, gang order off: send after a random delay of up to 5 ms, as if each host took
-        work in its own arrival order; the ref comes back through a future."""
+        work in its own arrival order; the ref comes back through a future. (It also reorders
+        a multi-host upload against the call after it, and a plan against the runs after it:
+        further failures on top of the cross-host collectives it is meant to show.)"""
         box: Future[Any] = Future()
 
         def fire() -> None:

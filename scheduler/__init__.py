@@ -14,9 +14,9 @@ import only from this module.
 - `gang`: `GangScheduler`, one per island: `submit` queues, `admit` hands out positions
   0, 1, 2, ... while fewer than `window` submissions are in flight, `done` frees a slot,
   `cancel_client` drops a closed client's queued work. A client's own submissions are
-  always admitted in the order it made them. Not thread-safe: the server calls it under the
-  lock that numbers host messages, and numbers each admitted batch's messages in position
-  order.
+  always admitted in the order it made them. Not thread-safe: the server calls it from its
+  one event loop and numbers each admitted submission's host messages as it admits it, in
+  position order.
 """
 
 from scheduler.gang import GangScheduler

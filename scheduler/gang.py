@@ -16,8 +16,9 @@ Contract:
   the larger of its own clock and the island's current virtual time (the least clock of the
   backlogged clients, or the clock of the last admission if none is backlogged). An idle
   client thus banks no credit, and one that just ran is not forgiven its last admission.
-- Pure and not thread-safe: the caller serialises calls, under the lock that numbers host
-  messages, so positions and per-host sequence numbers agree.
+- Pure and not thread-safe: the caller serialises calls (the server: on its one event
+  loop, numbering each admitted submission's host messages as it admits it, so positions
+  and per-host sequence numbers agree).
 """
 
 from __future__ import annotations

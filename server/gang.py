@@ -9,7 +9,11 @@ Contract:
   host has run its part (or is gone), which lets the island admit the next.
 - A submission's outputs exist as records from the start. Reading them, and deleting them
   or the inputs of a submission still queued, waits for that submission's admission, so
-  no request is numbered on a host before the work it depends on.
+  no request is numbered on a host before the work it depends on; a submission reading a
+  buffer that queued work on another island touches waits, before its own queue, for that
+  work's admission.
+- All of it runs on the server's one event loop: admission and numbering are never
+  interleaved with another submission's.
 - The policy is FIFO or proportional share by client weight; the window is how many
   submissions an island runs at once.
 """
@@ -21,6 +25,7 @@ import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from scheduler import FifoPolicy, GangScheduler, Policy, ProportionalShare, Submission
 
@@ -44,6 +49,8 @@ class Gangs:
         self.schedulers = {i: GangScheduler(i, self._policy(), window) for i in islands}
         self._queued: dict[str, _Queued] = {}
         self._waiting: Counter[str] = Counter()  # buffer -> queued submissions touching it
+        self._by_island: dict[str, Counter[str]] = {i: Counter() for i in islands}  # the same, per island
+        self._changed = asyncio.Event()  # set (and replaced) whenever a buffer is released
         self._cleared: dict[str, asyncio.Event] = {}
         self.admitted: dict[str, Counter[str]] = {i: Counter() for i in islands}  # island -> client -> cost
         self._tasks: set[asyncio.Task[None]] = set()
@@ -63,11 +70,43 @@ class Gangs:
 
     def submit(self, island: str, sub: Submission, start: Start, touches: Sequence[str],
                held: Sequence[str] = ()) -> None:
-        """Queue a submission; `touches` wait for its admission, `held` until it has run."""
-        self._queued[sub.id] = _Queued(island, start, tuple(touches), tuple(held))
-        self._waiting.update([*touches, *held])
-        self.schedulers[island].submit(sub)
-        self._pump(island)
+        """Queue a submission; `touches` wait for its admission, `held` until it has run.
+
+        A submission reading a buffer that work queued on another island still touches
+        enters its own island's queue only once that work is admitted: each island orders
+        only its own queue, so the producer's messages must be numbered first.
+        """
+        queued = _Queued(island, start, tuple(touches), tuple(held))
+        self._hold(queued)
+        others = [b for b in touches if any(c[b] for i, c in self._by_island.items() if i != island)]
+        if not others:
+            self._enqueue(sub, queued)
+            return
+
+        async def after_others() -> None:
+            while any(c[b] for i, c in self._by_island.items() if i != island for b in others):
+                await self._changed.wait()
+            self._enqueue(sub, queued)
+
+        self._spawn(after_others())
+
+    def _hold(self, queued: _Queued) -> None:
+        self._waiting.update([*queued.touches, *queued.held])
+        self._by_island[queued.island].update([*queued.touches, *queued.held])
+
+    def _enqueue(self, sub: Submission, queued: _Queued) -> None:
+        try:
+            self.schedulers[queued.island].submit(sub)
+        except Exception:
+            self._release(queued.island, [*queued.touches, *queued.held])
+            raise
+        self._queued[sub.id] = queued
+        self._pump(queued.island)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _pump(self, island: str) -> None:
         for admitted in self.schedulers[island].admit():
@@ -79,10 +118,8 @@ class Gangs:
             except Exception:
                 log.exception("island %s: submission %s could not be dispatched", island, sub_id)
                 running = asyncio.sleep(0)
-            self._release(queued.touches)  # only now may requests on its buffers be numbered
-            task = asyncio.get_running_loop().create_task(self._run(island, sub_id, running, queued.held))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._release(island, queued.touches)  # only now may requests on its buffers be numbered
+            self._spawn(self._run(island, sub_id, running, queued.held))
 
     async def _run(self, island: str, sub_id: str, running: Awaitable[None], held: Sequence[str]) -> None:
         try:
@@ -90,7 +127,7 @@ class Gangs:
         except Exception:  # its outputs carry the failure; the island goes on
             log.exception("island %s: submission %s failed", island, sub_id)
         # (cancelled at shutdown: nothing more to admit)
-        self._release(held)
+        self._release(island, held)
         self.schedulers[island].done(sub_id)
         self._pump(island)
 
@@ -99,12 +136,19 @@ class Gangs:
         for scheduler in self.schedulers.values():
             for sub in scheduler.cancel_client(client):
                 queued = self._queued.pop(sub.id)
-                self._release([*queued.touches, *queued.held])
+                self._release(queued.island, [*queued.touches, *queued.held])
+        for counts in self.admitted.values():
+            counts.pop(client, None)
         self.set_weight(client, None)
 
-    def _release(self, buffers: Sequence[str]) -> None:
+    def _release(self, island: str, buffers: Sequence[str]) -> None:
         self._waiting.subtract(buffers)  # a buffer may appear more than once
+        self._by_island[island].subtract(buffers)
+        self._changed.set()
+        self._changed = asyncio.Event()
         for b in set(buffers):
+            if self._by_island[island][b] <= 0:
+                self._by_island[island].pop(b, None)
             if self._waiting[b] <= 0:
                 self._waiting.pop(b, None)
                 event = self._cleared.pop(b, None)
@@ -133,9 +177,7 @@ class Gangs:
             await self.cleared(buffer_ids)
             act()
 
-        task = asyncio.get_running_loop().create_task(wait_then_act())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(wait_then_act())
 
     # -- status ------------------------------------------------------------------------------
 

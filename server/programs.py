@@ -16,6 +16,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field, replace
@@ -209,7 +210,7 @@ class Programs:
         sub = Submission(run_id, owner.id, tuple(sorted(plans)), cost)
         sequential = (dispatch or self.service.settings.dispatch) == "sequential"
         start = (lambda: self._sequential(messages)) if sequential else (lambda: self._parallel(messages))
-        # Sequential dispatch writes the results with its last messages: they wait until then.
+        # Sequential dispatch writes the results with its closing messages: they wait until then.
         outputs = [o.id for o in outs]
         self.service.gangs.submit(island, sub, start, [*inputs, *([] if sequential else outputs)],
                                   outputs if sequential else [])
@@ -232,32 +233,31 @@ class Programs:
 
     def _sequential(self, messages: list[tuple[HostPlan, RunMessage]]) -> Awaitable[None]:
         """At admission, every host binds the run's arguments, all in one atomic step (so a
-        release numbered later cannot take them away); then one message per step, in the
-        global schedule, each sent once the previous one is accepted (a host's last once it
-        has run). If dispatch breaks off, every host still holding the run is told to close it
-        (its results fail, its values go)."""
+        release numbered later cannot take them away); then one message per node, in the
+        global schedule, each sent once the previous one is accepted (a node on a slice
+        spanning hosts goes to all of them in one atomic step: the island order); last, every
+        host closes the run (its results appear) and answers once it has run it all. If
+        dispatch breaks off, every host is told to close the run (its results fail)."""
         pool = self.service.pool
         pool.run([(plan.host, replace(m, lo=0, hi=0, final=not plan.steps), plan) for plan, m in messages])
         return self._steps(messages)
 
     async def _steps(self, messages: list[tuple[HostPlan, RunMessage]]) -> None:
         pool, timeout = self.service.pool, self.service.settings.rpc_timeout_s
-        closed = {plan.host for plan, _ in messages if not plan.steps}
         by_host = {plan.host: (plan, m) for plan, m in messages}
         schedule = sorted((o, plan.host, i) for plan, _ in messages for i, o in enumerate(plan.order))
+        ends = [(plan.host, replace(m, lo=len(plan.steps), hi=len(plan.steps), final=True), plan)
+                for plan, m in messages if plan.steps]
         try:
-            for _, host, i in schedule:
-                plan, m = by_host[host]
-                last = i == len(plan.steps) - 1
-                await pool.run_step(host, replace(m, lo=i, hi=i + 1, final=last), plan, timeout,
-                                    notify=last)
-                if last:
-                    closed.add(host)
+            for _, group in itertools.groupby(schedule, key=lambda entry: entry[0]):
+                node = [(host, replace(by_host[host][1], lo=i, hi=i + 1, final=False), by_host[host][0])
+                        for _, host, i in group]
+                await pool.settle(pool.run(node), [host for host, _, _ in node], timeout)  # accepted
         except BaseException:
-            end = [(plan.host, replace(m, lo=len(plan.steps), hi=len(plan.steps), final=True), plan)
-                   for plan, m in messages if plan.host not in closed]
-            pool.run(end)
+            pool.run(ends)
             raise
+        await pool.settle(pool.run(ends, notify=True), [host for host, _, _ in ends],
+                          self.service.settings.fetch_timeout_s)
 
 
 def _show(avals: Sequence[Any]) -> str:

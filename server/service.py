@@ -52,7 +52,6 @@ class Service:
         self.programs = Programs(self)
         window = settings.gang_window if settings.gang_order else 1 << 30
         self.gangs = Gangs(rm.islands(), settings.gang_policy, window)
-        pool.ordered = settings.gang_order
         self._tasks: set[asyncio.Task[None]] = set()
 
     @classmethod
@@ -65,6 +64,7 @@ class Service:
             num_cpus=settings.ray_num_cpus,
             object_store_bytes=settings.object_store_mb << 20,
             groups=settings.island_groups,
+            ordered=settings.gang_order,
         )
         pool = await ExecutorPool.start(spec, options)
         try:
@@ -113,8 +113,12 @@ class Service:
 
     def create_slice(self, owner: ClientRecord, mesh: dict[str, int], island: str | None,
                      device_kind: str | None) -> Slice:
-        return self.rm.create_slice(MeshAxes.of(mesh), owner.id, island=island,
-                                    device_kind=device_kind)
+        s = self.rm.create_slice(MeshAxes.of(mesh), owner.id, island=island, device_kind=device_kind)
+        if len(s.hosts) > 1 and s.island not in self.pool.groups:
+            self.rm.release(s.id)
+            raise Conflict(f"slice of {s.mesh.size} devices ({s.mesh.to_json()}) would span hosts "
+                           f"{list(s.hosts)} of island {s.island}, which is not one JAX group")
+        return s
 
     def slice(self, owner: ClientRecord, slice_id: str) -> Slice:
         s = self.rm.get_slice(slice_id)  # NotFound names the id
@@ -186,18 +190,26 @@ class Service:
 
     async def wait(self, rec: BufferRecord) -> str:
         """Wait until the buffer settles on every host; raise its remote cause if it failed."""
-        await self.gangs.cleared([rec.id])
+        await self._admitted(rec)
         await asyncio.gather(*(self.pool.wait(h, rec.id, self.settings.fetch_timeout_s) for h in rec.hosts))
         return "ready"
 
     async def fetch(self, owner: ClientRecord, buffer_id: str) -> tuple[BufferRecord, bytes]:
         rec = self.buffer(owner, buffer_id)
         timeout = self.settings.fetch_timeout_s
-        await self.gangs.cleared([rec.id])
+        await self._admitted(rec)
         if len(rec.hosts) == 1:
             return rec, await self.pool.fetch(rec.hosts[0], rec.id, timeout)
         parts = await asyncio.gather(*(self.pool.fetch_shards(h, rec.id, timeout) for h in rec.hosts))
         return rec, assemble(rec.aval, [shard for shards in parts for shard in shards])
+
+    async def _admitted(self, rec: BufferRecord) -> None:
+        """Wait (bounded) until no queued call or run touches the buffer."""
+        try:
+            await asyncio.wait_for(self.gangs.cleared([rec.id]), self.settings.fetch_timeout_s)
+        except TimeoutError:
+            raise Unavailable(f"buffer {rec.id}: the computation producing it is still queued on its "
+                              f"island after {self.settings.fetch_timeout_s:g}s") from None
 
     def delete_buffers(self, owner: ClientRecord, buffer_ids: Sequence[str]) -> None:
         by_host: dict[str, list[str]] = {}

@@ -123,6 +123,9 @@ def test_a_program_on_a_slice_spanning_hosts_is_one_message_per_host(c):
         want = np.asarray(local(want))
     for o in [first, *outs]:
         np.testing.assert_array_equal(o.numpy(), want)
+    # Node by node: each node goes to both hosts in one atomic step.
+    sequential = c.program(chain.fn, dispatch="sequential")
+    np.testing.assert_array_equal(sequential(x).numpy(), want)
 
 
 @pytest.mark.parametrize("attempt", range(3))  # three times: an ordering bug would show as a hang

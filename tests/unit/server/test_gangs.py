@@ -118,3 +118,20 @@ async def test_a_buffer_read_twice_by_one_submission_is_released_once(gangs):
     host.gates["s0"].set()
     await settle()
     assert not g.queued_for("x") and not g.queued_for("y") and host.numbered == ["s0", "s1"]
+
+
+async def test_a_reader_on_another_island_waits_for_the_producers_admission():
+    g, host = Gangs(["a", "b"], "fifo", window=1), Host()
+    try:
+        g.submit("a", Submission("blocker", "c", ("a0",)), host.start("blocker"), [])
+        g.submit("a", Submission("producer", "c", ("a0",)), host.start("producer"), ["y"])
+        g.submit("b", Submission("reader", "c", ("b0",)), host.start("reader"), ["y", "z"])
+        await settle()
+        assert host.numbered == ["blocker"]  # island b is free, but y is not produced yet
+        assert g.queued_for("z")  # the reader's output waits too
+        host.gates["blocker"].set()
+        await settle()
+        assert host.numbered == ["blocker", "producer", "reader"]
+    finally:
+        g.close()
+        await settle()
