@@ -161,12 +161,10 @@ class ExecutorPool:
             for k, h in enumerate(hosts)
         ))
 
-    def group_rank(self, host: str) -> int | None:
-        """The host's process index in its island's JAX group, or None if it is in none."""
-        for hosts in self.groups.values():
-            if host in hosts:
-                return hosts.index(host)
-        return None
+    @property
+    def ranks(self) -> dict[str, int]:
+        """Each grouped host's process index in its island's JAX group."""
+        return {h: k for hosts in self.groups.values() for k, h in enumerate(hosts)}
 
     @property
     def hosts(self) -> list[str]:

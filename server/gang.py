@@ -48,8 +48,8 @@ class Gangs:
         self._weights: dict[str, float] = {}
         self.schedulers = {i: GangScheduler(i, self._policy(), window) for i in islands}
         self._queued: dict[str, _Queued] = {}
-        self._waiting: Counter[str] = Counter()  # buffer -> queued submissions touching it
-        self._by_island: dict[str, Counter[str]] = {i: Counter() for i in islands}  # the same, per island
+        # island -> buffer -> queued submissions of that island touching it
+        self._by_island: dict[str, Counter[str]] = {i: Counter() for i in islands}
         self._changed = asyncio.Event()  # set (and replaced) whenever a buffer is released
         self._cleared: dict[str, asyncio.Event] = {}
         self.admitted: dict[str, Counter[str]] = {i: Counter() for i in islands}  # island -> client -> cost
@@ -78,20 +78,19 @@ class Gangs:
         """
         queued = _Queued(island, start, tuple(touches), tuple(held))
         self._hold(queued)
-        others = [b for b in touches if any(c[b] for i, c in self._by_island.items() if i != island)]
+        others = [b for b in touches if self._touched(b, besides=island)]
         if not others:
             self._enqueue(sub, queued)
             return
 
         async def after_others() -> None:
-            while any(c[b] for i, c in self._by_island.items() if i != island for b in others):
+            while any(self._touched(b, besides=island) for b in others):
                 await self._changed.wait()
             self._enqueue(sub, queued)
 
         self._spawn(after_others())
 
     def _hold(self, queued: _Queued) -> None:
-        self._waiting.update([*queued.touches, *queued.held])
         self._by_island[queued.island].update([*queued.touches, *queued.held])
 
     def _enqueue(self, sub: Submission, queued: _Queued) -> None:
@@ -142,15 +141,13 @@ class Gangs:
         self.set_weight(client, None)
 
     def _release(self, island: str, buffers: Sequence[str]) -> None:
-        self._waiting.subtract(buffers)  # a buffer may appear more than once
-        self._by_island[island].subtract(buffers)
+        self._by_island[island].subtract(buffers)  # a buffer may appear more than once
         self._changed.set()
         self._changed = asyncio.Event()
         for b in set(buffers):
             if self._by_island[island][b] <= 0:
                 self._by_island[island].pop(b, None)
-            if self._waiting[b] <= 0:
-                self._waiting.pop(b, None)
+            if not self._touched(b):
                 event = self._cleared.pop(b, None)
                 if event is not None:
                     event.set()
@@ -159,17 +156,21 @@ class Gangs:
 
     def queued_for(self, buffer_id: str) -> bool:
         """True while a queued submission reads or writes the buffer."""
-        return buffer_id in self._waiting
+        return self._touched(buffer_id)
+
+    def _touched(self, buffer_id: str, besides: str | None = None) -> bool:
+        """Whether queued work (of islands other than `besides`) touches the buffer."""
+        return any(buffer_id in c for i, c in self._by_island.items() if i != besides)
 
     async def cleared(self, buffer_ids: Sequence[str]) -> None:
         """Wait until no queued submission touches these buffers."""
         for b in buffer_ids:
-            if b in self._waiting:
+            if self._touched(b):
                 await self._cleared.setdefault(b, asyncio.Event()).wait()
 
     def later(self, buffer_ids: Sequence[str], act: Callable[[], None]) -> None:
         """Run `act` once no queued submission touches these buffers (at once if none does)."""
-        if not any(b in self._waiting for b in buffer_ids):
+        if not any(self._touched(b) for b in buffer_ids):
             act()
             return
 

@@ -133,8 +133,7 @@ class Programs:
         key = self._placements(owner, rec.program)
         if key not in rec.lowered:
             lowered = lower(rec.program, dict(key), fuse=rec.fuse)
-            ranks = {h: k for hosts in self.service.pool.groups.values() for k, h in enumerate(hosts)}
-            rec.lowered[key] = (lowered, host_plans(lowered, ranks))
+            rec.lowered[key] = (lowered, host_plans(lowered, self.service.pool.ranks))
             task = asyncio.get_running_loop().create_task(self._compile(rec, *rec.lowered[key]))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)

@@ -144,8 +144,8 @@ class Service:
         devices = [self.rm.device(d) for d in s.device_ids]
         if len(s.hosts) == 1:
             return tuple(s.hosts), (tuple(d.index for d in devices), s.mesh.axes)
-        ranks = {h: self.pool.group_rank(h) for h in s.hosts}
-        if any(r is None for r in ranks.values()):
+        ranks = self.pool.ranks
+        if any(h not in ranks for h in s.hosts):
             raise Conflict(f"slice {s.id} spans hosts {list(s.hosts)}, which are not one JAX group")
         return tuple(s.hosts), (tuple((ranks[d.host], d.index) for d in devices), s.mesh.axes)
 
