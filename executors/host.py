@@ -25,6 +25,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import numpy as np
@@ -44,20 +45,23 @@ def _cause() -> str:
 
 
 class Host:
-    def __init__(self, host: str) -> None:
+    def __init__(self, host: str, wait_timeout_s: float = 300.0) -> None:
         self.host = host
+        self.wait_timeout_s = wait_timeout_s  # the longest a request waits for an executable
         self.store = BufferStore()
         self._executables: dict[str, Future[Any]] = {}
         self._building: set[str] = set()
-        self._ops: dict[int, Callable[[], None]] = {}
+        self._ops: dict[int, tuple[Callable[[], None], str]] = {}  # seq -> (op, label)
         self._next = 0
         self._cond = threading.Condition()
         self._completed = 0
         self._running: str | None = None
+        self._started = 0.0  # when the op now running started (perf_counter)
         self._busy_s = 0.0
+        self.collective_error: str | None = None  # the first failed cross-host collective
         self._closed = False
         self._requests = 0
-        self.runner = Runner(host, self.store, self._executable, self._deliver)
+        self.runner = Runner(host, self.store, self._executable, self._deliver, self._failed)
         self._thread = threading.Thread(target=self._dispatch, name=f"dispatch-{host}", daemon=True)
         self._thread.start()
 
@@ -75,6 +79,9 @@ class Host:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU islands; GPUs use NCCL
         jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
                                    process_id=process_id, initialization_timeout=timeout_s)
+        # Creating the backend is itself a meeting of all the group's processes (they trade
+        # topologies): do it now, while all join, not at whichever request first touches JAX.
+        jax.devices()
 
     # -- inventory -------------------------------------------------------------------------
 
@@ -89,22 +96,37 @@ class Host:
         return out
 
     def stats(self) -> dict[str, Any]:
+        """What the host is doing; `waiting_for` names a sequence number that later requests
+        wait behind (a request the server numbered that has not arrived yet)."""
         with self._cond:
             queued = len(self._ops)
+            gap = self._next if self._ops and self._next not in self._ops else None
+        running = self._running
         return {
             "host": self.host,
             "pid": os.getpid(),
             "queued": queued,
             "requests": self._requests,
             "completed": self._completed,
-            "running": self._running,
+            "running": running,
+            "running_s": time.perf_counter() - self._started if running is not None else None,
+            "waiting_for": gap,
             "buffers": len(self.store),
             "busy_s": self._busy_s,
+            "collective_error": self.collective_error,
         }
+
+    def _failed(self, cause: str) -> None:
+        """A computation failed: remember the first failure of a cross-host collective, after
+        which the island's group cannot run collectives again (gloo closes its connections)."""
+        if self.collective_error is None and "Gloo" in cause:
+            self.collective_error = cause.strip().splitlines()[-1][:500]
+            log.error("host %s: a cross-host collective failed; the island's group is broken: %s",
+                      self.host, self.collective_error)
 
     # -- the dispatch thread ---------------------------------------------------------------
 
-    def _submit(self, seq: int, op: Callable[[], None]) -> Future[None]:
+    def _submit(self, seq: int, op: Callable[[], None], label: str) -> Future[None]:
         """Queue `op` at its sequence number; the future settles once it has run."""
         finished: Future[None] = Future()
 
@@ -116,7 +138,7 @@ class Host:
 
         with self._cond:
             self._requests += 1
-            self._ops[seq] = run
+            self._ops[seq] = (run, label)
             self._cond.notify()
         return finished
 
@@ -127,9 +149,10 @@ class Host:
                     self._cond.wait()
                 if self._closed:
                     return
-                op = self._ops.pop(self._next)
+                op, label = self._ops.pop(self._next)
                 self._next += 1
-            start = time.perf_counter()
+                start = self._started = time.perf_counter()
+                self._running = label  # after `_started`: stats read them in the other order
             try:
                 op()
             except Exception:  # an op fails its own outputs; this keeps the thread alive regardless
@@ -146,7 +169,7 @@ class Host:
 
     def skip(self, seq: int) -> None:
         """Fill a sequence number whose request could not be sent."""
-        self._submit(seq, lambda: None)
+        self._submit(seq, lambda: None, "skip")
 
     # -- compile (not sequenced: a call waits for its executable) -----------------------------
 
@@ -189,7 +212,7 @@ class Host:
             except Exception:
                 self.store.fail(buffer_id, Failure(f"upload of {buffer_id} failed:\n{_cause()}"))
 
-        self._submit(seq, op)
+        self._submit(seq, op, f"upload {buffer_id}")
 
     def _place(self, array: Any, placement: Placement, spec: Any) -> Any:
         """The array on the placement's devices; on a multi-host slice, this host's shards."""
@@ -206,16 +229,15 @@ class Host:
                    label: str, notify: bool = False) -> None:
         """Queue one computation; with `notify`, answer once it has run (the gang scheduler's
         signal that the island may admit more)."""
-        finished = self._submit(seq, lambda: self._call(key, list(inputs), list(outputs), label))
+        finished = self._submit(seq, lambda: self._call(key, list(inputs), list(outputs), label), label)
         if notify:
             await asyncio.wrap_future(finished)
 
     def _call(self, key: str, inputs: list[str], outputs: list[str], label: str) -> None:
         import jax
 
-        self._running = label
         try:
-            exe = self._executable(key).result()
+            exe = self._executable(key).result(self.wait_timeout_s)
             args = [self.store.value(b) for b in inputs]
             shardings = exe.input_shardings[0]
             args = [
@@ -225,8 +247,12 @@ class Host:
             results = jax.block_until_ready(exe(*args))
         except Failure as f:
             failure = f
+        except FutureTimeout:
+            failure = Failure(f"{label}: executable {key} not compiled on host {self.host} within "
+                              f"{self.wait_timeout_s:g}s")
         except Exception:
             failure = Failure(f"{label} failed on host {self.host}:\n{_cause()}")
+            self._failed(failure.cause)
         else:
             for b, r in zip(outputs, results, strict=True):
                 self.store.set(b, r)
@@ -248,7 +274,7 @@ class Host:
             asyncio.run_coroutine_threadsafe(self._receive(buffer_id, source[0], placement, spec),
                                              loop)
 
-        self._submit(seq, op)
+        self._submit(seq, op, f"receive {buffer_id}")
 
     async def _receive(self, buffer_id: str, ref: Any, placement: Placement, spec: Any) -> None:
         try:
@@ -274,7 +300,7 @@ class Host:
             except Failure as f:
                 taken.set_exception(f)
 
-        self._submit(seq, op)
+        self._submit(seq, op, f"read {buffer_id}")
         try:
             value = await asyncio.wrap_future(await asyncio.wrap_future(taken))
         except Failure as f:
@@ -304,7 +330,7 @@ class Host:
         Answers once the message is accepted (under sequential dispatch, the ack the server
         waits for before sending the next node), or with `notify` once it has run.
         """
-        finished = self._submit(seq, self.runner.accept(message, plan))
+        finished = self._submit(seq, self.runner.accept(message, plan), f"run {message.run_id}")
         if notify:
             await asyncio.wrap_future(finished)
 
@@ -323,7 +349,7 @@ class Host:
 
     def delete(self, seq: int, buffer_ids: Sequence[str]) -> None:
         ids = list(buffer_ids)
-        self._submit(seq, lambda: self.store.delete(ids))
+        self._submit(seq, lambda: self.store.delete(ids), f"delete {len(ids)} buffers")
 
     def states(self, buffer_ids: Sequence[str]) -> list[str]:
         """Unsequenced: a buffer whose producer has not arrived yet reads as pending."""

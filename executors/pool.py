@@ -29,6 +29,14 @@ from resource_manager import ClusterSpec, DeviceReport, HostSpec
 
 log = logging.getLogger("isthmus.executors")
 
+# A host's requests in progress at once. Requests that wait (reads for their value, runs
+# reporting that they have run) hold a place while they wait, and Ray starts an actor's
+# calls in no particular order: if waiting requests could take every place, the request
+# they wait for would never start. So the pool keeps at most READS_PER_HOST reads waiting on
+# a host, the gang window bounds the runs reporting back, and a host serves far more.
+HOST_CONCURRENCY = 10_000
+READS_PER_HOST = 1024
+
 
 @dataclass(frozen=True)
 class RayOptions:
@@ -39,6 +47,10 @@ class RayOptions:
     groups: bool = True  # multi-host CPU islands form one JAX distributed group each
     ordered: bool = True  # False only to show what the island order prevents (debug)
     group_timeout_s: int = 120
+    # The longest a host waits for an executable, and a CPU collective for its peers: past
+    # it the computation fails with the cause instead of hanging (a host that failed its part
+    # of a cross-host computation before the collective leaves the others waiting there).
+    wait_timeout_s: int = 300
 
 
 def _actor_name(host: str) -> str:
@@ -48,8 +60,8 @@ def _actor_name(host: str) -> str:
 class RayHost(Host):
     """A `Host` whose sends go straight to the peer host's actor (executor to executor)."""
 
-    def __init__(self, host: str, namespace: str) -> None:
-        super().__init__(host)
+    def __init__(self, host: str, namespace: str, wait_timeout_s: float) -> None:
+        super().__init__(host, wait_timeout_s)
         self._namespace = namespace
         self._peers: dict[str, Any] = {}
 
@@ -69,11 +81,12 @@ class RayHost(Host):
         peer.deliver.remote(run_id, tag, payload)
 
 
-def _actor_options(host: HostSpec) -> dict[str, Any]:
+def _actor_options(host: HostSpec, wait_timeout_s: int) -> dict[str, Any]:
     env = {"PYTHONUNBUFFERED": "1"}
     if host.platform == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={host.num_devices}"
+        env["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={host.num_devices} "
+                            f"--xla_cpu_collective_timeout_seconds={wait_timeout_s}")
         gpus = 0
     else:
         gpus = host.num_devices
@@ -83,7 +96,7 @@ def _actor_options(host: HostSpec) -> dict[str, Any]:
         "num_gpus": gpus,
         "name": _actor_name(host.name),
         "runtime_env": {"env_vars": env},
-        "max_concurrency": 64,
+        "max_concurrency": HOST_CONCURRENCY,
     }
 
 
@@ -99,6 +112,7 @@ class ExecutorPool:
         self._plans: set[tuple[str, str]] = set()  # (host, plan key) already sent
         self.ordered = True  # False only to show what the island order prevents (debug)
         self.messages: dict[str, int] = dict.fromkeys(handles, 0)  # run messages sent per host
+        self._reads = {h: asyncio.Semaphore(READS_PER_HOST) for h in handles}  # see HOST_CONCURRENCY
 
     def _send(self, host: str, method: str, *args: Any) -> Any:
         """Number the request in this host's order and send it; never leave a gap."""
@@ -138,7 +152,8 @@ class ExecutorPool:
             os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
             ray.init(**kwargs)
         actor = ray.remote(RayHost)
-        handles = {h.name: actor.options(**_actor_options(h)).remote(h.name, options.namespace)
+        handles = {h.name: actor.options(**_actor_options(h, options.wait_timeout_s)).remote(
+                       h.name, options.namespace, options.wait_timeout_s)
                    for _, h in spec.hosts()}
         groups = {i.name: tuple(h.name for h in i.hosts) for i in spec.islands
                   if options.groups and len(i.hosts) > 1 and all(h.platform == "cpu" for h in i.hosts)}
@@ -264,11 +279,28 @@ class ExecutorPool:
             try:
                 if isinstance(ref, Future):  # sent later (gang order off)
                     ref = await asyncio.wrap_future(ref)
-                await self._await(ref, host, timeout, "settle")
+                await self._watched(ref, host, timeout)
             except (Unavailable, RemoteError) as e:
                 log.warning("host %s: %s", host, e)
 
         await asyncio.gather(*(one(r, h) for r, h in zip(refs, hosts, strict=True)))
+
+    async def _watched(self, ref: Any, host: str, timeout: float, every: float = 60.0) -> None:
+        """Await a settle reply; while it is late, log what the host is doing every `every`
+        seconds (its running request and for how long, or the sequence number it waits for)."""
+        pending = asyncio.ensure_future(self._await(ref, host, timeout, "settle"))
+        try:
+            while not (await asyncio.wait({pending}, timeout=every))[0]:
+                try:
+                    st = await self.stats(host, timeout=5.0)
+                except (Unavailable, RemoteError) as e:
+                    st = {"error": str(e)}
+                log.warning("host %s has not finished a request after %gs or more: %s", host, every,
+                            {k: st.get(k) for k in ("running", "running_s", "waiting_for", "queued",
+                                                      "completed", "collective_error", "error")})
+            return pending.result()
+        finally:
+            pending.cancel()
 
     async def run_step(self, host: str, message: RunMessage, plan: HostPlan, timeout: float,
                        notify: bool = False) -> None:
@@ -279,27 +311,23 @@ class ExecutorPool:
         await self._await(ref, host, timeout, f"run {message.run_id}")
 
     async def fetch_shards(self, host: str, buffer_id: str, timeout: float) -> list[tuple[list[Any], bytes]]:
-        state, value = await self._await(
-            self._send(host, "fetch_shards", buffer_id), host, timeout, f"fetch {buffer_id}"
-        )
-        if state == "failed":
-            raise RemoteError(value)
-        return value
+        return await self._read(host, "fetch_shards", buffer_id, timeout)
 
     async def fetch(self, host: str, buffer_id: str, timeout: float) -> bytes:
-        state, value = await self._await(
-            self._send(host, "fetch", buffer_id), host, timeout, f"fetch {buffer_id}"
-        )
+        return await self._read(host, "fetch", buffer_id, timeout)
+
+    async def wait(self, host: str, buffer_id: str, timeout: float) -> None:
+        await self._read(host, "wait", buffer_id, timeout)
+
+    async def _read(self, host: str, method: str, buffer_id: str, timeout: float) -> Any:
+        """A read waits on the host until its turn and its value come; at most READS_PER_HOST
+        wait at once (a read is numbered only once it has its place)."""
+        async with self._reads[host]:
+            state, value = await self._await(self._send(host, method, buffer_id), host, timeout,
+                                             f"{method.replace('_', ' ')} {buffer_id}")
         if state == "failed":
             raise RemoteError(value)
         return value
-
-    async def wait(self, host: str, buffer_id: str, timeout: float) -> None:
-        state, value = await self._await(
-            self._send(host, "wait", buffer_id), host, timeout, f"wait {buffer_id}"
-        )
-        if state == "failed":
-            raise RemoteError(value)
 
     async def states(self, host: str, buffer_ids: Sequence[str], timeout: float) -> list[str]:
         ref = self._handles[host].states.remote(list(buffer_ids))

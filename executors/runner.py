@@ -61,11 +61,12 @@ class _Run:
 
 class Runner:
     def __init__(self, host: str, store: BufferStore, executable: Callable[[str], Future[Any]],
-                 deliver: Deliver) -> None:
+                 deliver: Deliver, failed: Callable[[str], None] = lambda cause: None) -> None:
         self.host = host
         self.store = store
         self._executable = executable
         self._deliver = deliver
+        self._failed = failed  # told every step failure's cause (the host watches for collectives)
         self._plans: dict[str, HostPlan] = {}
         self._runs: dict[str, _Run] = {}
         self._mail: dict[tuple[str, str], Future[Payload]] = {}
@@ -166,6 +167,7 @@ class Runner:
                               f"{traceback.format_exc(limit=8)}")
             for value in _defines(step):
                 env[value] = failure
+            self._failed(failure.cause)
             if isinstance(step, Send):  # the peer waits for this tag: it gets the cause
                 try:
                     self._deliver(step.to, message.run_id, step.tag, ("failed", failure.cause))

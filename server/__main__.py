@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
         settings = Settings(**overrides)
     except ValueError as e:
         sys.exit(f"isthmus serve: {e}")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
                             log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
     ReadyServer(config).run()

@@ -40,6 +40,11 @@ class HostPublic(BaseModel):
     queued: int
     completed: int
     running: str | None
+    running_s: float | None = Field(None, description="how long the running request has run")
+    waiting_for: int | None = Field(
+        None, description="a sequence number later requests wait behind (not arrived yet)")
+    collective_error: str | None = Field(
+        None, description="the first failed cross-host collective (the island's group is broken)")
     requests: int = Field(0, description="sequenced requests the host has received")
     dispatch_messages: int = Field(0, description="program run messages the server has sent it")
 

@@ -65,6 +65,7 @@ class Service:
             object_store_bytes=settings.object_store_mb << 20,
             groups=settings.island_groups,
             ordered=settings.gang_order,
+            wait_timeout_s=max(1, round(settings.step_timeout_s)),
         )
         pool = await ExecutorPool.start(spec, options)
         try:

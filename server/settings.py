@@ -34,7 +34,8 @@ class Settings(BaseSettings):
     max_upload_mb: int = Field(1024, ge=1)
     rpc_timeout_s: float = Field(120.0, gt=0)
     fetch_timeout_s: float = Field(600.0, gt=0)
-    # How long a host waits for a peer's data or an executable before failing the value.
+    # How long a host waits for a peer's data, an executable, or (CPU) its peers in a
+    # collective before failing the value.
     step_timeout_s: float = Field(300.0, gt=0)
     # Program runs: one message per host (parallel), or one per node after the previous
     # one is accepted (sequential, for comparison).
@@ -46,7 +47,7 @@ class Settings(BaseSettings):
     # The per-island gang scheduler: its policy (fifo, or share: proportional to the
     # clients' weights) and how many calls or program runs an island runs at once.
     gang_policy: Literal["fifo", "share"] = "fifo"
-    gang_window: int = Field(16, ge=1)
+    gang_window: int = Field(16, ge=1, le=1024)
     # Debug only: False drops the island order (no admission, and each host of a submission
     # takes it after a random delay, in its own arrival order), to show what the order
     # prevents (docs/architecture.md). Never in production: cross-host collectives deadlock.

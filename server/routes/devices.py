@@ -46,7 +46,9 @@ async def list_islands(service: ServiceDep) -> list[IslandPublic]:
                 status="up" if st is not None and rm.host_status(h) == "up" else "down",
                 devices=[d.id for d in rm.devices() if d.host == h],
                 queued=(st or {}).get("queued", 0), completed=(st or {}).get("completed", 0),
-                running=(st or {}).get("running"),
+                running=(st or {}).get("running"), running_s=(st or {}).get("running_s"),
+                waiting_for=(st or {}).get("waiting_for"),
+                collective_error=(st or {}).get("collective_error"),
                 requests=(st or {}).get("requests", 0),
                 dispatch_messages=service.pool.messages.get(h, 0),
             ))

@@ -61,6 +61,8 @@ def test_clients_get_the_island_in_proportion_to_their_weights(shared):
             t.join(timeout=120)
         island = next(i for i in blocker_client._json("GET", "/v1/islands") if i["name"] == "a")
         assert island["queued"] == len(WEIGHTS) * RUNS, island  # all backlogged behind the blocker
+        busy = [h for h in island["hosts"] if h["running"]]  # the blocker's host says so, and for how long
+        assert busy and all(h["running_s"] >= 0 and h["collective_error"] is None for h in busy), island
         before = dict(island["admitted"])
         blocker.result()
         outs[-1][-1].result()  # the heaviest client's last run is done...

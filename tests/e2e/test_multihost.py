@@ -19,11 +19,15 @@ def grouped(tmp_path_factory):
     from client.embedded import EmbeddedServer
 
     state = tmp_path_factory.mktemp("isthmus-grouped")
-    srv = EmbeddedServer.start(state, env={"ISTHMUS_ISLAND_GROUPS": "1"})
+    # A host left alone in a collective fails it within 60 s: a stuck island shows up as
+    # errors naming the cause (and in the server's log), well inside the tests' timeout.
+    srv = EmbeddedServer.start(state, env={"ISTHMUS_ISLAND_GROUPS": "1", "ISTHMUS_STEP_TIMEOUT_S": "60"})
     try:
         yield srv.address, (state / "token").read_text().strip()
     finally:
         srv.stop()
+        # Shown with the module's last test if it failed: what the server saw of a late host.
+        print("".join(line for line in srv.log if "WARNING" in line or "ERROR" in line)[-20000:])
 
 
 @pytest.fixture
