@@ -44,7 +44,7 @@ class RayOptions:
     num_cpus: int = 2
     object_store_bytes: int = 1 << 30
     namespace: str = "isthmus"
-    groups: bool = True  # multi-host CPU islands form one JAX distributed group each
+    groups: bool = True  # multi-host islands (of one platform) form one JAX distributed group each
     ordered: bool = True  # False only to show what the island order prevents (debug)
     group_timeout_s: int = 120
     # The longest a host waits for an executable, and a CPU collective for its peers: past
@@ -138,8 +138,9 @@ class ExecutorPool:
 
     @classmethod
     async def start(cls, spec: ClusterSpec, options: RayOptions) -> ExecutorPool:
-        """Start one actor per host; each multi-host CPU island forms one JAX distributed group
-        (`RayOptions.groups`), its hosts joining at once, before anything else uses JAX."""
+        """Start one actor per host; each multi-host island of one platform forms one JAX
+        distributed group (`RayOptions.groups`), its hosts joining at once, before anything
+        else uses JAX (CPU collectives over gloo; GPU collectives are NCCL's)."""
         owns = options.address is None and not ray.is_initialized()
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"namespace": options.namespace, "logging_level": "WARNING",
@@ -155,8 +156,7 @@ class ExecutorPool:
         handles = {h.name: actor.options(**_actor_options(h, options.wait_timeout_s)).remote(
                        h.name, options.namespace, options.wait_timeout_s)
                    for _, h in spec.hosts()}
-        groups = {i.name: tuple(h.name for h in i.hosts) for i in spec.islands
-                  if options.groups and len(i.hosts) > 1 and all(h.platform == "cpu" for h in i.hosts)}
+        groups = spec.groups() if options.groups else {}
         pool = cls(handles, owns, groups)
         pool.ordered = options.ordered
         try:

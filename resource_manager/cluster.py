@@ -116,6 +116,12 @@ class ClusterSpec:
     def num_devices(self) -> int:
         return sum(i.num_devices for i in self.islands)
 
+    def groups(self) -> dict[str, tuple[str, ...]]:
+        """The islands that can be one JAX distributed group (several hosts of one platform),
+        with their hosts in process order."""
+        return {i.name: tuple(h.name for h in i.hosts) for i in self.islands
+                if len(i.hosts) > 1 and len({h.platform for h in i.hosts}) == 1}
+
     def to_json(self) -> dict[str, Any]:
         return {
             "islands": [

@@ -40,7 +40,7 @@ class Settings(BaseSettings):
     # Program runs: one message per host (parallel), or one per node after the previous
     # one is accepted (sequential, for comparison).
     dispatch: Literal["parallel", "sequential"] = "parallel"
-    # Each multi-host CPU island forms one JAX distributed group, so a slice may span its hosts.
+    # Each multi-host island forms one JAX distributed group, so a slice may span its hosts.
     # Off by default: the island's CPU collectives then all go through gloo, whose reduction
     # order can differ from one process's jax.jit in the last bit (measured).
     island_groups: bool = False

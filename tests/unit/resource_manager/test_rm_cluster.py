@@ -131,3 +131,14 @@ def test_specs_validate_themselves() -> None:
         IslandSpec("i", ())
     with pytest.raises(InvalidArgument, match="islands"):
         ClusterSpec(())
+
+
+def test_islands_of_several_hosts_of_one_platform_can_be_a_group_each() -> None:
+    spec = ClusterSpec.from_json({"islands": [
+        {"name": "a", "hosts": 2, "devices_per_host": 4},
+        {"name": "g", "hosts": 2, "devices_per_host": 1, "platform": "gpu"},
+        {"name": "one", "hosts": 1, "devices_per_host": 4},
+        {"name": "mixed", "hosts": [{"name": "m0", "devices": 1, "platform": "gpu"},
+                                    {"name": "m1", "devices": 1, "platform": "cpu"}]},
+    ]})
+    assert spec.groups() == {"a": ("a0", "a1"), "g": ("g0", "g1")}
