@@ -32,6 +32,7 @@ import numpy as np
 
 from executors.compile import compile_artifact, make_mesh, named
 from executors.runner import Payload, RunMessage, Runner
+from executors.shards import distinct_shards, whole
 from executors.store import BufferStore, Failure
 from ir import HostPlan, Spec, parse_dtype
 
@@ -238,7 +239,7 @@ class Host:
 
         try:
             exe = self._executable(key).result(self.wait_timeout_s)
-            args = [self.store.value(b) for b in inputs]
+            args = [self._input(b) for b in inputs]
             shardings = exe.input_shardings[0]
             args = [
                 a if a.sharding.is_equivalent_to(s, a.ndim) else jax.device_put(a, s)
@@ -260,28 +261,39 @@ class Host:
         for b in outputs:
             self.store.fail(b, failure)
 
-    async def receive(self, seq: int, buffer_id: str, source: list[Any], placement: Placement,
-                      spec: Any) -> None:
-        """Take a buffer sent by another host through the object store (DCN).
+    def _input(self, buffer_id: str) -> Any:
+        """A call's input, once ready (a moved one may still be arriving), within the bound."""
+        try:
+            return self.store.future(buffer_id).result(self.wait_timeout_s)
+        except FutureTimeout:
+            raise Failure(f"input {buffer_id} not ready on host {self.host} within "
+                          f"{self.wait_timeout_s:g}s") from None
 
-        `source` holds the sender's ObjectRef inside a list, so Ray hands it over unresolved
-        and this request is not held back until the data exists.
+    async def receive(self, seq: int, buffer_id: str, sources: list[Any], placement: Placement,
+                      spec: Any) -> None:
+        """Take a buffer sent by other hosts through the object store (DCN): the shards of
+        every host of the source slice, assembled, then placed (on a slice spanning hosts,
+        this host's part of it).
+
+        `sources` holds the senders' ObjectRefs inside a list, so Ray hands them over
+        unresolved and this request is not held back until the data exists.
         """
         loop = asyncio.get_running_loop()
 
         def op() -> None:
             self.store.reserve(buffer_id)
-            asyncio.run_coroutine_threadsafe(self._receive(buffer_id, source[0], placement, spec),
-                                             loop)
+            asyncio.run_coroutine_threadsafe(self._receive(buffer_id, sources, placement, spec), loop)
 
         self._submit(seq, op, f"receive {buffer_id}")
 
-    async def _receive(self, buffer_id: str, ref: Any, placement: Placement, spec: Any) -> None:
+    async def _receive(self, buffer_id: str, refs: list[Any], placement: Placement, spec: Any) -> None:
         try:
-            state, value = await ref
-            if state == "failed":
-                raise Failure(value)
-            placed = await asyncio.to_thread(self._place, value, placement, spec)
+            shards = []
+            for state, value in await asyncio.gather(*refs):
+                if state == "failed":
+                    raise Failure(value)
+                shards.extend(value)
+            placed = await asyncio.to_thread(lambda: self._place(whole(shards), placement, spec))
             self.store.set(buffer_id, placed)
         except Failure as f:
             self.store.fail(buffer_id, f)
@@ -312,8 +324,9 @@ class Host:
         return await self._settled(seq, buffer_id, read=None)
 
     async def send(self, seq: int, buffer_id: str) -> Settled:
-        """The sending side of a transfer: the result goes into Ray's object store."""
-        return await self._settled(seq, buffer_id)
+        """The sending side of a transfer: this host's distinct shards of the value (the whole
+        value, from a slice on one host) go into Ray's object store."""
+        return await self._settled(seq, buffer_id, read=distinct_shards)
 
     async def fetch(self, seq: int, buffer_id: str) -> Settled:
         """("ready", raw bytes) or ("failed", cause)."""
@@ -345,7 +358,7 @@ class Host:
     async def fetch_shards(self, seq: int, buffer_id: str) -> Settled:
         """("ready", [(index, raw bytes), ...]): the shards this host holds of a buffer on a
         slice spanning hosts, one per distinct index (the server assembles them)."""
-        return await self._settled(seq, buffer_id, read=_local_shards)
+        return await self._settled(seq, buffer_id, read=_raw_shards)
 
     def delete(self, seq: int, buffer_ids: Sequence[str]) -> None:
         ids = list(buffer_ids)
@@ -356,12 +369,6 @@ class Host:
         return ["pending" if (s := self.store.state(b)) == "missing" else s for b in buffer_ids]
 
 
-def _local_shards(array: Any) -> list[tuple[list[tuple[int, int]], bytes]]:
-    """This process's shards of a global array: per distinct index, its (start, stop) per
-    dimension and its raw bytes."""
-    out: dict[tuple[tuple[int, int], ...], bytes] = {}
-    for shard in array.addressable_shards:
-        index = tuple(sl.indices(n)[:2] for sl, n in zip(shard.index, array.shape, strict=True))
-        if index not in out:
-            out[index] = np.ascontiguousarray(np.asarray(shard.data)).tobytes()
-    return [(list(k), v) for k, v in out.items()]
+def _raw_shards(array: Any) -> list[tuple[list[tuple[int, int]], bytes]]:
+    """This process's distinct shards of a global array, each as raw bytes."""
+    return [(index, data.tobytes()) for index, data in distinct_shards(array)]

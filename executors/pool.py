@@ -220,11 +220,13 @@ class ExecutorPool:
         With `notify`, the returned refs settle once each host has run it (`settle`)."""
         return self._send_all(hosts, "call", key, list(inputs), list(outputs), label, notify)
 
-    def transfer(self, src: str, buffer_id: str, dst: str, new_id: str, placement: Placement,
-                 spec: Any) -> None:
-        """Move a buffer host to host through Ray's object store, never through the server."""
-        ref = self._send(src, "send", buffer_id)
-        self._send(dst, "receive", new_id, [ref], placement, spec)
+    def transfer(self, sources: Sequence[str], buffer_id: str, targets: Sequence[str], new_id: str,
+                 placement: Placement, spec: Any) -> None:
+        """Copy a buffer between slices through Ray's object store, never through the server:
+        every host of the source slice sends its shards, and every host of the target slice
+        takes all of them and places its part."""
+        refs = self._send_all(sources, "send", buffer_id)
+        self._send_all(targets, "receive", new_id, refs, placement, spec)
 
     def _run(self, host: str, message: RunMessage, plan: HostPlan, notify: bool = False) -> Any:
         """Send one run message (under `self._lock`); the plan travels once per host."""

@@ -14,9 +14,8 @@ import logging
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
-import numpy as np
-
 from executors import ExecutorPool, Placement, RayOptions
+from executors.shards import assemble
 from ir import (
     Aval,
     Conflict,
@@ -202,7 +201,8 @@ class Service:
         if len(rec.hosts) == 1:
             return rec, await self.pool.fetch(rec.hosts[0], rec.id, timeout)
         parts = await asyncio.gather(*(self.pool.fetch_shards(h, rec.id, timeout) for h in rec.hosts))
-        return rec, assemble(rec.aval, [shard for shards in parts for shard in shards])
+        whole = assemble(rec.aval.shape, parse_dtype(rec.aval.dtype), [s for shards in parts for s in shards])
+        return rec, whole.tobytes()
 
     async def _admitted(self, rec: BufferRecord) -> None:
         """Wait (bounded) until no queued call or run touches the buffer."""
@@ -285,7 +285,7 @@ class Service:
         s = self.slice(owner, comp.slice_id)
         hosts, placement = self._hosts_and_placement(s)
         args: list[str] = []
-        moves: list[tuple[str, str, str, Any]] = []  # (source host, buffer, copy here, spec)
+        moves: list[tuple[tuple[str, ...], str, str, Any]] = []  # (source hosts, buffer, copy here, spec)
         for i, (b, want) in enumerate(zip(inputs, comp.in_avals, strict=True)):
             rec = self.buffer(owner, b)
             if rec.aval != want:
@@ -293,14 +293,8 @@ class Service:
                     f"input {i} (buffer {b}): expected {want}, got {rec.aval}"
                 )
             if rec.hosts != hosts:
-                if len(rec.hosts) > 1 or len(hosts) > 1:
-                    raise Conflict(
-                        f"input {i} (buffer {b}) lives on hosts {list(rec.hosts)}, the computation on "
-                        f"{list(hosts)}: moving buffers into or out of a slice spanning hosts is not "
-                        "supported yet"
-                    )
-                tmp = new_id("t")  # moved here when the call is admitted
-                moves.append((rec.hosts[0], rec.id, tmp, comp.in_specs[i].to_json()))
+                tmp = new_id("t")  # copied here when the call is admitted
+                moves.append((rec.hosts, rec.id, tmp, comp.in_specs[i].to_json()))
                 b = tmp
             args.append(b)
         outs = [BufferRecord(new_id("b"), owner.id, s.id, hosts, aval, spec)
@@ -311,24 +305,16 @@ class Service:
         return [self.own(owner, o) for o in outs]
 
     def _dispatch_call(self, comp: ComputationRecord, hosts: tuple[str, ...], placement: Placement,
-                       moves: Sequence[tuple[str, str, str, Any]], args: Sequence[str],
+                       moves: Sequence[tuple[tuple[str, ...], str, str, Any]], args: Sequence[str],
                        outs: Sequence[BufferRecord]) -> Awaitable[None]:
-        """At admission: move inputs from other hosts, send the call, free the moved copies."""
-        for source, buffer_id, copy, spec in moves:
-            self.pool.transfer(source, buffer_id, hosts[0], copy, placement, spec)
+        """At admission: copy inputs from other hosts, send the call, free the copies."""
+        for sources, buffer_id, copy, spec in moves:
+            self.pool.transfer(sources, buffer_id, hosts, copy, placement, spec)
         refs = self.pool.call(hosts, comp.key, args, [o.id for o in outs], f"{comp.name} ({comp.id})",
                               notify=True)
-        self.pool.delete(hosts[0], [copy for _, _, copy, _ in moves])
+        for host in hosts:
+            self.pool.delete(host, [copy for _, _, copy, _ in moves])
         return self.pool.settle(refs, hosts, self.settings.fetch_timeout_s)
-
-
-def assemble(aval: Aval, shards: Sequence[tuple[Sequence[Sequence[int]], bytes]]) -> bytes:
-    """The raw bytes of a whole array from its shards: (start, stop) per dimension and bytes."""
-    out = np.empty(aval.shape, dtype=parse_dtype(aval.dtype))
-    for index, data in shards:
-        region = tuple(slice(start, stop) for start, stop in index)
-        out[region] = np.frombuffer(data, dtype=out.dtype).reshape(out[region].shape)
-    return out.tobytes()
 
 
 def _specs(values: list[Any], avals: Sequence[Aval], s: Slice, field: str) -> tuple[Spec, ...]:

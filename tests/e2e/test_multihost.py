@@ -92,13 +92,27 @@ def test_without_groups_a_slice_stays_on_one_host(connect):
         c.slice({"x": 8}, island="a")
 
 
-def test_moving_into_a_slice_spanning_hosts_is_a_clear_conflict(c):
+def test_values_move_into_and_out_of_a_slice_spanning_hosts(c):
     one, both = c.slice({"x": 1}, island="a"), c.slice({"x": 8}, island="a")
-    x = c.put(np.zeros(8, np.float32), one)
-    f = c.jit(lambda v: v + 1, slice=both, in_specs=P(), out_specs=P())
-    with pytest.raises(Conflict, match=r"input 0 \(buffer .*\) lives on hosts"):
-        f(x)
-    np.testing.assert_array_equal(f(np.zeros(8, np.float32)).numpy(), np.ones(8, np.float32))
+    other = c.slice({"x": 4}, island="b")  # across the slower network
+
+    def step(v):
+        return (v + jnp.sum(v)) % 1024.0
+
+    f = c.jit(step, slice=both, in_specs=P("x"), out_specs=P("x"))
+    g = c.jit(lambda v: v * 2, slice=other, in_specs=P("x"), out_specs=P("x"))
+    h = c.jit(lambda v: v - 1, slice=one, in_specs=P(), out_specs=P())
+    x0 = np.arange(64, dtype=np.float32)
+    x = c.put(x0, one)
+    y = f(x)  # into the slice spanning a's hosts, from one host
+    z = g(y)  # out of it: both hosts' shards to island b
+    w = f(z)  # from island b back into it
+    u = h(w)  # out of it onto one device
+    local = local_jit(step, (8,), ("x",), (P("x"),), P("x"))
+    want_y = np.asarray(local(x0))
+    want_w = np.asarray(local(want_y * 2))
+    for got, want in ((y, want_y), (z, want_y * 2), (w, want_w), (u, want_w - 1)):
+        np.testing.assert_array_equal(got.numpy(), want)
 
 
 def test_a_program_on_a_slice_spanning_hosts_is_one_message_per_host(c):

@@ -57,7 +57,7 @@ def test_compute_on_one_host_and_move_to_another(pool):
         x = np.arange(8, dtype=np.float32)
         pool.put(["a0"], "x", x.tobytes(), "float32", (8,), PAIR, ["x"])
         pool.call(["a0"], "cumsum", ["x"], ["y"], "cumsum")
-        pool.transfer("a0", "y", "a1", "y@a1", PAIR, ["x"])
+        pool.transfer(["a0"], "y", ["a1"], "y@a1", PAIR, ["x"])
         pool.call(["a1"], "cumsum", ["y@a1"], ["z"], "cumsum")
         return await pool.fetch("a1", "z", 60)
 
