@@ -37,6 +37,16 @@ def named(mesh: Mesh, spec: Spec) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(*spec.entries))
 
 
+def place(array: Any, devices: Sequence[Device], axes: Sequence[tuple[str, int]], spec: Spec) -> Any:
+    """A host array on a slice's devices, ready; on a slice spanning hosts, this process's
+    shards of it (every host of the slice places the same whole array)."""
+    sharding = named(make_mesh(devices, axes), spec)
+    if sharding.is_fully_addressable:
+        return jax.block_until_ready(jax.device_put(array, sharding))
+    placed = jax.make_array_from_callback(np.shape(array), sharding, lambda index: array[index])
+    return jax.block_until_ready(placed)
+
+
 def compile_artifact(
     artifact: bytes, mesh: Mesh, in_specs: Sequence[Spec], out_specs: Sequence[Spec]
 ) -> Callable[..., Any]:

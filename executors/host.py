@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from executors.compile import compile_artifact, make_mesh, named
+from executors.compile import compile_artifact, make_mesh, place
 from executors.runner import Payload, RunMessage, Runner
 from executors.shards import distinct_shards, whole
 from executors.store import BufferStore, Failure
@@ -217,14 +217,8 @@ class Host:
 
     def _place(self, array: Any, placement: Placement, spec: Any) -> Any:
         """The array on the placement's devices; on a multi-host slice, this host's shards."""
-        import jax
-
         devices, axes = placement
-        sharding = named(make_mesh(devices, axes), Spec.from_json(spec))
-        if sharding.is_fully_addressable:
-            return jax.block_until_ready(jax.device_put(array, sharding))
-        placed = jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
-        return jax.block_until_ready(placed)
+        return place(array, devices, axes, Spec.from_json(spec))
 
     async def call(self, seq: int, key: str, inputs: Sequence[str], outputs: Sequence[str],
                    label: str, notify: bool = False) -> None:

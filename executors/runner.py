@@ -9,9 +9,12 @@ Contract:
 - Steps run in plan order on the host's dispatch thread, each computation to completion
   before the next starts (the host's rule that keeps XLA's CPU collectives safe). Values
   of a run live in a per-run environment; only the program's results enter the store.
-- `Send` hands the value (host memory, numpy) straight to the peer host through the
-  injected `deliver`, never through the server. A failed value is sent as its failure, so
-  the peer's dependents fail with the same cause.
+- `Send` hands the value (host memory, numpy) straight to every host of the receiving
+  slice through the injected `deliver`, never through the server: the whole value from a
+  slice on one host, this host's distinct shards from a slice spanning hosts. Deliveries
+  are tagged `<tag>@<sending host>`, so a `Recv` from a slice spanning hosts waits for
+  each of them, assembles the whole value and places its part. A failed value is sent as
+  its failure, so the peer's dependents fail with the same cause.
 - A failure never hangs: a `Recv` or an executable that does not arrive within the run's
   timeout fails the value it defines, and every dependent with it.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -30,13 +34,14 @@ from typing import Any
 
 import numpy as np
 
-from executors.compile import make_mesh, named
+from executors.compile import place
+from executors.shards import distinct_shards, whole
 from executors.store import BufferStore, Failure
 from ir import Compute, HostPlan, Recv, Reshard, Send, Step
 
 log = logging.getLogger("isthmus.executors")
 FINISHED_RUNS = 4096  # finished run ids remembered, so late deliveries to them are dropped
-Payload = tuple[str, Any]  # ("ready", numpy array) or ("failed", cause)
+Payload = tuple[str, Any]  # ("ready", whole numpy array), ("shards", [(index, array)]), ("failed", cause)
 Deliver = Callable[[str, str, str, Payload], None]  # (to host, run id, tag, payload)
 
 
@@ -88,7 +93,8 @@ class Runner:
         if known is not None:
             for step in known.steps[message.lo:message.hi]:
                 if isinstance(step, Recv):
-                    self._mailbox(message.run_id, step.tag)
+                    for source in step.sources:
+                        self._mailbox(message.run_id, _tag(step.tag, source))
         return lambda: self._execute(message)
 
     def deliver(self, run_id: str, tag: str, payload: Payload) -> None:
@@ -156,7 +162,7 @@ class Runner:
             if isinstance(step, Compute):
                 self._compute(step, env, message.timeout)
             elif isinstance(step, Reshard):
-                env[step.output] = _first_failure([env[step.input]]) or _place(
+                env[step.output] = _first_failure([env[step.input]]) or place(
                     env[step.input], step.devices, step.axes, step.spec)
             elif isinstance(step, Send):
                 self._send(message.run_id, step, env[step.input])
@@ -168,12 +174,14 @@ class Runner:
             for value in _defines(step):
                 env[value] = failure
             self._failed(failure.cause)
-            if isinstance(step, Send):  # the peer waits for this tag: it gets the cause
-                try:
-                    self._deliver(step.to, message.run_id, step.tag, ("failed", failure.cause))
-                except Exception:  # the peer is gone: its own waits are bounded
-                    log.exception("host %s: cannot tell host %s why tag %s failed", self.host, step.to,
-                                  step.tag)
+            if isinstance(step, Send):  # the peers wait for this tag: they get the cause
+                tag = _tag(step.tag, self.host)
+                for to in step.to:
+                    try:
+                        self._deliver(to, message.run_id, tag, ("failed", failure.cause))
+                    except Exception:  # the peer is gone: its own waits are bounded
+                        log.exception("host %s: cannot tell host %s why tag %s failed", self.host, to,
+                                      step.tag)
 
     def _compute(self, step: Compute, env: dict[str, Any], timeout: float) -> None:
         import jax
@@ -198,30 +206,50 @@ class Runner:
         env.update(zip(step.outputs, results, strict=True))
 
     def _send(self, run_id: str, step: Send, value: Any) -> None:
-        payload: Payload = (
-            ("failed", value.cause) if isinstance(value, Failure) else ("ready", np.asarray(value))
-        )
-        self._deliver(step.to, run_id, step.tag, payload)
+        payload: Payload
+        if isinstance(value, Failure):
+            payload = ("failed", value.cause)
+        elif value.is_fully_addressable:
+            payload = ("ready", np.asarray(value))
+        else:
+            payload = ("shards", distinct_shards(value))
+        for to in step.to:
+            self._deliver(to, run_id, _tag(step.tag, self.host), payload)
 
     def _receive(self, message: RunMessage, step: Recv) -> Any:
-        fut = self._mailbox(message.run_id, step.tag)
+        """Every source host's part, within the run's timeout; the whole value, placed."""
+        deadline = time.monotonic() + message.timeout
+        parts: list[Payload] = []
         try:
-            state, value = fut.result(message.timeout)
-        except FutureTimeout:
-            return Failure(f"no data from host {step.source} for {step.output} (tag {step.tag}) "
-                           f"within {message.timeout:g}s")
+            for source in step.sources:
+                fut = self._mailbox(message.run_id, _tag(step.tag, source))
+                try:
+                    parts.append(fut.result(max(0.0, deadline - time.monotonic())))
+                except FutureTimeout:
+                    return Failure(f"no data from host {source} for {step.output} (tag {step.tag}) "
+                                   f"within {message.timeout:g}s")
         finally:
             with self._lock:
-                self._mail.pop((message.run_id, step.tag), None)
-        if state == "failed":
-            return Failure(value)
-        return _place(value, step.devices, step.axes, step.spec)
+                for source in step.sources:
+                    self._mail.pop((message.run_id, _tag(step.tag, source)), None)
+        failed = next((value for state, value in parts if state == "failed"), None)
+        if failed is not None:
+            return Failure(failed)
+        if len(parts) == 1 and parts[0][0] == "ready":
+            value = parts[0][1]
+        else:
+            value = whole([shard for state, v in parts
+                           for shard in (v if state == "shards" else [(_full(v), v)])])
+        return place(value, step.devices, step.axes, step.spec)
 
 
-def _place(value: Any, devices: Sequence[int], axes: Any, spec: Any) -> Any:
-    import jax
+def _tag(tag: str, source: str) -> str:
+    """The mailbox of one source host's part of a transfer."""
+    return f"{tag}@{source}"
 
-    return jax.block_until_ready(jax.device_put(value, named(make_mesh(devices, axes), spec)))
+
+def _full(array: np.ndarray) -> list[tuple[int, int]]:
+    return [(0, n) for n in array.shape]
 
 
 def _first_failure(values: Sequence[Any]) -> Failure | None:

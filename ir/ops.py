@@ -181,14 +181,25 @@ ATTRS[Op.TRANSFER], TYPE_RULES[Op.TRANSFER] = TransferAttrs, _transfer_rule
 
 @dataclass(frozen=True)
 class SendAttrs:
-    """Hand the operand to host `to`; the `RECV` with the same `tag` takes it there."""
+    """Hand the operand to the hosts `to` (every host of the receiving slice); the `RECV` with
+    the same `tag` takes it there. From a slice spanning hosts, each of its hosts sends its
+    shards."""
 
-    to: str
+    to: tuple[str, ...]
     tag: str
 
     def __post_init__(self) -> None:
-        check_name(self.to, IDENTIFIER, "send: host")
-        check_name(self.tag, IDENTIFIER, f"send to {self.to}: tag")
+        _check_hosts(self.to, "send: hosts")
+        check_name(self.tag, IDENTIFIER, f"send to {','.join(self.to)}: tag")
+
+
+def _check_hosts(hosts: object, what: str) -> None:
+    if not isinstance(hosts, tuple) or not hosts:
+        raise InvalidArgument(f"{what}: expected a non-empty tuple of host names, found {hosts!r}")
+    for h in hosts:
+        check_name(h, IDENTIFIER, what)
+    if len(set(hosts)) != len(hosts):
+        raise InvalidArgument(f"{what}: a host appears twice in {','.join(hosts)}")
 
 
 def _send_rule(node: Node, env: Env) -> list[Type]:
@@ -203,17 +214,18 @@ ATTRS[Op.SEND], TYPE_RULES[Op.SEND] = SendAttrs, _send_rule
 
 @dataclass(frozen=True)
 class RecvAttrs:
-    """Take the value the `SEND` with the same `tag` hands over from host `source`."""
+    """Take the value the `SEND` with the same `tag` hands over from the hosts `sources`
+    (every host of the sending slice); each host of the receiving slice takes all of it."""
 
     type: Type
-    source: str
+    sources: tuple[str, ...]
     tag: str
 
     def __post_init__(self) -> None:
         if not isinstance(self.type, Type):
             raise InvalidArgument(f"recv: expected a Type, found {self.type!r}")
-        check_name(self.source, IDENTIFIER, "recv: host")
-        check_name(self.tag, IDENTIFIER, f"recv from {self.source}: tag")
+        _check_hosts(self.sources, "recv: hosts")
+        check_name(self.tag, IDENTIFIER, f"recv from {','.join(self.sources)}: tag")
 
 
 def _recv_rule(node: Node, env: Env) -> list[Type]:

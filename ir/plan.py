@@ -53,14 +53,14 @@ class Reshard:
 @dataclass(frozen=True)
 class Send:
     input: str
-    to: str
+    to: tuple[str, ...]  # every host of the receiving slice
     tag: str
 
 
 @dataclass(frozen=True)
 class Recv:
     output: str
-    source: str
+    sources: tuple[str, ...]  # every host of the sending slice
     tag: str
     devices: tuple[int, ...]
     axes: Axes

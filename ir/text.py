@@ -80,8 +80,8 @@ _PRINT: dict[Op, Callable[[Node, Any], str]] = {
     Op.TRANSFER: lambda node, a: (
         f"transfer {_values(node.inputs)} -> {a.type}" + (f" via {a.route}" if a.route else "")
     ),
-    Op.SEND: lambda node, a: f"send {_values(node.inputs)} to {a.to} tag {a.tag}",
-    Op.RECV: lambda node, a: f"recv {a.type} from {a.source} tag {a.tag}",
+    Op.SEND: lambda node, a: f"send {_values(node.inputs)} to {','.join(a.to)} tag {a.tag}",
+    Op.RECV: lambda node, a: f"recv {a.type} from {','.join(a.sources)} tag {a.tag}",
     Op.RESULT: lambda node, a: f"result {_values(node.inputs)}".rstrip(),
     Op.WHILE: lambda node, a: f"while ({_values(node.inputs)})",
     Op.COND: lambda node, a: f"cond {node.inputs[0] if node.inputs else ''} ({_values(node.inputs[1:])})",
@@ -274,14 +274,14 @@ def _transfer(rest: str, n: int) -> tuple[tuple[str, ...], Attrs]:
 
 
 def _send(rest: str, n: int) -> tuple[tuple[str, ...], Attrs]:
-    m = _match(rf"({_VALUE}) to (\S+) tag (\S+)", rest, n, "'send %value to HOST tag TAG'")
-    return (m[1],), _build(n, lambda: SendAttrs(m[2], m[3]))
+    m = _match(rf"({_VALUE}) to (\S+) tag (\S+)", rest, n, "'send %value to HOST[,HOST...] tag TAG'")
+    return (m[1],), _build(n, lambda: SendAttrs(tuple(m[2].split(",")), m[3]))
 
 
 def _recv(rest: str, n: int) -> tuple[tuple[str, ...], Attrs]:
-    m = _match(r"(.*) from (\S+) tag (\S+)", rest, n, "'recv TYPE from HOST tag TAG'")
+    m = _match(r"(.*) from (\S+) tag (\S+)", rest, n, "'recv TYPE from HOST[,HOST...] tag TAG'")
     received = _type(m[1], n)
-    return (), _build(n, lambda: RecvAttrs(received, m[2], m[3]))
+    return (), _build(n, lambda: RecvAttrs(received, tuple(m[2].split(",")), m[3]))
 
 
 def _value_list(text: str, n: int) -> tuple[str, ...]:

@@ -152,13 +152,13 @@ def _check_pair(
     if sent.aval != received.aval:
         _pair_error(graph, r, f"{pair}: expected the aval sent, {sent.aval}", f"{received.aval}")
     ends = (("send to go to", send.attrs.to, received.slice),
-            ("recv to come from", recv.attrs.source, sent.slice))
-    for what, host, slice_name in ends:
+            ("recv to come from", recv.attrs.sources, sent.slice))
+    for what, named, slice_name in ends:
         placement = slices[slice_name].placement  # placed: the SEND and RECV rules checked
         hosts = placement.hosts if placement else ()
-        if host not in hosts:
-            _pair_error(graph, r, f"{pair}: expected the {what} a host of @{slice_name} ({', '.join(hosts)})",
-                        host)
+        if named != hosts:
+            expected = f"the hosts of @{slice_name} ({', '.join(hosts)})"
+            _pair_error(graph, r, f"{pair}: expected the {what} {expected}", ", ".join(named))
 
 
 def _pair_error(graph: Graph, index: int, problem: str, found: str) -> NoReturn:

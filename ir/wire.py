@@ -71,8 +71,8 @@ _ENCODE: dict[Op, Callable[[Any], dict[str, Any]]] = {
     Op.COMPUTE: lambda a: {"name": a.name, "artifact": a.artifact, "slice": a.slice,
                            "ins": [_sig(s) for s in a.ins], "outs": [_sig(s) for s in a.outs]},
     Op.TRANSFER: lambda a: {"type": _type(a.type), "route": a.route},
-    Op.SEND: lambda a: {"to": a.to, "tag": a.tag},
-    Op.RECV: lambda a: {"type": _type(a.type), "source": a.source, "tag": a.tag},
+    Op.SEND: lambda a: {"to": list(a.to), "tag": a.tag},
+    Op.RECV: lambda a: {"type": _type(a.type), "sources": list(a.sources), "tag": a.tag},
     Op.RESULT: lambda a: {},
     Op.WHILE: lambda a: {"cond": _graph(a.cond), "body": _graph(a.body)},
     Op.COND: lambda a: {"branches": [_graph(b) for b in a.branches]},
@@ -248,15 +248,19 @@ def _read_transfer(at: _At) -> Attrs:
 
 
 def _read_recv(at: _At) -> Attrs:
-    received, source, tag = _read_type(at["type"]), at["source"].text(), at["tag"].text()
-    return at.build(lambda: RecvAttrs(received, source, tag))
+    received, sources, tag = _read_type(at["type"]), _hosts(at["sources"]), at["tag"].text()
+    return at.build(lambda: RecvAttrs(received, sources, tag))
+
+
+def _hosts(at: _At) -> tuple[str, ...]:
+    return tuple(h.text() for h in at.items())
 
 
 _DECODE: dict[Op, Callable[[_At], Attrs]] = {
     Op.ARG: lambda at: ArgAttrs(_read_type(at["type"])),
     Op.COMPUTE: _read_compute,
     Op.TRANSFER: _read_transfer,
-    Op.SEND: lambda at: at.build(lambda: SendAttrs(at["to"].text(), at["tag"].text())),
+    Op.SEND: lambda at: at.build(lambda: SendAttrs(_hosts(at["to"]), at["tag"].text())),
     Op.RECV: _read_recv,
     Op.RESULT: lambda at: ResultAttrs() if isinstance(at.value, dict) else at.fail("an object"),
     Op.WHILE: lambda at: at.build(lambda: WhileAttrs(_read_graph(at["cond"]), _read_graph(at["body"]))),

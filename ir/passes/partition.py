@@ -2,16 +2,18 @@
 
 Contract: every slice must be placed (else an `InvalidArgument` naming the slice); a slice
 may span the hosts of an island (its computations then run on all of them, as one SPMD
-program), but a value moves between hosts only from and to slices on one host (a transfer
-touching a slice that spans hosts is an `InvalidArgument` naming it). A `local` transfer
-stays a `TRANSFER` (a reshard on one host). Each `island` or `dcn` transfer
+program). A `local` transfer stays a `TRANSFER` (a reshard on one host). Each `island` or
+`dcn` transfer
 
     %t = transfer %v -> T via R
 
 becomes, at the same place,
 
-    send %v to <host of T's slice> tag tK
-    %t = recv T from <host of %v's slice> tag tK
+    send %v to <hosts of T's slice> tag tK
+    %t = recv T from <hosts of %v's slice> tag tK
+
+(each host of %v's slice sends its shards to every host of T's slice, each of which takes
+them all and places its part).
 
 with the same output name, so later nodes are unchanged. Tags are t0, t1, ... in graph
 order, skipping tags the graph already uses. A logical transfer (no route) is an
@@ -56,16 +58,6 @@ def partition(program: Program) -> Program:
             continue
         tag, value = next(tags), node.inputs[0]
         source, target = types[value].slice, a.type.slice
-        to, come_from = _one_host(node, target, hosts[target]), _one_host(node, source, hosts[source])
-        nodes.append(Node(Op.SEND, (value,), (), SendAttrs(to, tag)))
-        nodes.append(Node(Op.RECV, (), node.outputs, RecvAttrs(a.type, come_from, tag)))
+        nodes.append(Node(Op.SEND, (value,), (), SendAttrs(hosts[target], tag)))
+        nodes.append(Node(Op.RECV, (), node.outputs, RecvAttrs(a.type, hosts[source], tag)))
     return replace(program, graph=Graph(tuple(nodes)))
-
-
-def _one_host(node: Node, slice_name: str, hosts: tuple[str, ...]) -> str:
-    if len(hosts) > 1:
-        raise InvalidArgument(
-            f"partition: `{node_line(node)}`: slice {slice_name} spans hosts {', '.join(hosts)}; "
-            "moving values into or out of a slice spanning hosts is not supported yet"
-        )
-    return hosts[0]

@@ -14,8 +14,9 @@ that are neither `ARG` nor `RESULT`, in graph order. Per op:
   outputs, label=name)` on each of its slice's hosts, and one `CompileJob` per distinct key
   per host, in order of first use, with the computation's declared in/out specs;
 - a `local` `TRANSFER`: `Reshard(input, output, devices, axes, spec)` of its target type;
-- `SEND`: `Send(input, to, tag)` on the host of its operand's slice;
-- `RECV`: `Recv(output, source, tag, devices, axes, spec)` on the host of its type's slice;
+- `SEND`: `Send(input, to, tag)` on each host of its operand's slice (each sends its shards);
+- `RECV`: `Recv(output, sources, tag, devices, axes, spec)` on each host of its type's slice
+  (each takes the shards of every source host and places its part);
 - `RESULT` position k: `(k, value)` in `results` of each host of that value's slice (a
   value may be an argument, and may appear at several positions).
 
@@ -109,14 +110,14 @@ def _reshard(node: Node, where: _Where) -> Planned:
 def _send(node: Node, where: _Where) -> Planned:
     a = node.attrs
     assert isinstance(a, SendAttrs)
-    return (where.host(where.types[node.inputs[0]].slice),), Send(node.inputs[0], a.to, a.tag), None
+    return where.hosts(where.types[node.inputs[0]].slice), Send(node.inputs[0], a.to, a.tag), None
 
 
 def _recv(node: Node, where: _Where) -> Planned:
     a = node.attrs
     assert isinstance(a, RecvAttrs)
-    host, devices, axes = where.one(a.type.slice)
-    return (host,), Recv(node.outputs[0], a.source, a.tag, devices, axes, a.type.spec), None
+    hosts, devices, axes = where.mesh(a.type.slice)
+    return hosts, Recv(node.outputs[0], a.sources, a.tag, devices, axes, a.type.spec), None
 
 
 _STEPS: dict[Op, Callable[[Node, _Where], Planned]] = {

@@ -114,6 +114,21 @@ def test_values_move_into_and_out_of_a_slice_spanning_hosts(c):
     for got, want in ((y, want_y), (z, want_y * 2), (w, want_w), (u, want_w - 1)):
         np.testing.assert_array_equal(got.numpy(), want)
 
+    # The same moves inside one program: the hosts send and receive among themselves.
+    def there_and_back(v):
+        y = f(v)
+        w = f(g(y))
+        return y, h(w)
+
+    for dispatch in ("parallel", "sequential"):
+        prog = c.program(there_and_back, dispatch=dispatch)
+        got_y, got_u = prog(x)
+        np.testing.assert_array_equal(got_y.numpy(), want_y)
+        np.testing.assert_array_equal(got_u.numpy(), want_w - 1)
+    (registered,) = prog._cache.values()
+    lowered = c._json("GET", f"/v1/programs/{registered.program_id}/text")["lowered"]
+    assert "from a0,a1 tag" in lowered and "to a0,a1 tag" in lowered  # one send/recv per move
+
 
 def test_a_program_on_a_slice_spanning_hosts_is_one_message_per_host(c):
     s = c.slice({"x": 8}, island="a")

@@ -47,10 +47,10 @@ def pair():
 
 def plans(key_a: str, key_b: str) -> tuple[HostPlan, HostPlan]:
     """a0: %1 = double(%0); send %1 -> b0.  b0: %2 = recv; %3 = inc(%2); result %3."""
-    a = HostPlan("a0", ((0, "%0"),), (Compute(key_a, ("%0",), ("%1",), "double"), Send("%1", "b0", "t0")),
+    a = HostPlan("a0", ((0, "%0"),), (Compute(key_a, ("%0",), ("%1",), "double"), Send("%1", ("b0",), "t0")),
                  (0, 1), (), ())
-    b = HostPlan("b0", (), (Recv("%2", "a0", "t0", (1,), AXES, REP), Compute(key_b, ("%2",), ("%3",), "inc")),
-                 (2, 3), ((0, "%3"),), ())
+    b = HostPlan("b0", (), (Recv("%2", ("a0",), "t0", (1,), AXES, REP),
+                            Compute(key_b, ("%2",), ("%3",), "inc")), (2, 3), ((0, "%3"),), ())
     return a, b
 
 
@@ -129,5 +129,5 @@ async def test_a_finished_run_leaves_no_mailbox_and_drops_late_deliveries(pair):
     await b.run(0, message(pb, "r0", results=[("%3", "out")], timeout=0.2), pb)
     state, _ = await b.fetch(1, "out")  # the receive timed out; the run is over
     assert state == "failed"
-    b.deliver("r0", "t0", ("ready", np.ones(3, np.float32)))  # too late
+    b.deliver("r0", "t0@a0", ("ready", np.ones(3, np.float32)))  # too late
     assert not b.runner._mail and not b.runner._runs

@@ -27,7 +27,8 @@ from ir import (
     print_program,
     verify,
 )
-from ir.passes import lower, partition, pipeline, place, route_transfers, schedule
+from ir.passes import host_plans, lower, partition, pipeline, place, route_transfers, schedule
+from ir.plan import Send
 
 pytestmark = pytest.mark.unit
 
@@ -252,12 +253,15 @@ def test_route_transfers_needs_placed_slices(example):
     )
 
 
-def test_partition_refuses_moves_out_of_a_slice_over_two_hosts(example):
+def test_partition_moves_out_of_a_slice_over_two_hosts_from_each_of_them(example):
     wide = EXAMPLE_PLACEMENTS | {"s0": Placement("a", (("a0", 0), ("a0", 1), ("a1", 0), ("a1", 1)))}
-    assert message(InvalidArgument, lambda: lower(example, wide)) == (
-        "partition: `%4 = transfer %3 -> float32[4,16] P('x', None) @s1 via dcn`: slice s0 spans hosts "
-        "a0, a1; moving values into or out of a slice spanning hosts is not supported yet"
-    )
+    lines = print_program(lower(example, wide)).splitlines()
+    assert "send %3 to b0 tag t0" in lines
+    assert "%4 = recv float32[4,16] P('x', None) @s1 from a0,a1 tag t0" in lines
+    plans = host_plans(lower(example, wide), {"a0": 0, "a1": 1})
+    assert [type(s).__name__ for s in plans["a0"].steps] == [type(s).__name__ for s in plans["a1"].steps]
+    assert plans["a0"].steps[-1] == plans["a1"].steps[-1] == Send("%3", ("b0",), "t0")
+    assert plans["b0"].steps[0].sources == ("a0", "a1")
 
 
 def test_partition_needs_routed_transfers(example):

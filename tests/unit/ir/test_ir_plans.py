@@ -53,7 +53,7 @@ def test_example_plans_field_by_field(example):
         args=((0, "%0"), (1, "%1")),
         steps=(Compute(layer, ("%1", "%0"), ("%2",), "layer"),
                Compute(norm, ("%2",), ("%3",), "norm"),
-               Send("%3", "b0", "t0")),
+               Send("%3", ("b0",), "t0")),
         order=(0, 1, 2),
         results=(),
         compiles=(CompileJob(layer, LAYER, (0, 1, 2, 3), s0_axes, (data, model), (data,)),
@@ -62,7 +62,7 @@ def test_example_plans_field_by_field(example):
     assert plans["b0"] == HostPlan(
         host="b0",
         args=(),
-        steps=(Recv("%4", "a0", "t0", (0, 1, 2, 3), s1_axes, x),
+        steps=(Recv("%4", ("a0",), "t0", (0, 1, 2, 3), s1_axes, x),
                Compute(head, ("%4",), ("%5",), "head")),
         order=(3, 4),
         results=((0, "%5"),),
@@ -76,11 +76,11 @@ def test_intra_island_plans_reshard_locally_and_send_between_hosts():
     a0, a1 = plans["a0"], plans["a1"]
     assert [type(s).__name__ for s in a0.steps] == ["Compute", "Reshard", "Compute", "Send", "Compute"]
     assert a0.steps[1] == Reshard("%1", "%3", (2, 3), (("x", 2),), Spec(()))
-    assert a0.steps[3] == Send("%4", "a1", "t0")
+    assert a0.steps[3] == Send("%4", ("a1",), "t0")
     assert [s.label for s in a0.steps if isinstance(s, Compute)] == ["f", "h", "g"]
     assert {c.devices for c in a0.compiles} == {(0, 1), (2, 3)}  # f, g on s0; h on s1
     assert a0.order == (0, 1, 2, 3, 5) and a1.order == (4, 6)
-    assert a1.steps[0] == Recv("%5", "a0", "t0", (0, 1), (("y", 2),), Spec(("y",)))
+    assert a1.steps[0] == Recv("%5", ("a0",), "t0", (0, 1), (("y", 2),), Spec(("y",)))
     assert (a0.args, a0.results, a1.args, a1.results) == (((0, "%0"),), ((1, "%2"),), (), ((0, "%6"),))
     run_plans(plans)
 
@@ -99,13 +99,13 @@ def test_ring_gives_each_host_its_stages_in_global_order(stages):
         for j in range(k, stages, 4):
             tag_in, tag_out = f"t{j - 1}", f"t{j}"
             if j:
-                expected.append(Recv(f"%{2 * j}", RING_HOSTS[(j - 1) % 4], tag_in, (0, 1), (("x", 2),),
+                expected.append(Recv(f"%{2 * j}", (RING_HOSTS[(j - 1) % 4],), tag_in, (0, 1), (("x", 2),),
                                      Spec(("x", None))))
                 order.append(3 * j - 1)
             expected.append(Compute(plan.compiles[0].key, (f"%{2 * j}",), (f"%{2 * j + 1}",), f"stage{j}"))
             order.append(3 * j)
             if j < stages - 1:
-                expected.append(Send(f"%{2 * j + 1}", RING_HOSTS[(j + 1) % 4], tag_out))
+                expected.append(Send(f"%{2 * j + 1}", (RING_HOSTS[(j + 1) % 4],), tag_out))
                 order.append(3 * j + 1)
         assert plan.steps == tuple(expected), host
         assert plan.order == tuple(order), host

@@ -215,14 +215,19 @@ def test_send_and_recv_must_agree_on_the_aval(lowered):
 
 
 def test_send_must_go_to_the_receiving_host(lowered):
-    bad = with_node(lowered, 4, with_attrs(lowered.nodes[4], to="b1"))
+    bad = with_node(lowered, 4, with_attrs(lowered.nodes[4], to=("b1",)))
     fails(bad, 5, "tag t0 (sent by node 4 `send %3 to b1 tag t0`): "
-                  "expected the send to go to a host of @s1 (b0), found b1")
+                  "expected the send to go to the hosts of @s1 (b0), found b1")
 
 
 def test_recv_must_come_from_the_sending_host(lowered):
-    bad = with_node(lowered, 5, with_attrs(lowered.nodes[5], source="a1"))
-    fails(bad, 5, "expected the recv to come from a host of @s0 (a0), found a1")
+    bad = with_node(lowered, 5, with_attrs(lowered.nodes[5], sources=("a1",)))
+    fails(bad, 5, "expected the recv to come from the hosts of @s0 (a0), found a1")
+
+
+def test_a_send_goes_to_every_host_of_the_receiving_slice(lowered):
+    bad = with_node(lowered, 4, with_attrs(lowered.nodes[4], to=("b0", "b1")))
+    fails(bad, 5, "expected the send to go to the hosts of @s1 (b0), found b0, b1")
 
 
 def test_sends_need_placed_slices(lowered):

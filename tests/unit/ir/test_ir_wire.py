@@ -93,8 +93,8 @@ def test_placement_route_send_and_recv_on_the_wire(example):
     devices = [["b0", 0], ["b0", 1], ["b0", 2], ["b0", 3]]
     assert doc["slices"][1]["placement"] == {"island": "b", "devices": devices}
     send, recv = doc["graph"]["nodes"][4:6]
-    assert send == {"op": "send", "inputs": ["%3"], "outputs": [], "attrs": {"to": "b0", "tag": "t0"}}
-    assert recv["outputs"] == ["%4"] and recv["attrs"]["source"] == "a0" and recv["attrs"]["tag"] == "t0"
+    assert send == {"op": "send", "inputs": ["%3"], "outputs": [], "attrs": {"to": ["b0"], "tag": "t0"}}
+    assert recv["outputs"] == ["%4"] and recv["attrs"]["sources"] == ["a0"] and recv["attrs"]["tag"] == "t0"
     routed = to_wire(route_transfers(place(example, EXAMPLE_PLACEMENTS)))
     assert routed["graph"]["nodes"][4]["attrs"]["route"] == "dcn"
     assert to_wire(example)["graph"]["nodes"][4]["attrs"]["route"] is None
@@ -116,7 +116,7 @@ def test_documents_without_placement_or_route_still_read(example):
         (("slices", 0, "placement", "devices", 1, 1), -1, r"\$\.slices\[0\]\.placement: placement: expected"),
         (("slices", 1, "placement", "island"), "a",
          r"\$\.slices\[1\]: slice s1: expected a placement on island b"),
-        (("graph", "nodes", 4, "attrs", "to"), 7, r"\$\.graph\.nodes\[4\]\.attrs\.to: expected a string"),
+        (("graph", "nodes", 4, "attrs", "to"), 7, r"\$\.graph\.nodes\[4\]\.attrs\.to: expected a list"),
         (("graph", "nodes", 5, "attrs", "tag"), "t 0", r"\$\.graph\.nodes\[5\]\.attrs: recv from a0: tag"),
     ],
 )
