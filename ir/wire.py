@@ -12,9 +12,10 @@ int, bool, None). Shape, version 1:
 Mesh axes are a list of pairs because their order matters. A type is
 `{"aval": {"shape": [...], "dtype": ...}, "spec": [...], "slice": ...}`; a computation's
 `ins`/`outs` are types without `slice`. A transfer's attributes are `{"type": ..., "route":
-"local" | "island" | "dcn" | null}`; a send's `{"to": host, "tag": ...}`; a recv's `{"type":
-..., "source": host, "tag": ...}`. `placement` and `route` may be absent (read as null), so
-documents written before they existed still read. Per-op attribute codecs are tables (`_ENCODE`,
+"local" | "island" | "dcn" | null}`; a send's `{"to": [host, ...], "tag": ...}`; a recv's
+`{"type": ..., "sources": [host, ...], "tag": ...}`. `placement` and `route` may be absent
+(read as null), and a send's `"to"` or a recv's `"source"` may be one host's name, so
+documents written before these existed still read. Per-op attribute codecs are tables (`_ENCODE`,
 `_DECODE`). Any unknown format or version, or malformed field, is an `InvalidArgument`
 (`WireError`) naming the JSON path, e.g. `$.graph.nodes[2].attrs.outs[0].aval.dtype`.
 """
@@ -248,11 +249,15 @@ def _read_transfer(at: _At) -> Attrs:
 
 
 def _read_recv(at: _At) -> Attrs:
-    received, sources, tag = _read_type(at["type"]), _hosts(at["sources"]), at["tag"].text()
+    hosts = at["sources"] if isinstance(at.value, dict) and "sources" in at.value else at["source"]
+    received, sources, tag = _read_type(at["type"]), _hosts(hosts), at["tag"].text()
     return at.build(lambda: RecvAttrs(received, sources, tag))
 
 
 def _hosts(at: _At) -> tuple[str, ...]:
+    """A list of host names (or, as older documents have it, one name)."""
+    if isinstance(at.value, str):
+        return (at.text(),)
     return tuple(h.text() for h in at.items())
 
 

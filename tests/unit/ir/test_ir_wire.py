@@ -142,3 +142,11 @@ def test_bad_route_names_the_json_path(example):
 def test_random_lowered_chains_round_trip_through_wire(steps, width, split):
     program = lower(build_chain(steps, width), chain_placements(split))
     assert round_trip(program) == program
+
+
+def test_a_send_and_recv_naming_one_host_as_older_documents_do_still_read(example):
+    doc = to_wire(lower(example, EXAMPLE_PLACEMENTS))
+    send, recv = doc["graph"]["nodes"][4:6]
+    send["attrs"]["to"] = "b0"
+    recv["attrs"]["source"] = recv["attrs"].pop("sources")[0]
+    assert from_wire(doc) == lower(example, EXAMPLE_PLACEMENTS)
