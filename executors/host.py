@@ -221,12 +221,14 @@ class Host:
         return place(array, devices, axes, Spec.from_json(spec))
 
     async def call(self, seq: int, key: str, inputs: Sequence[str], outputs: Sequence[str],
-                   label: str, notify: bool = False) -> None:
+                   label: str, notify: bool = False) -> str | None:
         """Queue one computation; with `notify`, answer once it has run (the gang scheduler's
-        signal that the island may admit more)."""
+        signal that the island may admit more), with this host's failed collective if any."""
         finished = self._submit(seq, lambda: self._call(key, list(inputs), list(outputs), label), label)
         if notify:
             await asyncio.wrap_future(finished)
+            return self.collective_error
+        return None
 
     def _call(self, key: str, inputs: list[str], outputs: list[str], label: str) -> None:
         import jax
@@ -331,15 +333,19 @@ class Host:
 
     # -- programs ------------------------------------------------------------------------
 
-    async def run(self, seq: int, message: RunMessage, plan: HostPlan | None, notify: bool = False) -> None:
+    async def run(self, seq: int, message: RunMessage, plan: HostPlan | None,
+                  notify: bool = False) -> str | None:
         """Run a range of this host's plan for one program run (see `executors.runner`).
 
         Answers once the message is accepted (under sequential dispatch, the ack the server
-        waits for before sending the next node), or with `notify` once it has run.
+        waits for before sending the next node), or with `notify` once it has run (with this
+        host's failed collective if any).
         """
         finished = self._submit(seq, self.runner.accept(message, plan), f"run {message.run_id}")
         if notify:
             await asyncio.wrap_future(finished)
+            return self.collective_error
+        return None
 
     def deliver(self, run_id: str, tag: str, payload: Payload) -> None:
         """A peer host's `Send` for one of this host's `Recv`s (unsequenced)."""

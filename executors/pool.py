@@ -53,8 +53,8 @@ class RayOptions:
     wait_timeout_s: int = 300
 
 
-def _actor_name(host: str) -> str:
-    return f"isthmus-host-{host}"
+def _actor_name(host: str, generation: int = 0) -> str:
+    return f"isthmus-host-{host}" + (f"-{generation}" if generation else "")
 
 
 class RayHost(Host):
@@ -74,6 +74,10 @@ class RayHost(Host):
             port = sock.getsockname()[1]
         return f"{ray.util.get_node_ip_address()}:{port}"
 
+    def set_peers(self, peers: Mapping[str, Any]) -> None:
+        """Use these actors for these hosts from now on (after an island's hosts restarted)."""
+        self._peers.update(peers)
+
     def _deliver(self, to: str, run_id: str, tag: str, payload: Payload) -> None:
         peer = self._peers.get(to)
         if peer is None:
@@ -81,7 +85,12 @@ class RayHost(Host):
         peer.deliver.remote(run_id, tag, payload)
 
 
-def _actor_options(host: HostSpec, wait_timeout_s: int) -> dict[str, Any]:
+def _new_actor(host: HostSpec, options: RayOptions, generation: int) -> Any:
+    return ray.remote(RayHost).options(**_actor_options(host, options.wait_timeout_s, generation)).remote(
+        host.name, options.namespace, options.wait_timeout_s)
+
+
+def _actor_options(host: HostSpec, wait_timeout_s: int, generation: int) -> dict[str, Any]:
     env = {"PYTHONUNBUFFERED": "1"}
     if host.platform == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
@@ -94,7 +103,7 @@ def _actor_options(host: HostSpec, wait_timeout_s: int) -> dict[str, Any]:
     return {
         "num_cpus": 0,
         "num_gpus": gpus,
-        "name": _actor_name(host.name),
+        "name": _actor_name(host.name, generation),
         "runtime_env": {"env_vars": env},
         "max_concurrency": HOST_CONCURRENCY,
     }
@@ -112,6 +121,10 @@ class ExecutorPool:
         self._plans: set[tuple[str, str]] = set()  # (host, plan key) already sent
         self.ordered = True  # False only to show what the island order prevents (debug)
         self.messages: dict[str, int] = dict.fromkeys(handles, 0)  # run messages sent per host
+        self._specs: dict[str, HostSpec] = {}
+        self.islands: dict[str, tuple[str, ...]] = {}  # island -> its hosts
+        self._options = RayOptions()
+        self._generation = 0  # of replaced executors (their actor names carry it)
         self._reads = {h: asyncio.Semaphore(READS_PER_HOST) for h in handles}  # see HOST_CONCURRENCY
 
     def _send(self, host: str, method: str, *args: Any) -> Any:
@@ -152,29 +165,63 @@ class ExecutorPool:
                 kwargs["address"] = options.address
             os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
             ray.init(**kwargs)
-        actor = ray.remote(RayHost)
-        handles = {h.name: actor.options(**_actor_options(h, options.wait_timeout_s)).remote(
-                       h.name, options.namespace, options.wait_timeout_s)
-                   for _, h in spec.hosts()}
+        specs = {h.name: h for _, h in spec.hosts()}
+        handles = {name: _new_actor(host, options, 0) for name, host in specs.items()}
         groups = spec.groups() if options.groups else {}
         pool = cls(handles, owns, groups)
         pool.ordered = options.ordered
+        pool._specs, pool._options = specs, options
+        pool.islands = {i.name: tuple(h.name for h in i.hosts) for i in spec.islands}
         try:
-            timeout = options.group_timeout_s
-            await asyncio.gather(*(pool._form_group(hosts, timeout) for hosts in groups.values()))
+            await asyncio.gather(*(pool._form_group(pool._handles, hosts) for hosts in groups.values()))
         except BaseException:
             pool.shutdown()
             raise
         return pool
 
-    async def _form_group(self, hosts: Sequence[str], timeout: int) -> None:
-        first = self._handles[hosts[0]]
-        address = await self._await(first.coordinator_address.remote(), hosts[0], timeout, "coordinator")
+    async def _form_group(self, handles: Mapping[str, Any], hosts: Sequence[str]) -> None:
+        timeout = self._options.group_timeout_s
+        address = await self._await(handles[hosts[0]].coordinator_address.remote(), hosts[0], timeout,
+                                    "coordinator")
         await asyncio.gather(*(
-            self._await(self._handles[h].join_group.remote(address, len(hosts), k, timeout), h, timeout + 10,
+            self._await(handles[h].join_group.remote(address, len(hosts), k, timeout), h, timeout + 10,
                         "join the island's JAX group")
             for k, h in enumerate(hosts)
         ))
+
+    async def restart_island(self, island: str) -> None:
+        """Replace an island's executors with new ones (forming its group afresh, if it is one:
+        a group whose collective failed, or whose host died, cannot run collectives again).
+        What the old executors held is gone; requests numbered for them meanwhile fail as
+        sent to a dead host. The new ones take requests only once they are ready."""
+        hosts = self.islands[island]
+        self._generation += 1
+        for h in hosts:
+            ray.kill(self._handles[h])
+        fresh = {h: _new_actor(self._specs[h], self._options, self._generation) for h in hosts}
+        try:
+            if island in self.groups:
+                await self._form_group(fresh, hosts)
+            await asyncio.gather(*(self._await(fresh[h].info.remote(), h, self._options.group_timeout_s,
+                                               "start") for h in hosts))
+            everyone = {**self._handles, **fresh}
+            told = await asyncio.gather(
+                *(self._await(a.set_peers.remote(everyone), h, 30, "take the new peers")
+                  for h, a in everyone.items()), return_exceptions=True)
+            for h, outcome in zip(everyone, told, strict=True):
+                if isinstance(outcome, BaseException):
+                    if h in hosts:
+                        raise outcome
+                    log.warning("host %s did not take island %s's new executors: %s", h, island, outcome)
+        except BaseException:
+            for a in fresh.values():
+                ray.kill(a)
+            raise
+        with self._lock:
+            self._handles.update(fresh)
+            for h in hosts:
+                self._seq[h] = itertools.count()
+            self._plans = {(h, k) for h, k in self._plans if h not in hosts}
 
     @property
     def ranks(self) -> dict[str, int]:
@@ -274,20 +321,23 @@ class ExecutorPool:
         asyncio.get_running_loop().call_later(random.uniform(0, 0.005), fire)
         return box
 
-    async def settle(self, refs: Sequence[Any], hosts: Sequence[str], timeout: float) -> None:
+    async def settle(self, refs: Sequence[Any], hosts: Sequence[str], timeout: float) -> dict[str, str]:
         """Wait until every host has run what `refs` were sent for; a dead or silent host
-        counts as settled (its outputs fail or are unreachable, never a hang)."""
-        async def one(ref: Any, host: str) -> None:
+        counts as settled (its outputs fail or are unreachable, never a hang). Returns the
+        hosts that report a failed collective (their group is broken), with its cause."""
+        async def one(ref: Any, host: str) -> str | None:
             try:
                 if isinstance(ref, Future):  # sent later (gang order off)
                     ref = await asyncio.wrap_future(ref)
-                await self._watched(ref, host, timeout)
+                return await self._watched(ref, host, timeout)
             except (Unavailable, RemoteError) as e:
                 log.warning("host %s: %s", host, e)
+                return None
 
-        await asyncio.gather(*(one(r, h) for r, h in zip(refs, hosts, strict=True)))
+        replies = await asyncio.gather(*(one(r, h) for r, h in zip(refs, hosts, strict=True)))
+        return {h: r for h, r in zip(hosts, replies, strict=True) if isinstance(r, str)}
 
-    async def _watched(self, ref: Any, host: str, timeout: float, every: float = 60.0) -> None:
+    async def _watched(self, ref: Any, host: str, timeout: float, every: float = 60.0) -> Any:
         """Await a settle reply; while it is late, log what the host is doing every `every`
         seconds (its running request and for how long, or the sequence number it waits for)."""
         pending = asyncio.ensure_future(self._await(ref, host, timeout, "settle"))

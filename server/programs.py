@@ -183,6 +183,13 @@ class Programs:
             owner.programs.discard(pid)
             self.records.pop(pid, None)
 
+    def forget_hosts(self, hosts: set[str]) -> None:
+        """Restarted hosts have none of the programs' executables: lower and compile again
+        whatever ran on them, at its next run."""
+        for rec in self.records.values():
+            for key in [k for k, (_, plans) in rec.lowered.items() if hosts & set(plans)]:
+                del rec.lowered[key]
+
     # -- runs --------------------------------------------------------------------------------
 
     async def run(self, owner: ClientRecord, program_id: str, inputs: Sequence[str],
@@ -218,14 +225,13 @@ class Programs:
     def _parallel(self, messages: list[tuple[HostPlan, RunMessage]]) -> Awaitable[None]:
         """At admission: one message per host, numbered at once; then wait until all have run."""
         refs = self.service.pool.run([(plan.host, m, plan) for plan, m in messages], notify=True)
-        return self.service.pool.settle(refs, [plan.host for plan, _ in messages],
-                                        self.service.settings.fetch_timeout_s)
+        return self.service.settled(refs, [plan.host for plan, _ in messages])
 
     def _check_inputs(self, owner: ClientRecord, rec: ProgramRecord, inputs: Sequence[str]) -> None:
         if len(inputs) != len(rec.arg_types):
             raise InvalidArgument(f"program {rec.id} takes {len(rec.arg_types)} inputs; got {len(inputs)}")
         for i, (b, want) in enumerate(zip(inputs, rec.arg_types, strict=True)):
-            buf = self.service.buffer(owner, b)
+            buf = self.service.not_lost(self.service.buffer(owner, b), f"input {i}: ")
             found = Type(buf.aval, buf.spec, buf.slice_id)
             if found != want:
                 raise InvalidArgument(f"input {i} (buffer {b}): expected {want}, got {found}")
@@ -255,8 +261,7 @@ class Programs:
         except BaseException:
             pool.run(ends)
             raise
-        await pool.settle(pool.run(ends, notify=True), [host for host, _, _ in ends],
-                          self.service.settings.fetch_timeout_s)
+        await self.service.settled(pool.run(ends, notify=True), [host for host, _, _ in ends])
 
 
 def _show(avals: Sequence[Any]) -> str:

@@ -48,3 +48,4 @@ class ComputationRecord:
     out_specs: tuple[Spec, ...]
     status: str = "pending"
     message: str | None = None
+    artifact: bytes = field(default=b"", repr=False)  # kept to compile again on restarted hosts

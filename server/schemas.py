@@ -62,6 +62,11 @@ class IslandPublic(BaseModel):
     hosts: list[HostPublic]
 
 
+class IslandRestarted(BaseModel):
+    island: str
+    lost_buffers: int = Field(description="buffers whose values were on the island's hosts")
+
+
 class SliceCreate(BaseModel):
     mesh: dict[str, int] = Field(description='named mesh axes in order, e.g. {"data": 2, "model": 2}')
     island: str | None = None

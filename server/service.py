@@ -22,6 +22,7 @@ from ir import (
     InvalidArgument,
     MeshAxes,
     NotFound,
+    RemoteError,
     Spec,
     Unavailable,
     content_hash,
@@ -51,6 +52,8 @@ class Service:
         self.programs = Programs(self)
         window = settings.gang_window if settings.gang_order else 1 << 30
         self.gangs = Gangs(rm.islands(), settings.gang_policy, window)
+        self.lost: dict[str, str] = {}  # buffer id -> why its value is gone (its island restarted)
+        self._restarting: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
     @classmethod
@@ -149,6 +152,59 @@ class Service:
             raise Conflict(f"slice {s.id} spans hosts {list(s.hosts)}, which are not one JAX group")
         return tuple(s.hosts), (tuple((ranks[d.host], d.index) for d in devices), s.mesh.axes)
 
+    # -- islands ---------------------------------------------------------------------------
+
+    async def restart_island(self, island: str, cause: str) -> int:
+        """Replace the island's executors (forming its JAX group again, if it is one); return
+        how many buffers were lost with the old ones. Their records stay (reading them says
+        why they are gone); computations and programs on the island compile again."""
+        if island not in self.rm.islands():
+            raise NotFound(f"island {island!r} does not exist (islands: {', '.join(self.rm.islands())})")
+        if island in self._restarting:
+            raise Conflict(f"island {island!r} is already restarting")
+        self._restarting.add(island)
+        return await self._restart(island, cause)
+
+    def restart_when_broken(self, island: str, cause: str) -> None:
+        """A host reported a failed collective: its island's group cannot run collectives
+        again, so restart it (once; reports during the restart are ignored)."""
+        if island not in self.pool.groups or island in self._restarting:
+            return
+        self._restarting.add(island)
+
+        async def restart() -> None:
+            try:
+                await self._restart(island, f"a collective failed: {cause}")
+            except Exception:
+                log.exception("island %s: restart failed", island)
+
+        self._spawn(restart())
+
+    async def _restart(self, island: str, cause: str) -> int:
+        hosts = set(self.pool.islands[island])
+        log.warning("island %s: restarting its executors (%s)", island, cause)
+        try:
+            await self.pool.restart_island(island)
+        finally:
+            self._restarting.discard(island)
+        why = f"island {island} was restarted ({cause}), and the values on its hosts with it"
+        lost = [b for b, rec in self.buffers.items() if hosts & set(rec.hosts)]
+        self.lost.update(dict.fromkeys(lost, why))
+        for comp in self.computations.values():
+            s = self.rm.get_slice(comp.slice_id)
+            if hosts & set(s.hosts):
+                comp.status = "pending"
+                on, placement = self._hosts_and_placement(s)
+                self._spawn(self._compile(comp, on, comp.artifact, placement))
+        self.programs.forget_hosts(hosts)
+        log.warning("island %s: restarted; %d buffers lost", island, len(lost))
+        return len(lost)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     # -- buffers ---------------------------------------------------------------------------
 
     def upload(self, owner: ClientRecord, slice_id: str, aval: Aval, spec: Spec,
@@ -180,6 +236,8 @@ class Service:
         """ready once every host's part is; failed if any is; pending while queued."""
         if self.gangs.queued_for(rec.id):
             return "pending"
+        if rec.id in self.lost:
+            return "failed"
         timeout = self.settings.rpc_timeout_s
         try:
             states = await asyncio.gather(*(self.pool.states(h, [rec.id], timeout) for h in rec.hosts))
@@ -190,12 +248,13 @@ class Service:
 
     async def wait(self, rec: BufferRecord) -> str:
         """Wait until the buffer settles on every host; raise its remote cause if it failed."""
+        self.not_lost(rec)
         await self._admitted(rec)
         await asyncio.gather(*(self.pool.wait(h, rec.id, self.settings.fetch_timeout_s) for h in rec.hosts))
         return "ready"
 
     async def fetch(self, owner: ClientRecord, buffer_id: str) -> tuple[BufferRecord, bytes]:
-        rec = self.buffer(owner, buffer_id)
+        rec = self.not_lost(self.buffer(owner, buffer_id))
         timeout = self.settings.fetch_timeout_s
         await self._admitted(rec)
         if len(rec.hosts) == 1:
@@ -223,6 +282,13 @@ class Service:
         for b in buffer_ids:
             owner.buffers.discard(b)
             self.buffers.pop(b, None)
+            self.lost.pop(b, None)
+
+    def not_lost(self, rec: BufferRecord, what: str = "") -> BufferRecord:
+        cause = self.lost.get(rec.id)
+        if cause is not None:
+            raise RemoteError(f"{what}buffer {rec.id} is gone: {cause}")
+        return rec
 
     # -- computations ----------------------------------------------------------------------
 
@@ -240,7 +306,7 @@ class Service:
         hosts, placement = self._hosts_and_placement(s)
         key = executable_key(content_hash(artifact), placement[0], s.mesh.axes)
         rec = ComputationRecord(new_id("c"), owner.id, s.id, key, name or "computation",
-                                info.in_avals, info.out_avals, ins, outs)
+                                info.in_avals, info.out_avals, ins, outs, artifact=artifact)
         self.computations[rec.id] = rec
         owner.computations.add(rec.id)
         task = asyncio.get_running_loop().create_task(
@@ -287,7 +353,7 @@ class Service:
         args: list[str] = []
         moves: list[tuple[tuple[str, ...], str, str, Any]] = []  # (source hosts, buffer, copy here, spec)
         for i, (b, want) in enumerate(zip(inputs, comp.in_avals, strict=True)):
-            rec = self.buffer(owner, b)
+            rec = self.not_lost(self.buffer(owner, b), f"input {i}: ")
             if rec.aval != want:
                 raise InvalidArgument(
                     f"input {i} (buffer {b}): expected {want}, got {rec.aval}"
@@ -314,7 +380,14 @@ class Service:
                               notify=True)
         for host in hosts:
             self.pool.delete(host, [copy for _, _, copy, _ in moves])
-        return self.pool.settle(refs, hosts, self.settings.fetch_timeout_s)
+        return self.settled(refs, hosts)
+
+    async def settled(self, refs: Sequence[Any], hosts: Sequence[str]) -> None:
+        """Wait until the hosts have run their part; restart the group of any island whose
+        host reports a failed collective."""
+        broken = await self.pool.settle(refs, hosts, self.settings.fetch_timeout_s)
+        for host, cause in broken.items():
+            self.restart_when_broken(self.rm.host_island(host), cause)
 
 
 def _specs(values: list[Any], avals: Sequence[Aval], s: Slice, field: str) -> tuple[Spec, ...]:

@@ -1,4 +1,4 @@
-"""Device status: `/v1/devices`, `/v1/islands`."""
+"""Device status: `/v1/devices`, `/v1/islands`; restarting an island's group."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import asyncio
 from fastapi import APIRouter
 
 from ir import IsthmusError
-from server.deps import ServiceDep
-from server.schemas import DevicePublic, HostPublic, IslandPublic
+from server.deps import ClientDep, ServiceDep
+from server.schemas import DevicePublic, HostPublic, IslandPublic, IslandRestarted
 
 router = APIRouter(prefix="/v1", tags=["devices"])
 
@@ -58,3 +58,12 @@ async def list_islands(service: ServiceDep) -> list[IslandPublic]:
                                     slices=summary["slices"], load=summary["load"], queued=queued,
                                     in_flight=in_flight, admitted=admitted, hosts=host_rows))
     return islands
+
+
+@router.post("/islands/{name}/restart")
+async def restart_island(name: str, client: ClientDep, service: ServiceDep) -> IslandRestarted:
+    """New executors for the island's hosts, forming its JAX group again (the server does
+    this by itself when a host reports a failed collective). Every value on those hosts is
+    lost; reading one says so."""
+    lost = await service.restart_island(name, f"asked by client {client.id}")
+    return IslandRestarted(island=name, lost_buffers=lost)

@@ -54,3 +54,18 @@ def test_requests_without_the_token_are_refused(server):
     assert r.status_code == 401 and "bearer token" in r.json()["detail"]
     r = httpx.get(f"{server.address}/v1/devices", headers={"Authorization": "Bearer wrong"})
     assert r.status_code == 401
+
+
+def test_an_island_restarted_on_request_loses_its_values_by_name_and_computes_again(c):
+    # Island b is two hosts that are not one JAX group here: each gets a new executor.
+    s = c.slice({"x": 4}, island="b")
+    f = c.jit(lambda a: a * 2 + 1, slice=s)
+    x0 = np.arange(8, dtype=np.float32)
+    y = f(c.put(x0, s))
+    y.result()
+    restarted = c._transport.json("POST", "/v1/islands/b/restart")
+    assert restarted == {"island": "b", "lost_buffers": 2}
+    with pytest.raises(isthmus.RemoteError, match=f"buffer {y.id} is gone: island b was restarted"):
+        y.numpy()
+    np.testing.assert_array_equal(f(c.put(x0, s)).numpy(), x0 * 2 + 1)  # compiled again there
+    assert {h["status"] for i in c.devices().islands for h in i["hosts"]} == {"up"}

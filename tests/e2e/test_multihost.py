@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ir import Conflict
+from ir import Conflict, NotFound, RemoteError
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 PROGRAMS = 50  # per client, 8 clients, as the issue asks
@@ -128,6 +128,35 @@ def test_values_move_into_and_out_of_a_slice_spanning_hosts(c):
     (registered,) = prog._cache.values()
     lowered = c._json("GET", f"/v1/programs/{registered.program_id}/text")["lowered"]
     assert "from a0,a1 tag" in lowered and "to a0,a1 tag" in lowered  # one send/recv per move
+
+
+def test_a_restarted_island_says_which_values_it_lost_and_computes_again(c):
+    s = c.slice({"x": 8}, island="a")
+
+    def step(v):
+        return (v + jnp.sum(v)) % 1024.0
+
+    f = c.jit(step, slice=s, in_specs=P("x"), out_specs=P("x"))
+    twice = c.program(lambda v: f(f(v)))
+    local = local_jit(step, (8,), ("x",), (P("x"),), P("x"))
+    x0 = np.arange(64, dtype=np.float32)
+    x = c.put(x0, s, P("x"))
+    y = twice(x)
+    y.result()  # compiled, run and stored on both hosts of island a
+
+    restarted = c._json("POST", "/v1/islands/a/restart")
+    assert restarted["island"] == "a" and restarted["lost_buffers"] >= 2
+    with pytest.raises(RemoteError, match=f"buffer {y.id} is gone: island a was restarted"):
+        y.numpy()
+    with pytest.raises(RemoteError, match=r"input 0: buffer .* is gone"):
+        f(x)
+    # The same computation and program compile again on the new executors.
+    x = c.put(x0, s, P("x"))
+    want = np.asarray(local(x0))
+    np.testing.assert_array_equal(f(x).numpy(), want)
+    np.testing.assert_array_equal(twice(x).numpy(), np.asarray(local(want)))
+    with pytest.raises(NotFound, match="island 'z' does not exist"):
+        c._json("POST", "/v1/islands/z/restart")
 
 
 def test_a_program_on_a_slice_spanning_hosts_is_one_message_per_host(c):

@@ -36,6 +36,14 @@ def run(coro):
     return asyncio.run(coro)
 
 
+def spmd_artifact():
+    """a - sum(a) over both hosts' devices: an all-reduce across the island's group."""
+    mesh = AbstractMesh((4,), ("x",))
+    fn = jax.jit(lambda a: (a - jnp.sum(a),), in_shardings=(NamedSharding(mesh, P("x")),),
+                 out_shardings=(NamedSharding(mesh, P("x")),))
+    return jax.export.export(fn, platforms=["cpu"])(jax.ShapeDtypeStruct((8,), jnp.float32)).serialize()
+
+
 def test_a_call_whose_executable_never_comes_fails_in_bounded_time(pool):
     x = np.arange(4, dtype=np.float32)
     pool.put(["a0"], "u", x.tobytes(), "float32", (4,), ((0, 1), (("x", 2),)), ["x"])
@@ -45,11 +53,7 @@ def test_a_call_whose_executable_never_comes_fails_in_bounded_time(pool):
 
 
 def test_a_host_left_alone_in_a_collective_fails_instead_of_hanging(pool):
-    mesh = AbstractMesh((4,), ("x",))
-    fn = jax.jit(lambda a: (a - jnp.sum(a),), in_shardings=(NamedSharding(mesh, P("x")),),
-                 out_shardings=(NamedSharding(mesh, P("x")),))
-    art = jax.export.export(fn, platforms=["cpu"])(jax.ShapeDtypeStruct((8,), jnp.float32)).serialize()
-    x = np.arange(8, dtype=np.float32)
+    art, x = spmd_artifact(), np.arange(8, dtype=np.float32)
 
     async def scenario():
         for host in ("a0", "a1"):
@@ -58,14 +62,16 @@ def test_a_host_left_alone_in_a_collective_fails_instead_of_hanging(pool):
         pool.call(["a0", "a1"], "spmd", ["x"], ["ok"], "spmd")  # both take part: it works
         assert await pool.fetch_shards("a1", "ok", 60)
         pool.delete("a0", ["x"])  # a0 now fails its part before the all-reduce; a1 enters it
-        pool.call(["a0", "a1"], "spmd", ["x"], ["y"], "spmd")
+        broken = await pool.settle(pool.call(["a0", "a1"], "spmd", ["x"], ["y"], "spmd", notify=True),
+                                   ["a0", "a1"], 60)
         for host, cause in (("a0", "deleted|x"), ("a1", "Gloo")):
             with pytest.raises(RemoteError, match=cause):
                 await pool.fetch_shards(host, "y", 60)
-        return await pool.stats("a1", 30), await pool.stats("a0", 30)
+        return broken, await pool.stats("a1", 30), await pool.stats("a0", 30)
 
-    a1, a0 = run(scenario())
+    broken, a1, a0 = run(scenario())
     assert "Gloo" in a1["collective_error"] and a0["collective_error"] is None
+    assert list(broken) == ["a1"] and broken["a1"] == a1["collective_error"]  # what the server acts on
 
 
 def test_many_reads_waiting_at_once_do_not_hold_back_the_request_they_wait_for(pool):
@@ -83,3 +89,24 @@ def test_many_reads_waiting_at_once_do_not_hold_back_the_request_they_wait_for(p
 
     got = run(scenario())
     assert all(state == "ready" and np.array_equal(np.frombuffer(v, np.float32), x) for state, v in got)
+
+
+def test_an_island_whose_group_broke_runs_collectives_again_once_restarted(pool):
+    art, x = spmd_artifact(), np.arange(8, dtype=np.float32)
+
+    async def scenario():
+        await pool.restart_island("a")
+        for host in ("a0", "a1"):
+            assert await pool.compile(host, "spmd", art, BOTH, [["x"]], [["x"]], 120) is None
+        pool.put(["a0", "a1"], "x", x.tobytes(), "float32", (8,), BOTH, ["x"])
+        pool.call(["a0", "a1"], "spmd", ["x"], ["y"], "spmd")
+        shards = [await pool.fetch_shards(h, "y", 60) for h in ("a0", "a1")]
+        return shards, [await pool.stats(h, 30) for h in ("a0", "a1")]
+
+    shards, stats = run(scenario())
+    got = np.empty(8, np.float32)
+    for (start, stop), data in ((index[0], data) for part in shards for index, data in part):
+        got[start:stop] = np.frombuffer(data, np.float32)
+    np.testing.assert_array_equal(got, x - x.sum())
+    assert [s["collective_error"] for s in stats] == [None, None]
+    assert [s["buffers"] for s in stats] == [2, 2]  # the old executors' buffers are gone
