@@ -113,6 +113,11 @@ class Client:
         """Islands, hosts and devices, with their status and load."""
         return DeviceTable(self._json("GET", "/v1/islands"), self._json("GET", "/v1/devices"))
 
+    def restart_island(self, island: str) -> int:
+        """New executors for the island's hosts (its JAX group formed again); returns how many
+        buffers lost their values with the old ones. Every client's values there are lost."""
+        return int(self._json("POST", f"/v1/islands/{island}/restart")["lost_buffers"])
+
     def slice(self, mesh: dict[str, int], island: str | None = None,
               device_kind: str | None = None) -> Slice:
         """Ask for a virtual slice with these named mesh axes, e.g. {"data": 2, "model": 2}."""
