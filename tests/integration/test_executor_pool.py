@@ -91,9 +91,11 @@ def test_a_slice_over_both_hosts_runs_one_spmd_computation(pool):
     np.testing.assert_array_equal(got, x * 2 - x.sum())
 
 
-def test_a_dead_host_is_an_error_not_a_hang(pool):
+def test_a_dead_host_is_an_error_not_a_hang_and_its_island_restarts(pool):
     pid = run(pool.stats("a1", 30))["pid"]
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(Unavailable, match="a1"):
         run(pool.fetch("a1", "z", 30))
     assert run(pool.stats("a0", 30))["host"] == "a0"  # the other host goes on
+    run(pool.restart_island("a"))  # new executors for both, their group formed again
+    assert [run(pool.stats(h, 30))["requests"] for h in ("a0", "a1")] == [0, 0]
