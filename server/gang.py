@@ -40,6 +40,7 @@ class _Queued:
     start: Start
     touches: tuple[str, ...]  # buffers (inputs and outputs) that wait for its admission
     held: tuple[str, ...]  # buffers that wait until it has run (outputs written only then)
+    outputs: tuple[str, ...] = ()  # the buffers it produces
 
 
 class Gangs:
@@ -53,6 +54,7 @@ class Gangs:
         self._changed = asyncio.Event()  # set (and replaced) whenever a buffer is released
         self._cleared: dict[str, asyncio.Event] = {}
         self.admitted: dict[str, Counter[str]] = {i: Counter() for i in islands}  # island -> client -> cost
+        self._paused: set[str] = set()  # islands admitting nothing (their executors are being replaced)
         self._tasks: set[asyncio.Task[None]] = set()
 
     def _policy(self) -> Policy:
@@ -69,14 +71,15 @@ class Gangs:
     # -- submissions -------------------------------------------------------------------------
 
     def submit(self, island: str, sub: Submission, start: Start, touches: Sequence[str],
-               held: Sequence[str] = ()) -> None:
-        """Queue a submission; `touches` wait for its admission, `held` until it has run.
+               held: Sequence[str] = (), outputs: Sequence[str] = ()) -> None:
+        """Queue a submission; `touches` wait for its admission, `held` until it has run;
+        `outputs` are what it produces.
 
         A submission reading a buffer that work queued on another island still touches
         enters its own island's queue only once that work is admitted: each island orders
         only its own queue, so the producer's messages must be numbered first.
         """
-        queued = _Queued(island, start, tuple(touches), tuple(held))
+        queued = _Queued(island, start, tuple(touches), tuple(held), tuple(outputs))
         self._hold(queued)
         others = [b for b in touches if self._touched(b, besides=island)]
         if not others:
@@ -107,7 +110,18 @@ class Gangs:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def pause(self, island: str) -> None:
+        """Admit nothing more on the island (its executors are being replaced): submissions
+        queue, and are numbered for the new executors once resumed."""
+        self._paused.add(island)
+
+    def resume(self, island: str) -> None:
+        self._paused.discard(island)
+        self._pump(island)
+
     def _pump(self, island: str) -> None:
+        if island in self._paused:
+            return
         for admitted in self.schedulers[island].admit():
             sub_id = admitted.submission.id
             queued = self._queued.pop(sub_id)
@@ -153,6 +167,10 @@ class Gangs:
                     event.set()
 
     # -- buffers of queued submissions -----------------------------------------------------
+
+    def queued_outputs(self, island: str) -> set[str]:
+        """What the island's queued submissions will produce (nothing of it exists yet)."""
+        return {b for q in self._queued.values() if q.island == island for b in q.outputs}
 
     def queued_for(self, buffer_id: str) -> bool:
         """True while a queued submission reads or writes the buffer."""

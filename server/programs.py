@@ -134,10 +134,13 @@ class Programs:
         if key not in rec.lowered:
             lowered = lower(rec.program, dict(key), fuse=rec.fuse)
             rec.lowered[key] = (lowered, host_plans(lowered, self.service.pool.ranks))
-            task = asyncio.get_running_loop().create_task(self._compile(rec, *rec.lowered[key]))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._compile(rec, *rec.lowered[key]))
         return rec.lowered[key]
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _compile(self, rec: ProgramRecord, lowered: Program, plans: dict[str, HostPlan]) -> None:
         table = lowered.artifact_table  # fusing adds artifacts
@@ -183,12 +186,13 @@ class Programs:
             owner.programs.discard(pid)
             self.records.pop(pid, None)
 
-    def forget_hosts(self, hosts: set[str]) -> None:
-        """Restarted hosts have none of the programs' executables: lower and compile again
-        whatever ran on them, at its next run."""
+    def compile_again(self, hosts: set[str]) -> None:
+        """Restarted hosts have none of the programs' executables: compile again whatever
+        was lowered onto them (plans travel again with the next run messages)."""
         for rec in self.records.values():
-            for key in [k for k, (_, plans) in rec.lowered.items() if hosts & set(plans)]:
-                del rec.lowered[key]
+            for lowered, plans in rec.lowered.values():
+                if hosts & set(plans):
+                    self._spawn(self._compile(rec, lowered, plans))
 
     # -- runs --------------------------------------------------------------------------------
 
@@ -219,7 +223,7 @@ class Programs:
         # Sequential dispatch writes the results with its closing messages: they wait until then.
         outputs = [o.id for o in outs]
         self.service.gangs.submit(island, sub, start, [*inputs, *([] if sequential else outputs)],
-                                  outputs if sequential else [])
+                                  outputs if sequential else [], outputs=outputs)
         return [self.service.own(owner, o) for o in outs]
 
     def _parallel(self, messages: list[tuple[HostPlan, RunMessage]]) -> Awaitable[None]:

@@ -183,20 +183,23 @@ class Service:
     async def _restart(self, island: str, cause: str) -> int:
         hosts = set(self.pool.islands[island])
         log.warning("island %s: restarting its executors (%s)", island, cause)
+        self.gangs.pause(island)  # what is submitted meanwhile runs on the new executors
         try:
             await self.pool.restart_island(island)
+            why = f"island {island} was restarted ({cause}), and the values on its hosts with it"
+            coming = self.gangs.queued_outputs(island)  # numbered for the new executors
+            lost = [b for b, rec in self.buffers.items() if hosts & set(rec.hosts) and b not in coming]
+            self.lost.update(dict.fromkeys(lost, why))
+            for comp in self.computations.values():
+                s = self.rm.get_slice(comp.slice_id)
+                if hosts & set(s.hosts):
+                    comp.status = "pending"
+                    on, placement = self._hosts_and_placement(s)
+                    self._spawn(self._compile(comp, on, comp.artifact, placement))
+            self.programs.compile_again(hosts)
         finally:
             self._restarting.discard(island)
-        why = f"island {island} was restarted ({cause}), and the values on its hosts with it"
-        lost = [b for b, rec in self.buffers.items() if hosts & set(rec.hosts)]
-        self.lost.update(dict.fromkeys(lost, why))
-        for comp in self.computations.values():
-            s = self.rm.get_slice(comp.slice_id)
-            if hosts & set(s.hosts):
-                comp.status = "pending"
-                on, placement = self._hosts_and_placement(s)
-                self._spawn(self._compile(comp, on, comp.artifact, placement))
-        self.programs.forget_hosts(hosts)
+            self.gangs.resume(island)
         log.warning("island %s: restarted; %d buffers lost", island, len(lost))
         return len(lost)
 
@@ -367,7 +370,7 @@ class Service:
                 for aval, spec in zip(comp.out_avals, comp.out_specs, strict=True)]
         self.gangs.submit(s.island, Submission(new_id("call"), owner.id, hosts),
                           lambda: self._dispatch_call(comp, hosts, placement, moves, args, outs),
-                          [*inputs, *(o.id for o in outs)])
+                          [*inputs, *(o.id for o in outs)], outputs=[o.id for o in outs])
         return [self.own(owner, o) for o in outs]
 
     def _dispatch_call(self, comp: ComputationRecord, hosts: tuple[str, ...], placement: Placement,

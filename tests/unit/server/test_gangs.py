@@ -135,3 +135,15 @@ async def test_a_reader_on_another_island_waits_for_the_producers_admission():
     finally:
         g.close()
         await settle()
+
+
+async def test_a_paused_island_queues_and_admits_in_order_once_resumed(gangs):
+    g, host = gangs("fifo", 4), Host()
+    g.pause("a")
+    for k in range(3):
+        g.submit("a", Submission(f"s{k}", "c", ("a0",)), host.start(f"s{k}"), [f"in{k}", f"out{k}"],
+                 outputs=[f"out{k}"])
+    assert host.numbered == [] and g.stats("a") == (3, 0) and g.queued_for("in0")
+    assert g.queued_outputs("a") == {"out0", "out1", "out2"}  # none of them exists yet
+    g.resume("a")
+    assert host.numbered == ["s0", "s1", "s2"] and g.queued_outputs("a") == set()
