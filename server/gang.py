@@ -25,9 +25,9 @@ import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from scheduler import FifoPolicy, GangScheduler, Policy, ProportionalShare, Submission
+from server.tasks import Tasks
 
 log = logging.getLogger("isthmus.server")
 # Called at admission: numbers and sends at once, and returns what to await until it has run.
@@ -55,7 +55,7 @@ class Gangs:
         self._cleared: dict[str, asyncio.Event] = {}
         self.admitted: dict[str, Counter[str]] = {i: Counter() for i in islands}  # island -> client -> cost
         self._paused: set[str] = set()  # islands admitting nothing (their executors are being replaced)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = Tasks()
 
     def _policy(self) -> Policy:
         return ProportionalShare(self._weights) if self._share else FifoPolicy()
@@ -91,7 +91,7 @@ class Gangs:
                 await self._changed.wait()
             self._enqueue(sub, queued)
 
-        self._spawn(after_others())
+        self._tasks.spawn(after_others())
 
     def _hold(self, queued: _Queued) -> None:
         self._by_island[queued.island].update([*queued.touches, *queued.held])
@@ -104,11 +104,6 @@ class Gangs:
             raise
         self._queued[sub.id] = queued
         self._pump(queued.island)
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     def pause(self, island: str) -> None:
         """Admit nothing more on the island (its executors are being replaced): submissions
@@ -132,7 +127,7 @@ class Gangs:
                 log.exception("island %s: submission %s could not be dispatched", island, sub_id)
                 running = asyncio.sleep(0)
             self._release(island, queued.touches)  # only now may requests on its buffers be numbered
-            self._spawn(self._run(island, sub_id, running, queued.held))
+            self._tasks.spawn(self._run(island, sub_id, running, queued.held))
 
     async def _run(self, island: str, sub_id: str, running: Awaitable[None], held: Sequence[str]) -> None:
         try:
@@ -196,7 +191,7 @@ class Gangs:
             await self.cleared(buffer_ids)
             act()
 
-        self._spawn(wait_then_act())
+        self._tasks.spawn(wait_then_act())
 
     # -- status ------------------------------------------------------------------------------
 
@@ -206,6 +201,5 @@ class Gangs:
         return len(s.queued), len(s.in_flight)
 
     def close(self) -> None:
-        for t in self._tasks:
-            t.cancel()
+        self._tasks.cancel()
 

@@ -40,6 +40,7 @@ from ir.passes import host_plans, lower
 from scheduler import Submission
 from server.artifacts import ArtifactInfo, inspect_artifact
 from server.records import BufferRecord, ClientRecord, new_id
+from server.tasks import Tasks
 
 if TYPE_CHECKING:
     from server.service import Service
@@ -68,7 +69,7 @@ class Programs:
     def __init__(self, service: Service) -> None:
         self.service = service
         self.records: dict[str, ProgramRecord] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = Tasks()
 
     # -- registration ------------------------------------------------------------------------
 
@@ -134,13 +135,8 @@ class Programs:
         if key not in rec.lowered:
             lowered = lower(rec.program, dict(key), fuse=rec.fuse)
             rec.lowered[key] = (lowered, host_plans(lowered, self.service.pool.ranks))
-            self._spawn(self._compile(rec, *rec.lowered[key]))
+            self._tasks.spawn(self._compile(rec, *rec.lowered[key]))
         return rec.lowered[key]
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _compile(self, rec: ProgramRecord, lowered: Program, plans: dict[str, HostPlan]) -> None:
         table = lowered.artifact_table  # fusing adds artifacts
@@ -161,8 +157,7 @@ class Programs:
         rec.status, rec.message = ("failed", "; ".join(failed)) if failed else ("ready", None)
 
     def close(self) -> None:
-        for t in self._tasks:
-            t.cancel()
+        self._tasks.cancel()
 
     # -- lookup ------------------------------------------------------------------------------
 
@@ -192,7 +187,7 @@ class Programs:
         for rec in self.records.values():
             for lowered, plans in rec.lowered.values():
                 if hosts & set(plans):
-                    self._spawn(self._compile(rec, lowered, plans))
+                    self._tasks.spawn(self._compile(rec, lowered, plans))
 
     # -- runs --------------------------------------------------------------------------------
 

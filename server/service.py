@@ -37,6 +37,7 @@ from server.gang import Gangs
 from server.programs import Programs
 from server.records import BufferRecord, ClientRecord, ComputationRecord, new_id
 from server.settings import Settings
+from server.tasks import Tasks
 
 log = logging.getLogger("isthmus.server")
 
@@ -54,7 +55,7 @@ class Service:
         self.gangs = Gangs(rm.islands(), settings.gang_policy, window)
         self.lost: dict[str, str] = {}  # buffer id -> why its value is gone (its island restarted)
         self._restarting: set[str] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = Tasks()
 
     @classmethod
     async def start(cls, settings: Settings) -> Service:
@@ -80,8 +81,7 @@ class Service:
             raise
 
     def close(self) -> None:
-        for t in self._tasks:
-            t.cancel()
+        self._tasks.cancel()
         self.programs.close()
         self.gangs.close()
         self.pool.shutdown()
@@ -178,7 +178,7 @@ class Service:
             except Exception:
                 log.exception("island %s: restart failed", island)
 
-        self._spawn(restart())
+        self._tasks.spawn(restart())
 
     async def _restart(self, island: str, cause: str) -> int:
         hosts = set(self.pool.islands[island])
@@ -195,18 +195,13 @@ class Service:
                 if hosts & set(s.hosts):
                     comp.status = "pending"
                     on, placement = self._hosts_and_placement(s)
-                    self._spawn(self._compile(comp, on, comp.artifact, placement))
+                    self._tasks.spawn(self._compile(comp, on, comp.artifact, placement))
             self.programs.compile_again(hosts)
         finally:
             self._restarting.discard(island)
             self.gangs.resume(island)
         log.warning("island %s: restarted; %d buffers lost", island, len(lost))
         return len(lost)
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     # -- buffers ---------------------------------------------------------------------------
 
@@ -312,11 +307,7 @@ class Service:
                                 info.in_avals, info.out_avals, ins, outs, artifact=artifact)
         self.computations[rec.id] = rec
         owner.computations.add(rec.id)
-        task = asyncio.get_running_loop().create_task(
-            self._compile(rec, hosts, artifact, placement)
-        )
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._compile(rec, hosts, artifact, placement))
         return rec
 
     async def _compile(self, rec: ComputationRecord, hosts: Sequence[str], artifact: bytes,
