@@ -47,6 +47,13 @@ def check_name(name: object, pattern: re.Pattern[str], what: str) -> None:
         raise InvalidArgument(f"{what}: expected a name matching {pattern.pattern}, found {name!r}")
 
 
+def check_hosts(hosts: object, what: str) -> None:
+    """`hosts` must be a non-empty tuple of distinct, non-empty host names."""
+    if (not isinstance(hosts, tuple) or not hosts or not all(isinstance(h, str) and h for h in hosts)
+            or len(set(hosts)) != len(hosts)):
+        raise InvalidArgument(f"{what}: expected a non-empty tuple of distinct host names, got {hosts!r}")
+
+
 @dataclass(frozen=True)
 class Sig:
     """What a computation declares for one input or output: aval and spec on its slice."""

@@ -20,7 +20,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ir.errors import InvalidArgument
-from ir.node import ATTRS, IDENTIFIER, SUBGRAPHS, TYPE_RULES, Env, Node, Op, RuleError, Sig, Type, check_name
+from ir.node import (
+    ATTRS,
+    IDENTIFIER,
+    SUBGRAPHS,
+    TYPE_RULES,
+    Env,
+    Node,
+    Op,
+    RuleError,
+    Sig,
+    Type,
+    check_hosts,
+    check_name,
+)
 from ir.types import Aval
 
 if TYPE_CHECKING:
@@ -193,13 +206,10 @@ class SendAttrs:
         check_name(self.tag, IDENTIFIER, f"send to {','.join(self.to)}: tag")
 
 
-def _check_hosts(hosts: object, what: str) -> None:
-    if not isinstance(hosts, tuple) or not hosts:
-        raise InvalidArgument(f"{what}: expected a non-empty tuple of host names, found {hosts!r}")
+def _check_hosts(hosts: tuple[str, ...], what: str) -> None:
+    check_hosts(hosts, what)
     for h in hosts:
         check_name(h, IDENTIFIER, what)
-    if len(set(hosts)) != len(hosts):
-        raise InvalidArgument(f"{what}: a host appears twice in {','.join(hosts)}")
 
 
 def _send_rule(node: Node, env: Env) -> list[Type]:

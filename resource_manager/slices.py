@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ir.errors import InvalidArgument
+from ir.node import check_hosts
 from ir.types import MeshAxes
 
 
@@ -37,16 +38,7 @@ class Slice:
                 )
         if not isinstance(self.mesh, MeshAxes):
             raise InvalidArgument(f"slice {self.id!r}: mesh: expected MeshAxes, got {self.mesh!r}")
-        if (
-            not isinstance(self.hosts, tuple)
-            or not self.hosts
-            or not all(isinstance(h, str) and h for h in self.hosts)
-            or len(set(self.hosts)) != len(self.hosts)
-        ):
-            raise InvalidArgument(
-                f"slice {self.id!r}: hosts: expected a non-empty tuple of distinct host names, "
-                f"got {self.hosts!r}"
-            )
+        check_hosts(self.hosts, f"slice {self.id!r}: hosts")
         ids = self.device_ids
         if not isinstance(ids, tuple) or not all(
             isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from ir.errors import InvalidArgument
+from ir.node import check_hosts
 
 
 @dataclass(frozen=True)
@@ -36,16 +37,7 @@ class Submission:
                 raise InvalidArgument(
                     f"submission {self.id!r}: {field}: expected a non-empty string, got {value!r}"
                 )
-        if (
-            not isinstance(self.hosts, tuple)
-            or not self.hosts
-            or not all(isinstance(h, str) and h for h in self.hosts)
-            or len(set(self.hosts)) != len(self.hosts)
-        ):
-            raise InvalidArgument(
-                f"submission {self.id!r}: hosts: expected a non-empty tuple of distinct host "
-                f"names, got {self.hosts!r}"
-            )
+        check_hosts(self.hosts, f"submission {self.id!r}: hosts")
         cost = self.cost
         if (
             not isinstance(cost, int | float)
