@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -51,6 +52,9 @@ class RayOptions:
     # it the computation fails with the cause instead of hanging (a host that failed its part
     # of a cross-host computation before the collective leaves the others waiting there).
     wait_timeout_s: int = 300
+    # Ray's token: read from (or, for a Ray this pool starts, written to) this file.
+    token_file: Path | None = None
+    insecure: bool = False  # join an external Ray without token authentication
 
 
 def _actor_name(host: str, generation: int = 0) -> str:

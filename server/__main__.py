@@ -40,6 +40,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cluster", type=Path, help="cluster file, JSON or YAML (env ISTHMUS_CLUSTER_FILE)")
     p.add_argument("--state-dir", type=Path, help="token and state (env ISTHMUS_STATE_DIR)")
     p.add_argument("--ray-address", help="join this Ray cluster instead of starting one")
+    p.add_argument("--insecure-ray", action="store_true", default=None,
+                   help="allow joining a Ray cluster without token authentication (env ISTHMUS_INSECURE_RAY)")
     return p.parse_args(argv)
 
 
@@ -53,10 +55,12 @@ def main(argv: list[str] | None = None) -> None:
     overrides = {k: v for k, v in {
         "host": args.host, "port": args.port, "cluster_file": args.cluster,
         "state_dir": args.state_dir, "ray_address": args.ray_address,
+        "insecure_ray": args.insecure_ray,
     }.items() if v is not None}
     try:
         settings = Settings(**overrides)
-    except ValueError as e:
+        settings.resolve_token()  # the state dir and the token are checked before anything starts
+    except ValueError as e:  # UnsafeState included
         sys.exit(f"isthmus serve: {e}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,

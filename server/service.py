@@ -37,6 +37,7 @@ from server.gang import Gangs
 from server.programs import Programs
 from server.records import BufferRecord, ClientRecord, ComputationRecord, new_id
 from server.settings import Settings
+from server.state import secret
 from server.tasks import Tasks
 
 log = logging.getLogger("isthmus.server")
@@ -62,6 +63,8 @@ class Service:
         spec: ClusterSpec = (
             load_cluster(settings.cluster_file) if settings.cluster_file else default_cluster()
         )
+        if settings.ray_address is None:  # the Ray this server starts takes its token from here
+            secret(settings.ray_token_file)
         options = RayOptions(
             address=settings.ray_address,
             num_cpus=settings.ray_num_cpus,
@@ -69,6 +72,8 @@ class Service:
             groups=settings.island_groups,
             ordered=settings.gang_order,
             wait_timeout_s=max(1, round(settings.step_timeout_s)),
+            token_file=settings.ray_token_file,
+            insecure=settings.insecure_ray,
         )
         pool = await ExecutorPool.start(spec, options)
         try:

@@ -6,7 +6,6 @@ Built once at start-up (`isthmus serve`) and passed down; nothing reads settings
 from __future__ import annotations
 
 import ipaddress
-import secrets
 from pathlib import Path
 from typing import Literal
 
@@ -57,6 +56,24 @@ class Settings(BaseSettings):
     # an ulp or so against the same functions jitted apart.
     fuse: bool = False
     allow_remote: bool = False
+    # Join an external Ray cluster (`ray_address`) that has no token authentication. Off by
+    # default: such a cluster runs whatever anyone who can reach it sends (docs/security.md).
+    insecure_ray: bool = False
+
+    # -- limits on what one request or one client may hold (docs/security.md) ----------------
+    max_json_mb: int = Field(64, ge=1)  # JSON bodies (artifacts travel base64 inside them)
+    max_artifact_mb: int = Field(32, ge=1)  # one serialized jax.export artifact
+    max_artifact_ops: int = Field(200_000, ge=1)  # operations in one artifact's module
+    max_clients: int = Field(1024, ge=1)  # open client sessions
+    max_slices: int = Field(64, ge=1)  # per client
+    max_buffer_mb: int = Field(16_384, ge=1)  # live buffer bytes per client
+    max_buffers: int = Field(100_000, ge=1)  # live buffers per client
+    max_computations: int = Field(1024, ge=1)  # per client
+    max_programs: int = Field(256, ge=1)  # per client
+    max_queued: int = Field(4096, ge=1)  # calls and runs a client has waiting for admission
+    # A client that sends nothing for this long is closed and everything it holds freed (the
+    # Python client renews its lease in the background while it is open).
+    client_lease_s: float = Field(300.0, gt=0)
 
     @model_validator(mode="after")
     def _refuse_unsafe(self) -> Settings:
@@ -73,17 +90,18 @@ class Settings(BaseSettings):
     def token_file(self) -> Path:
         return self.state_dir / "token"
 
+    @property
+    def ray_token_file(self) -> Path:
+        """Ray's token for the Ray this server starts: kept with the server's state, 0600."""
+        return self.state_dir / "ray_token"
+
     def resolve_token(self) -> str:
-        """The configured token, else the one in the state dir, else a new one written there."""
-        if self.token:
-            return self.token
-        if self.token_file.exists():
-            return self.token_file.read_text().strip()
-        token = secrets.token_urlsafe(24)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.token_file.touch(mode=0o600)
-        self.token_file.write_text(token)
-        return token
+        """The configured admin token, else the one in the state dir (written there first if
+        there is none; see `server.state` for what makes one acceptable)."""
+        from server.state import ensure_state_dir, secret
+
+        ensure_state_dir(self.state_dir)
+        return self.token or secret(self.token_file, 24)
 
 
 def _is_loopback(host: str) -> bool:
