@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     # The server only reads artifacts; keep it off any accelerator the executors need.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from ir import IsthmusError
     from server.app import create_app
     from server.settings import Settings
 
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         settings = Settings(**overrides)
         settings.resolve_token()  # the state dir and the token are checked before anything starts
-    except ValueError as e:  # UnsafeState included
+    except (ValueError, IsthmusError) as e:  # IsthmusError: an unsafe state dir or token
         sys.exit(f"isthmus serve: {e}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
