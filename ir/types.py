@@ -26,6 +26,12 @@ DTYPES: dict[str, np.dtype] = {
 DTYPES["bfloat16"] = np.dtype(ml_dtypes.bfloat16)
 
 SpecEntry = str | tuple[str, ...] | None
+# Bounds on what a request can describe: far above any real array or mesh, low enough that a
+# hostile value fails by name rather than by the memory or time it takes.
+MAX_RANK = 64
+MAX_DIM = 1 << 62
+MAX_MESH_AXES = 16
+MAX_NAME = 64  # characters of a mesh axis name
 
 
 def dtype_name(dtype: Any) -> str:
@@ -50,8 +56,10 @@ class Aval:
     dtype: str
 
     def __post_init__(self) -> None:
-        if not all(isinstance(d, int) and d >= 0 for d in self.shape):
-            raise InvalidArgument(f"shape {self.shape!r} must be a tuple of non-negative ints")
+        if len(self.shape) > MAX_RANK:
+            raise InvalidArgument(f"shape: rank {len(self.shape)}; at most {MAX_RANK}")
+        if not all(isinstance(d, int) and 0 <= d <= MAX_DIM for d in self.shape):
+            raise InvalidArgument(f"shape {self.shape!r} must be a tuple of ints in [0, 2**62]")
         parse_dtype(self.dtype)
 
     @property
@@ -78,12 +86,15 @@ class MeshAxes:
     def __post_init__(self) -> None:
         if not self.axes:
             raise InvalidArgument("mesh: needs at least one axis, e.g. {'x': 4}")
+        if len(self.axes) > MAX_MESH_AXES:
+            raise InvalidArgument(f"mesh: {len(self.axes)} axes; at most {MAX_MESH_AXES}")
         names = [n for n, _ in self.axes]
         if len(set(names)) != len(names):
             raise InvalidArgument(f"mesh: axis names repeat in {names}")
         for name, size in self.axes:
-            if not isinstance(name, str) or not name.isidentifier():
-                raise InvalidArgument(f"mesh: axis name {name!r} must be an identifier")
+            if not isinstance(name, str) or not name.isidentifier() or len(name) > MAX_NAME:
+                raise InvalidArgument(f"mesh: axis name {str(name)[:MAX_NAME]!r} must be an identifier "
+                                      f"of at most {MAX_NAME} characters")
             if not isinstance(size, int) or isinstance(size, bool) or size < 1:
                 raise InvalidArgument(f"mesh: axis {name!r} has size {size!r}; expected int >= 1")
 
@@ -170,5 +181,13 @@ class Spec:
         if value is None:
             return cls(())
         if not isinstance(value, list):
-            raise InvalidArgument(f"{field}: expected a list such as [null, 'model'], got {value!r}")
+            raise InvalidArgument(f"{field}: expected a list such as [null, 'model'], got "
+                                  f"{type(value).__name__}")
+        if len(value) > MAX_RANK:
+            raise InvalidArgument(f"{field}: {len(value)} entries; at most {MAX_RANK} (one per dimension)")
+        for i, e in enumerate(value):  # checked flat: a nested value is refused, never walked
+            names = e if isinstance(e, list) else [e]
+            if e is not None and not all(isinstance(a, str) and len(a) <= MAX_NAME for a in names):
+                raise InvalidArgument(f"{field}[{i}]: expected null, an axis name or a list of axis "
+                                      f"names, got {type(e).__name__}")
         return cls.of(value)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import reprlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -45,6 +46,10 @@ from ir.program import Artifact, Graph, Placement, Program, SliceDef
 from ir.types import Aval, MeshAxes, Spec
 
 FORMAT, VERSION = "isthmus.ir", 1
+# Bounds on what one document may hold: a hostile one must fail by name, not by exhausting
+# the reader's stack or memory.
+MAX_DEPTH = 16  # loops and branches nested inside each other
+MAX_ITEMS = 100_000  # entries of any one list (nodes of a graph, slices, artifacts, ...)
 
 
 class WireError(InvalidArgument):
@@ -129,6 +134,8 @@ class _At:
     def items(self) -> list[_At]:
         if not isinstance(self.value, list):
             self.fail("a list")
+        if len(self.value) > MAX_ITEMS:
+            raise WireError(f"{self.path}: {len(self.value)} entries; at most {MAX_ITEMS}")
         return [_At(v, f"{self.path}[{i}]") for i, v in enumerate(self.value)]
 
     def text(self) -> str:
@@ -148,8 +155,12 @@ class _At:
             raise WireError(f"{self.path}: {e}") from None
 
 
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 2, 60, 60
+
+
 def _show(value: Any) -> str:
-    text = repr(value)
+    text = _SHORT.repr(value)  # bounded however deep or long the value is
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -219,12 +230,14 @@ def _read_type(at: _At) -> Type:
     return at.build(lambda: sig.on(slice_name))
 
 
-def _read_graph(at: _At) -> Graph:
-    nodes = tuple(_read_node(n) for n in at["nodes"].items())
+def _read_graph(at: _At, depth: int = 0) -> Graph:
+    if depth > MAX_DEPTH:
+        raise WireError(f"{at.path}: loops and branches nested more than {MAX_DEPTH} deep")
+    nodes = tuple(_read_node(n, depth) for n in at["nodes"].items())
     return at.build(lambda: Graph(nodes))
 
 
-def _read_node(at: _At) -> Node:
+def _read_node(at: _At, depth: int) -> Node:
     op_at = at["op"]
     try:
         op = Op(op_at.text())
@@ -232,7 +245,7 @@ def _read_node(at: _At) -> Node:
         op_at.fail(f"an op in {[o.value for o in Op]}")
     inputs = tuple(v.text() for v in at["inputs"].items())
     outputs = tuple(v.text() for v in at["outputs"].items())
-    attrs = _DECODE[op](at["attrs"])
+    attrs = _NESTED[op](at["attrs"], depth + 1) if op in _NESTED else _DECODE[op](at["attrs"])
     return at.build(lambda: Node(op, inputs, outputs, attrs))
 
 
@@ -268,6 +281,11 @@ _DECODE: dict[Op, Callable[[_At], Attrs]] = {
     Op.SEND: lambda at: at.build(lambda: SendAttrs(_hosts(at["to"]), at["tag"].text())),
     Op.RECV: _read_recv,
     Op.RESULT: lambda at: ResultAttrs() if isinstance(at.value, dict) else at.fail("an object"),
-    Op.WHILE: lambda at: at.build(lambda: WhileAttrs(_read_graph(at["cond"]), _read_graph(at["body"]))),
-    Op.COND: lambda at: at.build(lambda: CondAttrs(tuple(_read_graph(b) for b in at["branches"].items()))),
+}
+# Ops carrying sub-programs: decoded one level deeper.
+_NESTED: dict[Op, Callable[[_At, int], Attrs]] = {
+    Op.WHILE: lambda at, d: at.build(
+        lambda: WhileAttrs(_read_graph(at["cond"], d), _read_graph(at["body"], d))),
+    Op.COND: lambda at, d: at.build(
+        lambda: CondAttrs(tuple(_read_graph(b, d) for b in at["branches"].items()))),
 }

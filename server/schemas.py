@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
 SpecJSON = list[str | list[str] | None]
+# Bounds on what one body may list: far above real use, low enough that a hostile body fails
+# by name (422 naming the field) before it costs anything.
+Id = Annotated[str, Field(max_length=128)]
+MAX_IDS = 100_000  # buffer ids in one body
+MAX_ARRAYS = 10_000  # inputs or outputs of one computation
 
 
 class ClientCreate(BaseModel):
@@ -18,6 +23,22 @@ class ClientPublic(BaseModel):
     id: str
     name: str
     weight: float = 1.0
+    lease_s: float = Field(description="it is closed after this long without a request")
+
+
+class ClientCreated(ClientPublic):
+    secret: str = Field(description="the client's credential (Authorization: Bearer <secret>); "
+                                    "shown only here")
+
+
+class ClientStatus(ClientPublic):
+    slices: int
+    buffers: int
+    buffer_bytes: int
+    computations: int
+    programs: int
+    queued: int = Field(description="calls and runs waiting for admission")
+    idle_s: float = Field(description="seconds since its last request ended (0 while one runs)")
 
 
 class DevicePublic(BaseModel):
@@ -68,9 +89,10 @@ class IslandRestarted(BaseModel):
 
 
 class SliceCreate(BaseModel):
-    mesh: dict[str, int] = Field(description='named mesh axes in order, e.g. {"data": 2, "model": 2}')
-    island: str | None = None
-    device_kind: str | None = None
+    mesh: dict[str, int] = Field(description='named mesh axes in order, e.g. {"data": 2, "model": 2}',
+                                 max_length=16)
+    island: str | None = Field(None, max_length=128)
+    device_kind: str | None = Field(None, max_length=128)
 
 
 class SlicePublic(BaseModel):
@@ -92,14 +114,14 @@ class BufferPublic(BaseModel):
 
 
 class BufferIds(BaseModel):
-    ids: list[str]
+    ids: list[Id] = Field(max_length=MAX_IDS)
 
 
 class ComputationCreate(BaseModel):
-    slice_id: str
+    slice_id: Id
     artifact: str = Field(description="the serialized jax.export artifact, base64")
-    in_specs: list[SpecJSON]
-    out_specs: list[SpecJSON]
+    in_specs: list[SpecJSON] = Field(max_length=MAX_ARRAYS)
+    out_specs: list[SpecJSON] = Field(max_length=MAX_ARRAYS)
     name: str = Field("", max_length=200)
 
 
@@ -116,10 +138,11 @@ class ComputationPublic(BaseModel):
 
 
 class CallCreate(BaseModel):
-    computation_id: str
-    inputs: list[str]
-    release: list[str] = Field(
-        default_factory=list, description="buffers the client dropped: freed after this call"
+    computation_id: Id
+    inputs: list[Id] = Field(max_length=MAX_ARRAYS)
+    release: list[Id] = Field(
+        default_factory=list, max_length=MAX_IDS,
+        description="buffers the client dropped: freed after this call",
     )
 
 
@@ -161,10 +184,11 @@ class ProgramText(BaseModel):
 
 
 class RunCreate(BaseModel):
-    program_id: str
-    inputs: list[str]
-    release: list[str] = Field(
-        default_factory=list, description="buffers the client dropped: freed after this run"
+    program_id: Id
+    inputs: list[Id] = Field(max_length=MAX_ARRAYS)
+    release: list[Id] = Field(
+        default_factory=list, max_length=MAX_IDS,
+        description="buffers the client dropped: freed after this run",
     )
     dispatch: Literal["parallel", "sequential"] | None = Field(
         None, description="parallel: one message per host; sequential: one per node (default: server's)"

@@ -13,12 +13,13 @@ from fastapi import APIRouter, Header, Query, Request, Response
 
 from ir import Aval, InvalidArgument, Spec
 from server.deps import ClientDep, ServiceDep
-from server.errors import PayloadTooLarge, UnsupportedMedia
+from server.errors import UnsupportedMedia
 from server.records import BufferRecord
 from server.schemas import BufferIds, BufferPublic
 
 router = APIRouter(prefix="/v1/buffers", tags=["buffers"])
 OCTETS = "application/octet-stream"
+MAX_QUERY = 4096  # characters of a shape or spec parameter
 
 
 def public(rec: BufferRecord, state: str | None = None) -> BufferPublic:
@@ -27,20 +28,26 @@ def public(rec: BufferRecord, state: str | None = None) -> BufferPublic:
 
 
 def _shape(text: str) -> tuple[int, ...]:
+    if len(text) > MAX_QUERY:
+        raise InvalidArgument(f"shape: {len(text)} characters; at most {MAX_QUERY}")
     try:
         dims = tuple(int(d) for d in text.split(",")) if text.strip() else ()
     except ValueError:
-        raise InvalidArgument(f"shape: expected comma-separated ints such as '4,8', got {text!r}") from None
+        raise InvalidArgument(
+            f"shape: expected comma-separated ints such as '4,8', got {text[:80]!r}") from None
     if any(d < 0 for d in dims):
-        raise InvalidArgument(f"shape: dimensions must be >= 0, got {text!r}")
+        raise InvalidArgument(f"shape: dimensions must be >= 0, got {text[:80]!r}")
     return dims
 
 
 def _spec(text: str) -> Spec:
+    if len(text) > MAX_QUERY:
+        raise InvalidArgument(f"spec: {len(text)} characters; at most {MAX_QUERY}")
     try:
         value = json.loads(text)
-    except json.JSONDecodeError:
-        raise InvalidArgument(f"spec: not JSON: {text!r}; expected e.g. [null, \"model\"]") from None
+    except (json.JSONDecodeError, RecursionError):
+        raise InvalidArgument(f"spec: not JSON (or nested too deep): {text[:80]!r}; "
+                              "expected e.g. [null, \"model\"]") from None
     return Spec.from_json(value)
 
 
@@ -60,10 +67,7 @@ async def upload(
             f"content-type: expected {OCTETS} (raw array bytes), got {content_type!r}"
         )
     aval = Aval(_shape(shape), dtype)
-    limit = service.settings.max_upload_mb << 20
-    if int(request.headers.get("content-length") or 0) > limit:
-        raise PayloadTooLarge(f"body: larger than the {service.settings.max_upload_mb} MiB limit")
-    data = await request.body()
+    data = await request.body()  # within max_upload_mb: server.guard saw to it before
     return public(service.upload(client, slice_id, aval, _spec(spec), data))
 
 

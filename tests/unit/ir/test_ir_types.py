@@ -63,5 +63,23 @@ def test_spec_check_messages():
 def test_spec_from_json_rejects_non_lists():
     with pytest.raises(InvalidArgument, match="expected a list"):
         Spec.from_json("data")
-    with pytest.raises(InvalidArgument, match="entry 3"):
+    with pytest.raises(InvalidArgument, match=r"spec\[0\]: expected null, an axis name or a list"):
         Spec.from_json([3])
+
+
+def test_hostile_specs_meshes_and_shapes_fail_by_name():
+    deep: list = []
+    for _ in range(100_000):  # deeper than the interpreter's recursion limit
+        deep = [deep]
+    with pytest.raises(InvalidArgument, match=r"in_specs\[0\]\[0\]: expected null, an axis name"):
+        Spec.from_json(deep, "in_specs[0]")
+    with pytest.raises(InvalidArgument, match="65 entries; at most 64"):
+        Spec.from_json([None] * 65)
+    with pytest.raises(InvalidArgument, match="10000 axes; at most 16"):
+        MeshAxes.of({f"a{i}": 1 for i in range(10_000)})
+    with pytest.raises(InvalidArgument, match="at most 64 characters"):
+        MeshAxes.of({"x" * 100: 2})
+    with pytest.raises(InvalidArgument, match="rank 65; at most 64"):
+        Aval((1,) * 65, "float32")
+    with pytest.raises(InvalidArgument, match="ints in"):
+        Aval((1 << 70,), "float32")

@@ -150,3 +150,23 @@ def test_a_send_and_recv_naming_one_host_as_older_documents_do_still_read(exampl
     send["attrs"]["to"] = "b0"
     recv["attrs"]["source"] = recv["attrs"].pop("sources")[0]
     assert from_wire(doc) == lower(example, EXAMPLE_PLACEMENTS)
+
+
+def test_hostile_documents_fail_by_path_not_by_the_stack():
+    """Loops nested past the bound, a huge list and a value nested past the interpreter's
+    recursion limit each fail as a WireError naming where."""
+    graph: dict = {"nodes": []}
+    for _ in range(40):  # (a loop's cond is read before the loop is checked)
+        graph = {"nodes": [{"op": "while", "inputs": [], "outputs": [],
+                            "attrs": {"cond": graph, "body": {"nodes": []}}}]}
+    doc = {"format": "isthmus.ir", "version": 1, "slices": [], "artifacts": [], "graph": graph}
+    with pytest.raises(WireError, match="nested more than 16 deep"):
+        from_wire(doc)
+    wide = dict(doc, graph={"nodes": [{}] * 100_001})
+    with pytest.raises(WireError, match=r"\$\.graph\.nodes: 100001 entries; at most 100000"):
+        from_wire(wide)
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(WireError, match=r"\$\.slices\[0\]: expected an object"):
+        from_wire(dict(doc, slices=[deep]))
