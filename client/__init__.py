@@ -12,7 +12,7 @@ from client.buffer import Buffer
 from client.connection import Client, Slice, connect
 from client.devices import DeviceTable
 from client.jit import Function
-from client.transport import Unauthorized
+from client.transport import OverQuota, Unauthorized
 from ir import Conflict, InvalidArgument, IsthmusError, NotFound, RemoteError, Unavailable
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "InvalidArgument",
     "IsthmusError",
     "NotFound",
+    "OverQuota",
     "RemoteError",
     "Slice",
     "Unauthorized",

@@ -16,9 +16,10 @@ from jax.sharding import AbstractMesh, PartitionSpec
 from client.buffer import Buffer
 from client.devices import DeviceTable
 from client.jit import Function, as_array, leaf_specs
+from client.lease import Lease
 from client.program import ProgramFunction
-from client.transport import Transport
-from ir import MeshAxes, NotFound, Spec, dtype_name
+from client.transport import Transport, Unauthorized
+from ir import InvalidArgument, MeshAxes, NotFound, Spec, dtype_name
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8470"
 
@@ -76,16 +77,37 @@ class Slice:
 
 
 class Client:
-    def __init__(self, address: str, token: str, name: str = "", timeout: float = 600.0,
-                 weight: float = 1.0) -> None:
-        self._transport = Transport(address, token, timeout)
+    """One client session on the server.
+
+    Opened with the admin `token` (a new session, whose secret this client keeps and sends
+    from then on), or with the `secret` of a session the admin opened for it. While the
+    client is open a background thread renews its lease; a client that stops (its process
+    killed, say) is closed by the server after the lease, freeing what it held.
+    """
+
+    def __init__(self, address: str, token: str | None = None, name: str = "", timeout: float = 600.0,
+                 weight: float = 1.0, secret: str | None = None) -> None:
+        if token is None and secret is None:
+            raise InvalidArgument("connect: needs the server's admin token or a client secret")
+        self._admin_token = token
+        self._transport = Transport(address, secret or token or "", timeout)
         self._released: list[str] = []
         self._slices: dict[str, Slice] = {}  # the slices this client created, by id
         self._lock = threading.Lock()
-        record = self._transport.json("POST", "/v1/clients", json={"name": name, "weight": weight})
+        if secret is None:
+            record = self._transport.json("POST", "/v1/clients", json={"name": name, "weight": weight})
+            self._transport.credential = record["secret"]
+        else:
+            record = self._transport.json("GET", "/v1/clients/self")
         self.id: str = record["id"]
-        self._transport.client_id = self.id
+        self.lease_s: float = record["lease_s"]
         self._closed = False
+        self._lease = Lease(self._transport, self.lease_s)
+
+    @property
+    def secret(self) -> str:
+        """This session's credential: `connect(secret=...)` opens it from another process."""
+        return self._transport.credential
 
     # -- buffers a program dropped are freed with the next request ---------------------------
 
@@ -115,8 +137,12 @@ class Client:
 
     def restart_island(self, island: str) -> int:
         """New executors for the island's hosts (its JAX group formed again); returns how many
-        buffers lost their values with the old ones. Every client's values there are lost."""
-        return int(self._json("POST", f"/v1/islands/{island}/restart")["lost_buffers"])
+        buffers lost their values with the old ones. Every client's values there are lost, so
+        it needs the admin token (a client connected with it has it)."""
+        if self._admin_token is None:
+            raise Unauthorized("restart_island needs the admin token: connect(token=...)")
+        path = f"/v1/islands/{island}/restart"
+        return int(self._json("POST", path, credential=self._admin_token)["lost_buffers"])
 
     def slice(self, mesh: dict[str, int], island: str | None = None,
               device_kind: str | None = None) -> Slice:
@@ -183,6 +209,7 @@ class Client:
         """Free every buffer and slice of this client on the server."""
         if self._closed:
             return
+        self._lease.stop()
         try:
             self._transport.request("DELETE", f"/v1/clients/{self.id}")
         finally:
@@ -197,12 +224,17 @@ class Client:
 
 
 def connect(address: str | None = None, token: str | None = None, name: str = "",
-            weight: float = 1.0) -> Client:
+            weight: float = 1.0, secret: str | None = None) -> Client:
     """Connect to an Isthmus server (default: `ISTHMUS_ADDRESS`, else the local one).
 
-    `weight` is this client's share of an island when the server schedules by proportional
-    share (`ISTHMUS_GANG_POLICY=share`)."""
+    With the admin `token` (default: `ISTHMUS_TOKEN`, else the local server's token file) a
+    new client session is opened; with a session's `secret` (default:
+    `ISTHMUS_CLIENT_SECRET`), that session is used. `weight` is the new session's share of
+    an island when the server schedules by proportional share (`ISTHMUS_GANG_POLICY=share`)."""
     address = address or os.environ.get("ISTHMUS_ADDRESS") or DEFAULT_ADDRESS
+    secret = secret or (None if token else os.environ.get("ISTHMUS_CLIENT_SECRET"))
+    if secret:
+        return Client(address, token, name=name, weight=weight, secret=secret)
     return Client(address, token or find_token(), name=name, weight=weight)
 
 

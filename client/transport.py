@@ -1,4 +1,4 @@
-"""HTTP to the server: keep-alive connections, the token, the client id, errors mapped back.
+"""HTTP to the server: keep-alive connections, the credential, errors mapped back.
 
 Built on the standard library's `http.client`, one persistent connection per thread: every
 call is one request, so the per-request cost of the client is on the hot path of every call
@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.client
 import json
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -18,12 +19,18 @@ from ir import Conflict, InvalidArgument, IsthmusError, NotFound, RemoteError, U
 
 
 class Unauthorized(IsthmusError):
-    """The token is missing or wrong, or the client id is unknown to the server."""
+    """The credential is missing or unknown (a closed or expired client's secret), or lacks
+    the scope the request needs (an admin action without the admin token)."""
+
+
+class OverQuota(IsthmusError):
+    """The client holds as much as the server allows: free something and retry."""
 
 
 ERRORS: dict[int, type[IsthmusError]] = {
     400: InvalidArgument, 413: InvalidArgument, 415: InvalidArgument, 422: InvalidArgument,
-    401: Unauthorized, 404: NotFound, 409: Conflict, 424: RemoteError, 503: Unavailable,
+    401: Unauthorized, 403: Unauthorized, 404: NotFound, 409: Conflict, 424: RemoteError,
+    429: OverQuota, 503: Unavailable,
 }
 
 
@@ -51,7 +58,7 @@ def error_of(method: str, path: str, response: Response) -> IsthmusError:
 
 
 class Transport:
-    def __init__(self, address: str, token: str, timeout: float) -> None:
+    def __init__(self, address: str, credential: str, timeout: float) -> None:
         self.address = address.rstrip("/")
         parts = urlsplit(self.address)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -59,10 +66,10 @@ class Transport:
         self._scheme, self._host = parts.scheme, parts.hostname
         self._port = parts.port or (443 if parts.scheme == "https" else 80)
         self._timeout = timeout
-        self._auth = f"Bearer {token}"
+        self.credential = credential  # the client's secret once it has one
         self._local = threading.local()
-        self.client_id: str | None = None
         self.requests = 0  # requests sent: what "one submission per run" is checked against
+        self.last_request = time.monotonic()
 
     def _connection(self) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)
@@ -73,12 +80,15 @@ class Transport:
 
     def request(self, method: str, path: str, *, params: dict[str, Any] | None = None,
                 json_body: Any = None, content: bytes | None = None,
-                headers: dict[str, str] | None = None) -> Response:
+                headers: dict[str, str] | None = None, credential: str | None = None,
+                counted: bool = True) -> Response:
+        """One request, with `credential` (default: the transport's) as its bearer; `counted`
+        False leaves `requests` alone (the lease's own renewals)."""
         url = f"{path}?{urlencode(params)}" if params else path
-        self.requests += 1
-        head = {"Authorization": self._auth, **(headers or {})}
-        if self.client_id:
-            head["X-Isthmus-Client"] = self.client_id
+        if counted:
+            self.requests += 1
+        self.last_request = time.monotonic()
+        head = {"Authorization": f"Bearer {credential or self.credential}", **(headers or {})}
         body = content
         if json_body is not None:
             body = json.dumps(json_body).encode()

@@ -163,7 +163,8 @@ class ExecutorPool:
             kwargs: dict[str, Any] = {"namespace": options.namespace, "logging_level": "WARNING",
                                       "log_to_driver": True}
             if options.address is None:
-                kwargs |= {"num_cpus": options.num_cpus, "include_dashboard": False,
+                # "local": always a new Ray of our own, never one found running on this machine.
+                kwargs |= {"address": "local", "num_cpus": options.num_cpus, "include_dashboard": False,
                            "object_store_memory": options.object_store_bytes}
             else:
                 kwargs["address"] = options.address

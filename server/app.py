@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI
+from fastapi import FastAPI
 
 from server import errors
-from server.deps import ServiceDep, authorize
+from server.deps import ServiceDep
+from server.guard import Guard
 from server.routes import buffers, clients, computations, devices, programs, slices
 from server.schemas import Health
 from server.service import Service
@@ -20,8 +21,7 @@ VERSION = "0.1.0"
 def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.token = settings.resolve_token()
-        app.state.service = service = await Service.start(settings)
+        app.state.service = service = await Service.start(settings, settings.resolve_token())
         try:
             yield
         finally:
@@ -30,12 +30,12 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="Isthmus", version=VERSION, lifespan=lifespan,
                   description="Single-controller orchestration of JAX programs on islands.")
     errors.install(app)
+    app.add_middleware(Guard)  # credentials and body limits, before any body is read
 
     @app.get("/healthz", tags=["health"])
     async def healthz(service: ServiceDep) -> Health:
         return Health(status="ok", hosts=len(service.pool.hosts), version=VERSION)
 
-    secured = [Depends(authorize)]
     for module in (devices, clients, slices, buffers, computations, programs):
-        app.include_router(module.router, dependencies=secured)
+        app.include_router(module.router)
     return app

@@ -1,17 +1,19 @@
-"""Typed dependencies of the handlers: the service, the token check, the calling client.
+"""Typed dependencies of the handlers: the service, and who is calling.
 
+`server.guard` has already checked the credential before any handler runs (and before any
+body was read); these only take what it found and check the scope the route needs.
 All are `async def`: none blocks, and FastAPI would run a plain `def` in its threadpool,
 a thread hop per dependency per request.
 """
 
 from __future__ import annotations
 
-import secrets
 from typing import Annotated
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Request
 
-from server.errors import Unauthorized
+from server.auth import Admin
+from server.errors import Forbidden, Unauthorized
 from server.records import ClientRecord
 from server.service import Service
 
@@ -23,17 +25,28 @@ async def get_service(request: Request) -> Service:
 ServiceDep = Annotated[Service, Depends(get_service)]
 
 
-async def authorize(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
-    token: str = request.app.state.token
-    scheme, _, given = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not secrets.compare_digest(given.encode(), token.encode()):
-        raise Unauthorized("missing or wrong bearer token (Authorization: Bearer <token>)")
+async def get_caller(request: Request) -> Admin | ClientRecord:
+    caller = getattr(request.state, "caller", None)
+    if caller is None:  # only a route outside /v1 gets here without the guard
+        raise Unauthorized("missing credential")
+    return caller
 
 
-async def current_client(
-    service: ServiceDep, x_isthmus_client: Annotated[str | None, Header()] = None
-) -> ClientRecord:
-    return service.client(x_isthmus_client)
+CallerDep = Annotated[Admin | ClientRecord, Depends(get_caller)]
+
+
+async def current_client(caller: CallerDep) -> ClientRecord:
+    if isinstance(caller, Admin):
+        raise Forbidden("this route acts for one client: send that client's secret (POST /v1/clients "
+                        "with the admin token opens a client and returns it), not the admin token")
+    return caller
+
+
+async def current_admin(caller: CallerDep) -> Admin:
+    if not isinstance(caller, Admin):
+        raise Forbidden("this route acts on the whole cluster and needs the admin token")
+    return caller
 
 
 ClientDep = Annotated[ClientRecord, Depends(current_client)]
+AdminDep = Annotated[Admin, Depends(current_admin)]

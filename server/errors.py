@@ -4,12 +4,18 @@ from __future__ import annotations
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from ir import Conflict, InvalidArgument, IsthmusError, NotFound, RemoteError, Unavailable
 
 
 class Unauthorized(IsthmusError):
-    """Missing or wrong token, or an unknown client id."""
+    """No credential, or one the server does not know."""
+
+
+class Forbidden(IsthmusError):
+    """A known credential without the scope the request needs (a client asking for an
+    admin action, or the admin token used where a client's secret is needed)."""
 
 
 class PayloadTooLarge(InvalidArgument):
@@ -20,26 +26,47 @@ class UnsupportedMedia(InvalidArgument):
     pass
 
 
+class OverQuota(IsthmusError):
+    """The client holds as much as it may: free something (or wait for queued work) and
+    try again."""
+
+    retry_after_s = 1
+
+
 STATUS: list[tuple[type[IsthmusError], int]] = [
     (PayloadTooLarge, 413),
     (UnsupportedMedia, 415),
     (InvalidArgument, 400),
     (Unauthorized, 401),
+    (Forbidden, 403),
     (NotFound, 404),
     (Conflict, 409),
+    (OverQuota, 429),
     (RemoteError, 424),
     (Unavailable, 503),
 ]
-
 
 def status_of(error: IsthmusError) -> int:
     return next((code for cls, code in STATUS if isinstance(error, cls)), 500)
 
 
+def response(error: IsthmusError) -> JSONResponse:
+    code = status_of(error)
+    headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, OverQuota) else None
+    return JSONResponse(status_code=code, content={"error": type(error).__name__, "detail": str(error)},
+                        headers=headers)
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(IsthmusError)
     async def _handle(_: Request, error: IsthmusError) -> JSONResponse:
-        return JSONResponse(
-            status_code=status_of(error),
-            content={"error": type(error).__name__, "detail": str(error)},
-        )
+        return response(error)
+
+    @app.exception_handler(HTTPException)
+    async def _http(_: Request, error: HTTPException) -> JSONResponse:
+        # FastAPI's own 4xx; the one for a body it could not parse says why it may be.
+        detail = error.detail
+        if detail == "There was an error parsing the body":
+            detail = "body: not JSON of the expected form, or nested too deep to parse"
+        return JSONResponse(status_code=error.status_code, headers=error.headers,
+                            content={"error": "HTTPError", "detail": detail})

@@ -55,6 +55,7 @@ class Gangs:
         self._cleared: dict[str, asyncio.Event] = {}
         self.admitted: dict[str, Counter[str]] = {i: Counter() for i in islands}  # island -> client -> cost
         self._paused: set[str] = set()  # islands admitting nothing (their executors are being replaced)
+        self.waiting: Counter[str] = Counter()  # client -> its submissions not yet admitted
         self._tasks = Tasks()
 
     def _policy(self) -> Policy:
@@ -80,6 +81,7 @@ class Gangs:
         only its own queue, so the producer's messages must be numbered first.
         """
         queued = _Queued(island, start, tuple(touches), tuple(held), tuple(outputs))
+        self.waiting[sub.client] += 1
         self._hold(queued)
         others = [b for b in touches if self._touched(b, besides=island)]
         if not others:
@@ -101,6 +103,7 @@ class Gangs:
             self.schedulers[queued.island].submit(sub)
         except Exception:
             self._release(queued.island, [*queued.touches, *queued.held])
+            self._admitted_or_gone(sub.client)
             raise
         self._queued[sub.id] = queued
         self._pump(queued.island)
@@ -120,6 +123,7 @@ class Gangs:
         for admitted in self.schedulers[island].admit():
             sub_id = admitted.submission.id
             queued = self._queued.pop(sub_id)
+            self._admitted_or_gone(admitted.submission.client)
             self.admitted[island][admitted.submission.client] += admitted.submission.cost
             try:
                 running = queued.start()  # numbered on its hosts now, in island order
@@ -147,7 +151,13 @@ class Gangs:
                 self._release(queued.island, [*queued.touches, *queued.held])
         for counts in self.admitted.values():
             counts.pop(client, None)
+        self.waiting.pop(client, None)
         self.set_weight(client, None)
+
+    def _admitted_or_gone(self, client: str) -> None:
+        self.waiting[client] -= 1
+        if self.waiting[client] <= 0:
+            del self.waiting[client]
 
     def _release(self, island: str, buffers: Sequence[str]) -> None:
         self._by_island[island].subtract(buffers)  # a buffer may appear more than once

@@ -74,6 +74,7 @@ class Programs:
     # -- registration ------------------------------------------------------------------------
 
     def register(self, owner: ClientRecord, doc: Any, name: str, fuse: bool = False) -> ProgramRecord:
+        self.service.quotas.check("programs", len(owner.programs), 1)
         program = from_wire(doc)
         verify(program)
         self._check_slices(owner, program)
@@ -197,6 +198,7 @@ class Programs:
         if rec.status == "failed":
             raise Conflict(f"program {rec.id} failed to compile: {rec.message}")
         self._check_inputs(owner, rec, inputs)
+        self.service.check_room(owner, [t.aval for t in rec.result_types], submits=1)
         _, plans = self._lowered(owner, rec)
         outs = [BufferRecord(new_id("b"), owner.id, t.slice, self.service.slice(owner, t.slice).hosts,
                              t.aval, t.spec)

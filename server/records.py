@@ -6,6 +6,7 @@ Array data never lives here; it lives on the executors, keyed by the same ids.
 from __future__ import annotations
 
 import secrets
+import time
 from dataclasses import dataclass, field
 
 from ir import Aval, Spec
@@ -15,11 +16,15 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(6)}"
 
 
-@dataclass
+@dataclass(eq=False)
 class ClientRecord:
     id: str
     name: str
     weight: float = 1.0  # its share of an island under proportional-share scheduling
+    key: bytes = field(default=b"", repr=False)  # its secret's digest (server.auth)
+    last_seen: float = field(default_factory=time.monotonic)  # its lease runs from here
+    in_flight: int = 0  # requests of it in progress (it never expires meanwhile)
+    buffer_bytes: int = 0  # the bytes of its live buffers, against its quota
     buffers: set[str] = field(default_factory=set)
     computations: set[str] = field(default_factory=set)
     programs: set[str] = field(default_factory=set)

@@ -11,6 +11,7 @@ import asyncio
 import base64
 import binascii
 import logging
+import time
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
@@ -32,9 +33,10 @@ from ir import (
 from resource_manager import ClusterSpec, ResourceManager, Slice, default_cluster, load_cluster
 from scheduler import Submission
 from server.artifacts import inspect_artifact
-from server.errors import Unauthorized
+from server.auth import Admin, Credentials
 from server.gang import Gangs
 from server.programs import Programs
+from server.quotas import Quotas
 from server.records import BufferRecord, ClientRecord, ComputationRecord, new_id
 from server.settings import Settings
 from server.state import secret
@@ -44,10 +46,13 @@ log = logging.getLogger("isthmus.server")
 
 
 class Service:
-    def __init__(self, settings: Settings, pool: ExecutorPool, rm: ResourceManager) -> None:
+    def __init__(self, settings: Settings, pool: ExecutorPool, rm: ResourceManager,
+                 admin_token: str) -> None:
         self.settings = settings
         self.pool = pool
         self.rm = rm
+        self.credentials = Credentials(admin_token)
+        self.quotas = Quotas.of(settings)
         self.clients: dict[str, ClientRecord] = {}
         self.buffers: dict[str, BufferRecord] = {}
         self.computations: dict[str, ComputationRecord] = {}
@@ -59,7 +64,7 @@ class Service:
         self._tasks = Tasks()
 
     @classmethod
-    async def start(cls, settings: Settings) -> Service:
+    async def start(cls, settings: Settings, admin_token: str) -> Service:
         spec: ClusterSpec = (
             load_cluster(settings.cluster_file) if settings.cluster_file else default_cluster()
         )
@@ -80,7 +85,10 @@ class Service:
             reports = await pool.reports(settings.rpc_timeout_s)
             # Slices may span the hosts of an island that is one JAX group (filled host by host).
             span = max((len(hosts) for hosts in pool.groups.values()), default=1)
-            return cls(settings, pool, ResourceManager(spec, reports, max_hosts_per_slice=span))
+            service = cls(settings, pool, ResourceManager(spec, reports, max_hosts_per_slice=span),
+                          admin_token)
+            service._tasks.spawn(service._expire_clients_forever())
+            return service
         except BaseException:
             pool.shutdown()
             raise
@@ -93,22 +101,47 @@ class Service:
 
     # -- clients ---------------------------------------------------------------------------
 
-    def create_client(self, name: str, weight: float = 1.0) -> ClientRecord:
+    def create_client(self, name: str, weight: float = 1.0) -> tuple[ClientRecord, str]:
+        """Open a client; returns it and its secret (the only time the secret is shown)."""
+        self.quotas.check("clients", len(self.clients), 1)
         rec = ClientRecord(new_id("cl"), name, weight)
+        secret, rec.key = self.credentials.issue(rec.id)
         self.clients[rec.id] = rec
         self.gangs.set_weight(rec.id, weight)
-        return rec
+        return rec, secret
 
-    def client(self, client_id: str | None) -> ClientRecord:
-        if client_id is None:
-            raise Unauthorized("missing X-Isthmus-Client header: create a client with POST /v1/clients")
+    def caller(self, authorization: str | None) -> Admin | ClientRecord:
+        """The admin or the client whose credential this is (`server.auth`)."""
+        who = self.credentials.who(authorization)
+        return who if isinstance(who, Admin) else self.clients[who]
+
+    def client(self, client_id: str) -> ClientRecord:
         rec = self.clients.get(client_id)
         if rec is None:
-            raise Unauthorized(f"unknown client {client_id!r}: create one with POST /v1/clients")
+            raise NotFound(f"client {client_id!r} does not exist")
         return rec
+
+    def expire_clients(self, now: float) -> list[str]:
+        """Close every client that has sent nothing for longer than its lease (and has no
+        request in progress), freeing all it holds; returns their ids."""
+        lease = self.settings.client_lease_s
+        gone = [c.id for c in self.clients.values() if c.in_flight == 0 and now - c.last_seen > lease]
+        for cid in gone:
+            log.warning("client %s: no request for %gs; closing it and freeing what it holds", cid, lease)
+            self.close_client(cid)
+        return gone
+
+    async def _expire_clients_forever(self) -> None:
+        while True:
+            await asyncio.sleep(min(30.0, self.settings.client_lease_s / 4))
+            try:
+                self.expire_clients(time.monotonic())
+            except Exception:  # never let one bad close stop the leases
+                log.exception("expiring clients failed")
 
     def close_client(self, client_id: str) -> None:
         owner = self.client(client_id)
+        self.credentials.revoke(owner.key)
         self.delete_buffers(owner, sorted(owner.buffers))
         for cid in owner.computations:
             self.computations.pop(cid, None)
@@ -121,6 +154,7 @@ class Service:
 
     def create_slice(self, owner: ClientRecord, mesh: dict[str, int], island: str | None,
                      device_kind: str | None) -> Slice:
+        self.quotas.check("slices", len(self.rm.slices(owner=owner.id)), 1)
         s = self.rm.create_slice(MeshAxes.of(mesh), owner.id, island=island, device_kind=device_kind)
         if len(s.hosts) > 1 and s.island not in self.pool.groups:
             self.rm.release(s.id)
@@ -219,6 +253,7 @@ class Service:
                 f"body has {len(data)} bytes; an array {aval} needs exactly {aval.nbytes} "
                 "(raw little-endian bytes in C order, nothing else)"
             )
+        self.check_room(owner, [aval])
         hosts, placement = self._hosts_and_placement(s)
         rec = BufferRecord(new_id("b"), owner.id, s.id, hosts, aval, spec)
         self.pool.put(hosts, rec.id, data, aval.dtype, aval.shape, placement, spec.to_json())
@@ -227,7 +262,15 @@ class Service:
     def own(self, owner: ClientRecord, rec: BufferRecord) -> BufferRecord:
         self.buffers[rec.id] = rec
         owner.buffers.add(rec.id)
+        owner.buffer_bytes += rec.aval.nbytes
         return rec
+
+    def check_room(self, owner: ClientRecord, avals: Sequence[Aval], submits: int = 0) -> None:
+        """Refuse buffers (and a queued submission) past the client's quotas."""
+        self.quotas.check("buffers", len(owner.buffers), len(avals))
+        self.quotas.check("buffer_bytes", owner.buffer_bytes, sum(a.nbytes for a in avals), " bytes")
+        if submits:
+            self.quotas.check("queued", self.gangs.waiting[owner.id], submits)
 
     def buffer(self, owner: ClientRecord, buffer_id: str) -> BufferRecord:
         rec = self.buffers.get(buffer_id)
@@ -283,8 +326,9 @@ class Service:
         for host, ids in by_host.items():  # after any queued call or run that uses them
             self.gangs.later(ids, lambda host=host, ids=ids: self.pool.delete(host, ids))
         for b in buffer_ids:
-            owner.buffers.discard(b)
-            self.buffers.pop(b, None)
+            if b in owner.buffers:
+                owner.buffers.discard(b)
+                owner.buffer_bytes -= self.buffers.pop(b).aval.nbytes
             self.lost.pop(b, None)
 
     def not_lost(self, rec: BufferRecord, what: str = "") -> BufferRecord:
@@ -298,6 +342,7 @@ class Service:
     def register(self, owner: ClientRecord, slice_id: str, artifact_b64: str,
                  in_specs: list[Any], out_specs: list[Any], name: str) -> ComputationRecord:
         s = self.slice(owner, slice_id)
+        self.quotas.check("computations", len(owner.computations), 1)
         try:
             artifact = base64.b64decode(artifact_b64, validate=True)
         except (binascii.Error, ValueError):
@@ -362,6 +407,7 @@ class Service:
                 moves.append((rec.hosts, rec.id, tmp, comp.in_specs[i].to_json()))
                 b = tmp
             args.append(b)
+        self.check_room(owner, comp.out_avals, submits=1)
         outs = [BufferRecord(new_id("b"), owner.id, s.id, hosts, aval, spec)
                 for aval, spec in zip(comp.out_avals, comp.out_specs, strict=True)]
         self.gangs.submit(s.island, Submission(new_id("call"), owner.id, hosts),

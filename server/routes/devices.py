@@ -7,14 +7,15 @@ import asyncio
 from fastapi import APIRouter
 
 from ir import IsthmusError
-from server.deps import ClientDep, ServiceDep
+from server.auth import Admin
+from server.deps import AdminDep, CallerDep, ServiceDep
 from server.schemas import DevicePublic, HostPublic, IslandPublic, IslandRestarted
 
 router = APIRouter(prefix="/v1", tags=["devices"])
 
 
 @router.get("/devices")
-async def list_devices(service: ServiceDep) -> list[DevicePublic]:
+async def list_devices(_: CallerDep, service: ServiceDep) -> list[DevicePublic]:
     rm = service.rm
     return [
         DevicePublic(id=d.id, island=d.island, host=d.host, index=d.index, platform=d.platform,
@@ -25,8 +26,12 @@ async def list_devices(service: ServiceDep) -> list[DevicePublic]:
 
 
 @router.get("/islands")
-async def list_islands(service: ServiceDep) -> list[IslandPublic]:
+async def list_islands(caller: CallerDep, service: ServiceDep) -> list[IslandPublic]:
+    """Islands and hosts with their queues. What names another client's work (what a host is
+    running, a failed collective's message, the cost admitted per client) is shown in full
+    to the admin only; a client sees its own admitted cost and that a collective failed."""
     rm = service.rm
+    admin = isinstance(caller, Admin)
     hosts = rm.hosts()
 
     async def stats(host: str) -> dict | None:
@@ -46,14 +51,17 @@ async def list_islands(service: ServiceDep) -> list[IslandPublic]:
                 status="up" if st is not None and rm.host_status(h) == "up" else "down",
                 devices=[d.id for d in rm.devices() if d.host == h],
                 queued=(st or {}).get("queued", 0), completed=(st or {}).get("completed", 0),
-                running=(st or {}).get("running"), running_s=(st or {}).get("running_s"),
+                running=(st or {}).get("running") if admin else None,
+                running_s=(st or {}).get("running_s"),
                 waiting_for=(st or {}).get("waiting_for"),
-                collective_error=(st or {}).get("collective_error"),
+                collective_error=_collective((st or {}).get("collective_error"), admin),
                 requests=(st or {}).get("requests", 0),
                 dispatch_messages=service.pool.messages.get(h, 0),
             ))
         queued, in_flight = service.gangs.stats(summary["name"])
         admitted = dict(service.gangs.admitted[summary["name"]])
+        if not admin:
+            admitted = {k: v for k, v in admitted.items() if k == caller.id}
         islands.append(IslandPublic(name=summary["name"], devices=summary["devices"],
                                     slices=summary["slices"], load=summary["load"], queued=queued,
                                     in_flight=in_flight, admitted=admitted, hosts=host_rows))
@@ -61,9 +69,15 @@ async def list_islands(service: ServiceDep) -> list[IslandPublic]:
 
 
 @router.post("/islands/{name}/restart")
-async def restart_island(name: str, client: ClientDep, service: ServiceDep) -> IslandRestarted:
-    """New executors for the island's hosts, forming its JAX group again (the server does
-    this by itself when a host reports a failed collective). Every value on those hosts is
-    lost; reading one says so."""
-    lost = await service.restart_island(name, f"asked by client {client.id}")
+async def restart_island(name: str, _: AdminDep, service: ServiceDep) -> IslandRestarted:
+    """New executors for the island's hosts, forming its JAX group again (admin token; the
+    server does this by itself when a host reports a failed collective). Every value on
+    those hosts, every client's, is lost; reading one says so."""
+    lost = await service.restart_island(name, "asked by the admin")
     return IslandRestarted(island=name, lost_buffers=lost)
+
+
+def _collective(error: str | None, admin: bool) -> str | None:
+    if error is None or admin:
+        return error
+    return "a cross-host collective failed on this host (the island restarts)"

@@ -16,8 +16,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 @pytest.fixture
 def http(c, server):
-    token = (server.state_dir / "token").read_text().strip()
-    headers = {"Authorization": f"Bearer {token}", "X-Isthmus-Client": c.id}
+    headers = {"Authorization": f"Bearer {c.secret}"}
     with httpx.Client(base_url=server.address, headers=headers, timeout=60) as h:
         yield h
 

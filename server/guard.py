@@ -1,0 +1,103 @@
+"""The gate in front of every `/v1` route: who is asking, and how much it may send.
+
+A plain ASGI middleware, so that it runs before anything reads the request's body:
+- the credential is checked first (`server.auth`); a request without a valid one is
+  answered 401 without a byte of its body being read or parsed;
+- a body larger than its route's limit is answered 413: at once when its Content-Length
+  says so, else (a chunked body) as soon as the bytes read pass the limit, reading no
+  further. Uploads of array bytes have `max_upload_mb`; every JSON body `max_json_mb`;
+- the caller is put into the request's state for the handlers (`server.deps`), and a
+  client's lease is renewed by every request it makes (`Service.expire_clients`): while one
+  of its requests is in progress (a long wait for a result, say) it never expires.
+"""
+
+from __future__ import annotations
+
+import time
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ir import InvalidArgument, IsthmusError
+from server import errors
+from server.auth import Admin
+from server.errors import PayloadTooLarge
+
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+class Guard:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        service = scope["app"].state.service
+        headers = _headers(scope)
+        try:
+            caller = service.caller(headers.get("authorization"))
+            limit_mb = (service.settings.max_upload_mb if _is_upload(scope)
+                        else service.settings.max_json_mb)
+            receive = await _bounded(scope, receive, headers, limit_mb)
+        except IsthmusError as e:
+            await errors.response(e)(scope, receive, send)
+            return
+        scope.setdefault("state", {})["caller"] = caller
+        if isinstance(caller, Admin):
+            await self.app(scope, receive, send)
+            return
+        client = caller
+        client.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            client.in_flight -= 1
+            client.last_seen = time.monotonic()
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+def _is_upload(scope: Scope) -> bool:
+    return scope["method"] == "POST" and scope["path"].rstrip("/") == "/v1/buffers"
+
+
+async def _bounded(scope: Scope, receive: Receive, headers: dict[str, str], limit_mb: int) -> Receive:
+    """`receive` for a body within the limit; `PayloadTooLarge` for one past it."""
+    limit = limit_mb << 20
+    too_large = PayloadTooLarge(f"body: larger than the {limit_mb} MiB limit of {scope['path']}")
+    length = headers.get("content-length")
+    if length is not None:
+        if not length.strip().isdigit():
+            raise InvalidArgument(f"content-length: not a byte count: {length[:40]!r}")
+        if int(length) > limit:
+            raise too_large
+        return receive
+    if scope["method"] not in BODY_METHODS:
+        return receive
+    # A body of unknown length (chunked): read it here, up to the limit, and hand it on.
+    chunks: list[bytes] = []
+    size, more = 0, True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return _replay([message], receive)
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+        more = message.get("more_body", False)
+    return _replay([{"type": "http.request", "body": b"".join(chunks), "more_body": False}], receive)
+
+
+def _replay(messages: list[Message], then: Receive) -> Receive:
+    """The messages already read, then whatever the connection says next (a disconnect)."""
+    pending = list(messages)
+
+    async def receive() -> Message:
+        return pending.pop(0) if pending else await then()
+
+    return receive
