@@ -67,6 +67,7 @@ class HostPublic(BaseModel):
     collective_error: str | None = Field(
         None, description="the first failed cross-host collective (the island's group is broken)")
     requests: int = Field(0, description="sequenced requests the host has received")
+    buffers: int = Field(0, description="buffers (every client's) held on the host")
     dispatch_messages: int = Field(0, description="program run messages the server has sent it")
 
 

@@ -56,6 +56,7 @@ async def list_islands(caller: CallerDep, service: ServiceDep) -> list[IslandPub
                 waiting_for=(st or {}).get("waiting_for"),
                 collective_error=_collective((st or {}).get("collective_error"), admin),
                 requests=(st or {}).get("requests", 0),
+                buffers=(st or {}).get("buffers", 0),
                 dispatch_messages=service.pool.messages.get(h, 0),
             ))
         queued, in_flight = service.gangs.stats(summary["name"])
