@@ -45,6 +45,8 @@ async def list_computations(client: ClientDep, service: ServiceDep) -> list[Comp
 @router.post("/calls", status_code=201)
 async def call(body: CallCreate, client: ClientDep, service: ServiceDep) -> CallPublic:
     """Enqueue a call; the outputs are returned at once as buffer futures."""
-    outs = service.call(client, body.computation_id, body.inputs)
+    # Dropped buffers go first: no input of this submission can be among them (the client
+    # holds its inputs), and what they free counts for its outputs' quota.
     service.delete_buffers(client, [b for b in body.release if b in client.buffers])
+    outs = service.call(client, body.computation_id, body.inputs)
     return CallPublic(outputs=[buffer_public(o) for o in outs])

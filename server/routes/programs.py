@@ -56,6 +56,8 @@ async def list_programs(client: ClientDep, service: ServiceDep) -> list[ProgramP
 @router.post("/runs", status_code=201)
 async def run(body: RunCreate, client: ClientDep, service: ServiceDep) -> RunPublic:
     """Run a program; its outputs are returned at once as buffer futures."""
-    outs = await service.programs.run(client, body.program_id, body.inputs, body.dispatch)
+    # Dropped buffers go first: no input of this submission can be among them (the client
+    # holds its inputs), and what they free counts for its outputs' quota.
     service.delete_buffers(client, [b for b in body.release if b in client.buffers])
+    outs = await service.programs.run(client, body.program_id, body.inputs, body.dispatch)
     return RunPublic(outputs=[buffer_public(o) for o in outs])

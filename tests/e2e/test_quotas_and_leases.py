@@ -1,0 +1,133 @@
+"""Quotas answer 429 with Retry-After and let a client go on once it frees something; a
+client that vanishes without closing is closed after its lease, everything it held freed.
+
+A server of its own, with small quotas and a 2 s lease, started once for the module."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import httpx
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import client as isthmus
+from client.embedded import EmbeddedServer
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+LEASE_S = 2.0
+ENV = {
+    "ISTHMUS_CLIENT_LEASE_S": str(LEASE_S), "ISTHMUS_MAX_SLICES": "2", "ISTHMUS_MAX_BUFFER_MB": "1",
+    "ISTHMUS_MAX_COMPUTATIONS": "2", "ISTHMUS_MAX_PROGRAMS": "1", "ISTHMUS_MAX_CLIENTS": "4",
+}
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    state = tmp_path_factory.mktemp("isthmus-quotas")
+    srv = EmbeddedServer.start(state, env=ENV)
+    try:
+        yield srv.address, (state / "token").read_text().strip()
+    finally:
+        srv.stop()
+
+
+def until(condition: Callable[[], object], deadline_s: float, what: str) -> object:
+    """Poll `condition` until it holds (the lease is a matter of time by nature)."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if (value := condition()):
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"not within {deadline_s:g}s: {what}")
+
+
+def test_over_quota_is_429_with_retry_after_and_freeing_lets_the_client_go_on(small):
+    address, token = small
+    with isthmus.connect(address, token=token, name="greedy") as c:
+        h = {"Authorization": f"Bearer {c.secret}"}
+        s1, s2 = c.slice({"x": 1}), c.slice({"x": 1})
+        r = httpx.post(f"{address}/v1/slices", json={"mesh": {"x": 1}}, headers=h)
+        assert r.status_code == 429 and r.headers["retry-after"] == "1", r.text
+        assert "slices: 2 held" in r.json()["detail"] and "limit of 2" in r.json()["detail"]
+        s2.delete()
+        s3 = c.slice({"x": 1})  # room again
+
+        big = np.zeros(96 * 1024, np.float32)  # 384 KiB: two fit in the 1 MiB quota, three do not
+        a, b = c.put(big, s1), c.put(big, s1)
+        with pytest.raises(isthmus.OverQuota, match="buffer bytes"):
+            c.put(np.zeros(160 * 1024, np.float32), s1)
+        f = c.jit(lambda v: v + 1, slice=s1)
+        with pytest.raises(isthmus.OverQuota, match="buffer bytes"):  # the call's output
+            f(a)
+        del b  # dropped: freed with the next request
+        np.testing.assert_array_equal(f(a).numpy(), big + 1)
+
+        g = c.jit(lambda v: v * 2, slice=s3)
+        g(c.put(np.ones(4, np.float32), s3)).result()
+        with pytest.raises(isthmus.OverQuota, match="computations: 2 held"):
+            c.jit(lambda v: v - 1, slice=s3)(c.put(np.ones(4, np.float32), s3))
+
+
+def test_client_count_is_bounded(small):
+    address, token = small
+    opened = []
+    try:
+        with pytest.raises(isthmus.OverQuota, match="clients"):
+            for k in range(5):
+                opened.append(isthmus.connect(address, token=token, name=f"c{k}"))
+    finally:
+        for c in opened:
+            c.close()
+    isthmus.connect(address, token=token).close()  # closing made room
+
+
+def _hosts_buffers(address: str, token: str) -> int:
+    islands = httpx.get(f"{address}/v1/islands", headers={"Authorization": f"Bearer {token}"}).json()
+    return sum(h["buffers"] for i in islands for h in i["hosts"])
+
+
+def test_a_client_that_vanishes_is_closed_after_its_lease_and_its_buffers_freed(small):
+    address, token = small
+    admin = {"Authorization": f"Bearer {token}"}
+    before = _hosts_buffers(address, token)
+    # A client speaking plain HTTP, which then stops talking (no lease renewal, no close).
+    made = httpx.post(f"{address}/v1/clients", json={"name": "ghost"}, headers=admin).json()
+    h = {"Authorization": f"Bearer {made['secret']}"}
+    assert made["lease_s"] == LEASE_S
+    s = httpx.post(f"{address}/v1/slices", json={"mesh": {"x": 2}}, headers=h).json()
+    for k in range(3):
+        params = {"slice_id": s["id"], "dtype": "float32", "shape": "8"}
+        r = httpx.post(f"{address}/v1/buffers", params=params,
+                       content=np.full(8, k, np.float32).tobytes(),
+                       headers=h | {"Content-Type": "application/octet-stream"})
+        assert r.status_code == 201, r.text
+        httpx.get(f"{address}/v1/buffers/{r.json()['id']}", params={"wait": True}, headers=h)
+    ghost = next(c for c in httpx.get(f"{address}/v1/clients", headers=admin).json() if c["id"] == made["id"])
+    assert (ghost["slices"], ghost["buffers"]) == (1, 3)
+    assert _hosts_buffers(address, token) == before + 3  # one host holds the 2-device slice
+
+    def open_ids() -> set[str]:
+        return {c["id"] for c in httpx.get(f"{address}/v1/clients", headers=admin).json()}
+
+    until(lambda: made["id"] not in open_ids(), 10 * LEASE_S, "the silent client closed")
+    assert httpx.get(f"{address}/v1/slices", headers=h).status_code == 401  # its secret is dead
+    until(lambda: _hosts_buffers(address, token) == before, 10 * LEASE_S, "its buffers freed on the hosts")
+
+
+def test_an_open_python_client_keeps_its_lease_while_idle(small):
+    address, token = small
+    with isthmus.connect(address, token=token, name="patient") as c:
+        s = c.slice({"x": 1})
+        x = c.put(jnp.arange(4, dtype=jnp.float32), s, P())
+        start = time.monotonic()
+        admin = {"Authorization": f"Bearer {token}"}
+        # Idle for three leases, watched from outside; the client's own thread renews it.
+        until(lambda: time.monotonic() - start > 3 * LEASE_S
+              and c.id in {k["id"] for k in httpx.get(f"{address}/v1/clients", headers=admin).json()},
+              10 * LEASE_S, "three leases passed with the client still open")
+        np.testing.assert_array_equal(x.numpy(), np.arange(4))
