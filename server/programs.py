@@ -27,6 +27,7 @@ from ir import (
     Conflict,
     HostPlan,
     InvalidArgument,
+    MeshAxes,
     NotFound,
     Op,
     Placement,
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("isthmus.server")
 Dispatch = Literal["parallel", "sequential"]
 Placements = tuple[tuple[str, Placement], ...]
+LOWERINGS_KEPT = 4  # per program: placements it was lowered for (newest kept)
 
 
 @dataclass
@@ -73,19 +75,33 @@ class Programs:
 
     # -- registration ------------------------------------------------------------------------
 
-    def register(self, owner: ClientRecord, doc: Any, name: str, fuse: bool = False) -> ProgramRecord:
+    async def register(self, owner: ClientRecord, doc: Any, name: str, fuse: bool = False) -> ProgramRecord:
+        """Check, lower and register a program. Reading the document, its artifacts and
+        lowering it take time in proportion to its size: they run off the event loop, and
+        what they depend on (the caller's slices, its quota) is checked again after."""
         self.service.quotas.check("programs", len(owner.programs), 1)
-        program = from_wire(doc)
-        verify(program)
+        program = await asyncio.to_thread(_parse, doc)
         self._check_slices(owner, program)
-        self._check_artifacts(owner, program)
+        targets = {d.name: self._target(owner, d.name) for d in program.slices}
+        infos = await asyncio.to_thread(_read_artifacts, program, targets)
+        self._check_slices(owner, program)
+        self.service.quotas.check("programs", len(owner.programs), 1)
+        _check_artifacts(program, infos)
         args, results = graph_signature(program.graph, program.slice_table,
                                         frozenset(program.artifact_table))
         rec = ProgramRecord(new_id("p"), owner.id, name or "program", program, args, results, fuse)
-        self._lowered(owner, rec)
+        key = self._placements(owner, program)
+        lowered = await asyncio.to_thread(self._lower, rec, key)
+        self._check_slices(owner, program)
+        if key == self._placements(owner, program):  # else it is lowered again at its first run
+            self._keep(rec, key, lowered)
         self.records[rec.id] = rec
         owner.programs.add(rec.id)
         return rec
+
+    def _target(self, owner: ClientRecord, slice_id: str) -> tuple[MeshAxes, str]:
+        s = self.service.slice(owner, slice_id)
+        return s.mesh, self.service.slice_platform(s)
 
     def _check_slices(self, owner: ClientRecord, program: Program) -> None:
         for d in program.slices:
@@ -98,27 +114,6 @@ class Programs:
             if d.island is not None and d.island != s.island:
                 raise InvalidArgument(f"slice {d.name}: the program wants island {d.island}, "
                                       f"the slice is on {s.island}")
-
-    def _check_artifacts(self, owner: ClientRecord, program: Program) -> None:
-        table = program.artifact_table
-        infos: dict[tuple[str, str], ArtifactInfo] = {}  # read each artifact once per slice
-        for i, node in enumerate(program.nodes):
-            if node.op is not Op.COMPUTE:
-                continue
-            a = node.attrs
-            if (a.artifact, a.slice) not in infos:
-                s = self.service.slice(owner, a.slice)
-                infos[a.artifact, a.slice] = inspect_artifact(
-                    table[a.artifact].data, s.mesh, self.service.slice_platform(s))
-            info = infos[a.artifact, a.slice]
-            declared = (tuple(x.aval for x in a.ins), tuple(x.aval for x in a.outs))
-            if declared != (info.in_avals, info.out_avals):
-                raise InvalidArgument(
-                    f"node {i} (compute {a.name}): declares {_show(declared[0])} -> {_show(declared[1])}; "
-                    f"its artifact computes {_show(info.in_avals)} -> {_show(info.out_avals)}"
-                )
-            where = f"node {i} (compute {a.name}): "
-            info.check_specs([x.spec for x in a.ins], [x.spec for x in a.outs], where)
 
     def _placements(self, owner: ClientRecord, program: Program) -> Placements:
         rm = self.service.rm
@@ -134,10 +129,21 @@ class Programs:
         new placement is compiled on its hosts in the background."""
         key = self._placements(owner, rec.program)
         if key not in rec.lowered:
-            lowered = lower(rec.program, dict(key), fuse=rec.fuse)
-            rec.lowered[key] = (lowered, host_plans(lowered, self.service.pool.ranks))
-            self._tasks.spawn(self._compile(rec, *rec.lowered[key]))
+            self._keep(rec, key, self._lower(rec, key))
         return rec.lowered[key]
+
+    def _lower(self, rec: ProgramRecord, key: Placements) -> tuple[Program, dict[str, HostPlan]]:
+        lowered = lower(rec.program, dict(key), fuse=rec.fuse)
+        return lowered, host_plans(lowered, self.service.pool.ranks)
+
+    def _keep(self, rec: ProgramRecord, key: Placements,
+              lowered: tuple[Program, dict[str, HostPlan]]) -> None:
+        """Keep a lowering (only the latest few placements: slices are rarely moved) and
+        compile it on its hosts in the background."""
+        while len(rec.lowered) >= LOWERINGS_KEPT:
+            rec.lowered.pop(next(iter(rec.lowered)))
+        rec.lowered[key] = lowered
+        self._tasks.spawn(self._compile(rec, *lowered))
 
     async def _compile(self, rec: ProgramRecord, lowered: Program, plans: dict[str, HostPlan]) -> None:
         table = lowered.artifact_table  # fusing adds artifacts
@@ -263,6 +269,40 @@ class Programs:
             pool.run(ends)
             raise
         await self.service.settled(pool.run(ends, notify=True), [host for host, _, _ in ends])
+
+
+def _parse(doc: Any) -> Program:
+    program = from_wire(doc)
+    verify(program)
+    return program
+
+
+def _read_artifacts(program: Program, targets: dict[str, tuple[MeshAxes, str]]
+                    ) -> dict[tuple[str, str], ArtifactInfo]:
+    """Each computation's artifact read once per slice (pure: runs off the event loop)."""
+    infos: dict[tuple[str, str], ArtifactInfo] = {}
+    table = program.artifact_table
+    for node in program.nodes:
+        if node.op is Op.COMPUTE and (node.attrs.artifact, node.attrs.slice) not in infos:
+            mesh, platform = targets[node.attrs.slice]
+            infos[node.attrs.artifact, node.attrs.slice] = inspect_artifact(
+                table[node.attrs.artifact].data, mesh, platform)
+    return infos
+
+
+def _check_artifacts(program: Program, infos: dict[tuple[str, str], ArtifactInfo]) -> None:
+    for i, node in enumerate(program.nodes):
+        if node.op is not Op.COMPUTE:
+            continue
+        a = node.attrs
+        info = infos[a.artifact, a.slice]
+        declared = (tuple(x.aval for x in a.ins), tuple(x.aval for x in a.outs))
+        if declared != (info.in_avals, info.out_avals):
+            raise InvalidArgument(
+                f"node {i} (compute {a.name}): declares {_show(declared[0])} -> {_show(declared[1])}; "
+                f"its artifact computes {_show(info.in_avals)} -> {_show(info.out_avals)}"
+            )
+        info.check_specs([x.spec for x in a.ins], [x.spec for x in a.outs], f"node {i} (compute {a.name}): ")
 
 
 def _show(avals: Sequence[Any]) -> str:

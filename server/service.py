@@ -32,7 +32,7 @@ from ir import (
 )
 from resource_manager import ClusterSpec, ResourceManager, Slice, default_cluster, load_cluster
 from scheduler import Submission
-from server.artifacts import inspect_artifact
+from server.artifacts import ArtifactInfo, inspect_artifact
 from server.auth import Admin, Credentials
 from server.gang import Gangs
 from server.programs import Programs
@@ -339,15 +339,15 @@ class Service:
 
     # -- computations ----------------------------------------------------------------------
 
-    def register(self, owner: ClientRecord, slice_id: str, artifact_b64: str,
-                 in_specs: list[Any], out_specs: list[Any], name: str) -> ComputationRecord:
+    async def register(self, owner: ClientRecord, slice_id: str, artifact_b64: str,
+                       in_specs: list[Any], out_specs: list[Any], name: str) -> ComputationRecord:
         s = self.slice(owner, slice_id)
         self.quotas.check("computations", len(owner.computations), 1)
-        try:
-            artifact = base64.b64decode(artifact_b64, validate=True)
-        except (binascii.Error, ValueError):
-            raise InvalidArgument("artifact: not valid base64") from None
-        info = inspect_artifact(artifact, s.mesh, self.slice_platform(s))
+        # Decoding and reading the artifact take time in proportion to its size: off the
+        # event loop, which meanwhile serves every other request.
+        artifact, info = await asyncio.to_thread(self._read_artifact, artifact_b64, s)
+        s = self.slice(owner, slice_id)  # still there, and still the caller's, after the wait
+        self.quotas.check("computations", len(owner.computations), 1)
         ins = _specs(in_specs, info.in_avals, s, "in_specs")
         outs = _specs(out_specs, info.out_avals, s, "out_specs")
         info.check_specs(ins, outs, "")
@@ -359,6 +359,13 @@ class Service:
         owner.computations.add(rec.id)
         self._tasks.spawn(self._compile(rec, hosts, artifact, placement))
         return rec
+
+    def _read_artifact(self, artifact_b64: str, s: Slice) -> tuple[bytes, ArtifactInfo]:
+        try:
+            artifact = base64.b64decode(artifact_b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidArgument("artifact: not valid base64") from None
+        return artifact, inspect_artifact(artifact, s.mesh, self.slice_platform(s))
 
     async def _compile(self, rec: ComputationRecord, hosts: Sequence[str], artifact: bytes,
                        placement: Placement) -> None:

@@ -26,7 +26,7 @@ def public(rec: ComputationRecord) -> ComputationPublic:
 async def register(body: ComputationCreate, client: ClientDep,
                    service: ServiceDep) -> ComputationPublic:
     """Register an artifact for a slice; it compiles in the background on the slice's hosts."""
-    rec = service.register(client, body.slice_id, body.artifact, body.in_specs, body.out_specs,
+    rec = await service.register(client, body.slice_id, body.artifact, body.in_specs, body.out_specs,
                            body.name)
     return public(rec)
 

@@ -31,7 +31,7 @@ def public(rec: ProgramRecord) -> ProgramPublic:
 async def register(body: ProgramCreate, client: ClientDep, service: ServiceDep) -> ProgramPublic:
     """Register a program; it is lowered at once and compiled in the background on its hosts."""
     fuse = service.settings.fuse if body.fuse is None else body.fuse
-    return public(service.programs.register(client, body.program, body.name, fuse))
+    return public(await service.programs.register(client, body.program, body.name, fuse))
 
 
 @router.get("/programs/{program_id}")
