@@ -23,6 +23,7 @@ import os
 import threading
 import time
 import traceback
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -39,6 +40,7 @@ from ir import HostPlan, Spec, parse_dtype
 log = logging.getLogger("isthmus.executors")
 Placement = tuple[tuple[int, ...], tuple[tuple[str, int], ...]]  # local device indices, axes
 Settled = tuple[str, Any]  # ("ready", value) or ("failed", cause)
+FORGOTTEN_KEPT = 65_536  # forgotten executable keys remembered (a late call on one fails at once)
 
 
 def _cause() -> str:
@@ -52,6 +54,10 @@ class Host:
         self.store = BufferStore()
         self._executables: dict[str, Future[Any]] = {}
         self._building: set[str] = set()
+        # Executables forgotten (their computations deleted), by key: the number of compile
+        # requests for the key the server had sent when it asked. Bounded: oldest go first.
+        self._forgotten: OrderedDict[str, int] = OrderedDict()
+        self._compiles: dict[str, int] = {}  # key -> the latest compile request's number
         self._ops: dict[int, tuple[Callable[[], None], str]] = {}  # seq -> (op, label)
         self._next = 0
         self._cond = threading.Condition()
@@ -62,7 +68,7 @@ class Host:
         self.collective_error: str | None = None  # the first failed cross-host collective
         self._closed = False
         self._requests = 0
-        self.runner = Runner(host, self.store, self._executable, self._deliver, self._failed)
+        self.runner = Runner(host, self.store, self._usable, self._deliver, self._failed)
         self._thread = threading.Thread(target=self._dispatch, name=f"dispatch-{host}", daemon=True)
         self._thread.start()
 
@@ -113,6 +119,8 @@ class Host:
             "running_s": time.perf_counter() - self._started if running is not None else None,
             "waiting_for": gap,
             "buffers": len(self.store),
+            "executables": len(self._executables),
+            "plans": self.runner.plans,
             "busy_s": self._busy_s,
             "collective_error": self.collective_error,
         }
@@ -177,11 +185,27 @@ class Host:
     def _executable(self, key: str) -> Future[Any]:
         return self._executables.setdefault(key, Future())
 
+    def _usable(self, key: str) -> Future[Any]:
+        """The executable a step runs: a forgotten one fails at once (a call queued before its
+        computation was deleted), where an unknown one is waited for (still compiling)."""
+        if key in self._forgotten:
+            raise Failure(f"executable {key} was deleted with its computation on host {self.host}")
+        return self._executable(key)
+
     async def compile(
         self, key: str, artifact: bytes, placement: Placement,
-        in_specs: list[Any], out_specs: list[Any],
+        in_specs: list[Any], out_specs: list[Any], number: int = 0,
     ) -> str | None:
-        """Compile once per key; return None when ready, else the compiler's message."""
+        """Compile once per key; return None when ready, else the compiler's message.
+
+        `number` counts the server's compile requests for the key on this host: one older
+        than a `forget` of the key arrives late for a deleted computation and is refused."""
+        forgotten_at = self._forgotten.get(key)
+        if forgotten_at is not None:
+            if number <= forgotten_at:
+                return f"executable {key} was deleted on host {self.host}"
+            del self._forgotten[key]
+        self._compiles[key] = max(number, self._compiles.get(key, 0))
         fut = self._executable(key)
         if not fut.done() and key not in self._building:
             self._building.add(key)
@@ -359,6 +383,26 @@ class Host:
         """("ready", [(index, raw bytes), ...]): the shards this host holds of a buffer on a
         slice spanning hosts, one per distinct index (the server assembles them)."""
         return await self._settled(seq, buffer_id, read=_raw_shards)
+
+    def forget(self, seq: int, executables: dict[str, int], plans: Sequence[str]) -> None:
+        """Drop executables and plans no computation or program uses any more (in sequence,
+        after every request numbered before it). An executable asked for again since (a
+        compile request numbered above the one given) is kept."""
+        keys, plan_keys = dict(executables), list(plans)
+
+        def op() -> None:
+            for key, number in keys.items():
+                if self._compiles.get(key, 0) > number:
+                    continue
+                self._executables.pop(key, None)
+                self._building.discard(key)
+                self._compiles.pop(key, None)
+                self._forgotten[key] = number
+                while len(self._forgotten) > FORGOTTEN_KEPT:
+                    self._forgotten.popitem(last=False)
+            self.runner.forget(plan_keys)
+
+        self._submit(seq, op, f"forget {len(keys)} executables, {len(plan_keys)} plans")
 
     def delete(self, seq: int, buffer_ids: Sequence[str]) -> None:
         ids = list(buffer_ids)

@@ -123,6 +123,7 @@ class ExecutorPool:
         self._seq = {h: itertools.count() for h in handles}
         self._lock = threading.Lock()
         self._plans: set[tuple[str, str]] = set()  # (host, plan key) already sent
+        self._compiles = 0  # compile requests sent (each carries its number, see `forget`)
         self.ordered = True  # False only to show what the island order prevents (debug)
         self.messages: dict[str, int] = dict.fromkeys(handles, 0)  # run messages sent per host
         self._specs: dict[str, HostSpec] = {}
@@ -141,17 +142,18 @@ class ExecutorPool:
         island order that keeps their collectives from waiting on each other in a cycle)."""
         if not self.ordered and len(hosts) > 1:
             return [self._later(lambda h=h: self._send(h, method, *args)) for h in hosts]
-        refs = []
         with self._lock:
-            for host in hosts:
-                handle = self._handles[host]
-                seq = next(self._seq[host])
-                try:
-                    refs.append(getattr(handle, method).remote(seq, *args))
-                except Exception:
-                    handle.skip.remote(seq)
-                    raise
-        return refs
+            return [self._numbered(host, method, *args) for host in hosts]
+
+    def _numbered(self, host: str, method: str, *args: Any) -> Any:
+        """Number one request in the host's order and send it (under `self._lock`)."""
+        handle = self._handles[host]
+        seq = next(self._seq[host])
+        try:
+            return getattr(handle, method).remote(seq, *args)
+        except Exception:
+            handle.skip.remote(seq)
+            raise
 
     @classmethod
     async def start(cls, spec: ClusterSpec, options: RayOptions) -> ExecutorPool:
@@ -258,8 +260,22 @@ class ExecutorPool:
 
     async def compile(self, host: str, key: str, artifact: bytes, placement: Placement,
                       in_specs: list[Any], out_specs: list[Any], timeout: float) -> str | None:
-        ref = self._handles[host].compile.remote(key, artifact, placement, in_specs, out_specs)
+        with self._lock:
+            self._compiles += 1
+            number = self._compiles
+        ref = self._handles[host].compile.remote(key, artifact, placement, in_specs, out_specs, number)
         return await self._await(ref, host, timeout, f"compile {key}")
+
+    def forget(self, host: str, executables: Sequence[str], plans: Sequence[str]) -> None:
+        """Tell the host to drop executables and plans nothing uses any more, after every
+        request numbered before. Each executable goes with the number of the latest compile
+        request sent so far: one asked for again after this (a higher number) is kept, and
+        a compile request this overtook on its way is refused as stale."""
+        if host not in self._handles or not (executables or plans):
+            return
+        with self._lock:  # one step: a run numbered after it carries its plan again
+            self._plans -= {(host, k) for k in plans}
+            self._numbered(host, "forget", dict.fromkeys(executables, self._compiles), list(plans))
 
     def put(self, hosts: Sequence[str], buffer_id: str, data: bytes, dtype: str, shape: Sequence[int],
             placement: Placement, spec: Any) -> None:

@@ -89,13 +89,13 @@ class Runner:
         """
         if plan is not None:
             self._plans[message.plan_key] = plan
-        known = self._plans.get(message.plan_key)
+        known = plan or self._plans.get(message.plan_key)
         if known is not None:
             for step in known.steps[message.lo:message.hi]:
                 if isinstance(step, Recv):
                     for source in step.sources:
                         self._mailbox(message.run_id, _tag(step.tag, source))
-        return lambda: self._execute(message)
+        return lambda: self._execute(message, plan)
 
     def deliver(self, run_id: str, tag: str, payload: Payload) -> None:
         """A peer's `Send` arrived (dropped if its run has finished here: nobody will read it)."""
@@ -112,8 +112,22 @@ class Runner:
 
     # -- in turn (dispatch thread) ---------------------------------------------------------
 
-    def _execute(self, message: RunMessage) -> None:
-        plan = self._plans.get(message.plan_key)
+    def forget(self, plan_keys: Sequence[str]) -> None:
+        """Drop cached plans no program uses any more (the server sends a plan again with
+        the next run that needs it)."""
+        for key in plan_keys:
+            self._plans.pop(key, None)
+
+    @property
+    def plans(self) -> int:
+        return len(self._plans)
+
+    def _execute(self, message: RunMessage, carried: HostPlan | None = None) -> None:
+        # A plan the message carried is used as is: a `forget` numbered before this message
+        # may have dropped it from the cache after the message arrived.
+        if carried is not None:
+            self._plans[message.plan_key] = carried
+        plan = carried or self._plans.get(message.plan_key)
         if plan is None:
             cause = f"host {self.host} has no plan {message.plan_key} (the server must send it first)"
             self._fail_results(message, Failure(cause))

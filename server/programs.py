@@ -40,6 +40,7 @@ from ir import (
 from ir.passes import host_plans, lower
 from scheduler import Submission
 from server.artifacts import ArtifactInfo, inspect_artifact
+from server.caches import of_plans
 from server.records import BufferRecord, ClientRecord, new_id
 from server.tasks import Tasks
 
@@ -141,8 +142,9 @@ class Programs:
         """Keep a lowering (only the latest few placements: slices are rarely moved) and
         compile it on its hosts in the background."""
         while len(rec.lowered) >= LOWERINGS_KEPT:
-            rec.lowered.pop(next(iter(rec.lowered)))
+            self._drop(rec.lowered.pop(next(iter(rec.lowered))))
         rec.lowered[key] = lowered
+        self.service.caches.hold(*of_plans(lowered[1]))
         self._tasks.spawn(self._compile(rec, *lowered))
 
     async def _compile(self, rec: ProgramRecord, lowered: Program, plans: dict[str, HostPlan]) -> None:
@@ -178,15 +180,22 @@ class Programs:
         return self._lowered(owner, self.get(owner, program_id))
 
     def forget(self, owner: ClientRecord) -> None:
-        for pid in owner.programs:
-            self.records.pop(pid, None)
-        owner.programs.clear()
+        self._remove(owner, list(owner.programs))
 
     def forget_slice(self, owner: ClientRecord, slice_id: str) -> None:
         """A deleted slice takes the programs that use it with it."""
-        for pid in [p for p in owner.programs if slice_id in self.records[p].program.slice_table]:
+        self._remove(owner, [p for p in owner.programs if slice_id in self.records[p].program.slice_table])
+
+    def _remove(self, owner: ClientRecord, program_ids: Sequence[str]) -> None:
+        for pid in program_ids:
             owner.programs.discard(pid)
-            self.records.pop(pid, None)
+            rec = self.records.pop(pid, None)
+            for lowered in (rec.lowered.values() if rec else ()):
+                self._drop(lowered)
+
+    def _drop(self, lowered: tuple[Program, dict[str, HostPlan]]) -> None:
+        """A lowering no longer kept: its hosts forget what no other record uses."""
+        self.service.caches.drop(*of_plans(lowered[1]))
 
     def compile_again(self, hosts: set[str]) -> None:
         """Restarted hosts have none of the programs' executables: compile again whatever

@@ -51,6 +51,7 @@ class ComputationRecord:
     out_avals: tuple[Aval, ...]
     in_specs: tuple[Spec, ...]
     out_specs: tuple[Spec, ...]
+    hosts: tuple[str, ...] = ()  # where its executable is compiled
     status: str = "pending"
     message: str | None = None
     artifact: bytes = field(default=b"", repr=False)  # kept to compile again on restarted hosts

@@ -68,6 +68,8 @@ class HostPublic(BaseModel):
         None, description="the first failed cross-host collective (the island's group is broken)")
     requests: int = Field(0, description="sequenced requests the host has received")
     buffers: int = Field(0, description="buffers (every client's) held on the host")
+    executables: int = Field(0, description="compiled executables cached on the host")
+    plans: int = Field(0, description="program plans cached on the host")
     dispatch_messages: int = Field(0, description="program run messages the server has sent it")
 
 

@@ -34,6 +34,7 @@ from resource_manager import ClusterSpec, ResourceManager, Slice, default_cluste
 from scheduler import Submission
 from server.artifacts import ArtifactInfo, inspect_artifact
 from server.auth import Admin, Credentials
+from server.caches import HostCaches
 from server.gang import Gangs
 from server.programs import Programs
 from server.quotas import Quotas
@@ -53,6 +54,7 @@ class Service:
         self.rm = rm
         self.credentials = Credentials(admin_token)
         self.quotas = Quotas.of(settings)
+        self.caches = HostCaches(pool.forget)
         self.clients: dict[str, ClientRecord] = {}
         self.buffers: dict[str, BufferRecord] = {}
         self.computations: dict[str, ComputationRecord] = {}
@@ -142,11 +144,10 @@ class Service:
     def close_client(self, client_id: str) -> None:
         owner = self.client(client_id)
         self.credentials.revoke(owner.key)
+        self.gangs.cancel_client(owner.id)  # its queued work first: nothing of it runs after
         self.delete_buffers(owner, sorted(owner.buffers))
-        for cid in owner.computations:
-            self.computations.pop(cid, None)
+        self._drop_computations(owner, list(owner.computations))
         self.programs.forget(owner)
-        self.gangs.cancel_client(owner.id)
         self.rm.release_owner(owner.id)
         del self.clients[owner.id]
 
@@ -174,9 +175,8 @@ class Service:
     def delete_slice(self, owner: ClientRecord, slice_id: str) -> None:
         s = self.slice(owner, slice_id)
         self.delete_buffers(owner, [b for b in owner.buffers if self.buffers[b].slice_id == s.id])
-        for cid in [c for c in owner.computations if self.computations[c].slice_id == s.id]:
-            owner.computations.discard(cid)
-            self.computations.pop(cid, None)
+        on_slice = [c for c in owner.computations if self.computations[c].slice_id == s.id]
+        self._drop_computations(owner, on_slice)
         self.programs.forget_slice(owner, s.id)
         self.rm.release(s.id)
 
@@ -354,9 +354,10 @@ class Service:
         hosts, placement = self._hosts_and_placement(s)
         key = executable_key(content_hash(artifact), placement[0], s.mesh.axes)
         rec = ComputationRecord(new_id("c"), owner.id, s.id, key, name or "computation",
-                                info.in_avals, info.out_avals, ins, outs, artifact=artifact)
+                                info.in_avals, info.out_avals, ins, outs, hosts, artifact=artifact)
         self.computations[rec.id] = rec
         owner.computations.add(rec.id)
+        self.caches.hold([(h, key) for h in hosts])
         self._tasks.spawn(self._compile(rec, hosts, artifact, placement))
         return rec
 
@@ -366,6 +367,14 @@ class Service:
         except (binascii.Error, ValueError):
             raise InvalidArgument("artifact: not valid base64") from None
         return artifact, inspect_artifact(artifact, s.mesh, self.slice_platform(s))
+
+    def _drop_computations(self, owner: ClientRecord, computation_ids: Sequence[str]) -> None:
+        """Forget these computations; hosts forget executables nothing else uses."""
+        for cid in computation_ids:
+            owner.computations.discard(cid)
+            rec = self.computations.pop(cid, None)
+            if rec is not None:
+                self.caches.drop([(h, rec.key) for h in rec.hosts])
 
     async def _compile(self, rec: ComputationRecord, hosts: Sequence[str], artifact: bytes,
                        placement: Placement) -> None:

@@ -57,6 +57,7 @@ async def list_islands(caller: CallerDep, service: ServiceDep) -> list[IslandPub
                 collective_error=_collective((st or {}).get("collective_error"), admin),
                 requests=(st or {}).get("requests", 0),
                 buffers=(st or {}).get("buffers", 0),
+                executables=(st or {}).get("executables", 0), plans=(st or {}).get("plans", 0),
                 dispatch_messages=service.pool.messages.get(h, 0),
             ))
         queued, in_flight = service.gangs.stats(summary["name"])

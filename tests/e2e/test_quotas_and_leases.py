@@ -131,3 +131,37 @@ def test_an_open_python_client_keeps_its_lease_while_idle(small):
               and c.id in {k["id"] for k in httpx.get(f"{address}/v1/clients", headers=admin).json()},
               10 * LEASE_S, "three leases passed with the client still open")
         np.testing.assert_array_equal(x.numpy(), np.arange(4))
+
+
+def _hosts_caches(address: str, token: str) -> tuple[int, int]:
+    islands = httpx.get(f"{address}/v1/islands", headers={"Authorization": f"Bearer {token}"}).json()
+    hosts = [h for i in islands for h in i["hosts"]]
+    return sum(h["executables"] for h in hosts), sum(h["plans"] for h in hosts)
+
+
+def test_hosts_forget_executables_and_plans_no_client_uses(small):
+    """Compile caches and plan caches are bounded by what live clients hold: a closing
+    client's executables and plans leave the hosts, a shared one stays while another uses it."""
+    address, token = small
+    before = _hosts_caches(address, token)
+    with isthmus.connect(address, token=token, name="a") as a, isthmus.connect(address, token=token) as b:
+        sa, sb = a.slice({"x": 1}, island="b"), b.slice({"x": 1}, island="b")
+        fa = a.jit(lambda v: jnp.sin(v) * 3, slice=sa)
+        ga = a.jit(lambda v: v - 1, slice=sa)
+
+        @a.program
+        def step(v: object) -> object:
+            return ga(fa(v))
+
+        x = np.arange(4, dtype=np.float32)
+        np.testing.assert_allclose(step(a.put(x, sa)).numpy(), np.sin(x) * 3 - 1, rtol=1e-6)
+        fb = b.jit(lambda v: jnp.sin(v) * 3, slice=sb)  # same artifact as fa; maybe the same devices
+        np.testing.assert_allclose(fb(b.put(x, sb)).numpy(), np.sin(x) * 3, rtol=1e-6)
+        during = _hosts_caches(address, token)
+        assert during[0] > before[0] and during[1] > before[1]
+        a.close()
+        until(lambda: _hosts_caches(address, token)[1] == before[1], 30, "a's plans forgotten")
+        executables = _hosts_caches(address, token)[0]
+        assert before[0] < executables < during[0]  # b's is still there
+        np.testing.assert_allclose(fb(b.put(x, sb)).numpy(), np.sin(x) * 3, rtol=1e-6)  # and works
+    until(lambda: _hosts_caches(address, token) == before, 30, "every cache back to what it was")
