@@ -1,0 +1,121 @@
+"""server.guard: the credential and the body size are checked before the body is read.
+
+The guard runs in front of a stand-in app whose 'service' only says who a credential is;
+the checks are the guard's own (pure ASGI, no Ray)."""
+
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from server.auth import ADMIN
+from server.errors import Unauthorized
+from server.guard import Guard
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
+
+
+@dataclass
+class Settings:
+    max_upload_mb: int = 2
+    max_json_mb: int = 1
+
+
+@dataclass
+class Client:
+    id: str
+    in_flight: int = 0
+    last_seen: float = 0.0
+
+
+@dataclass
+class Service:
+    settings: Settings = field(default_factory=Settings)
+    clients: dict = field(default_factory=lambda: {"Bearer s-alice": Client("alice")})
+    bodies_read: int = 0
+
+    def caller(self, authorization):
+        if authorization == "Bearer admin":
+            return ADMIN
+        if authorization in self.clients:
+            return self.clients[authorization]
+        raise Unauthorized("unknown credential")
+
+
+def app(service: Service) -> Starlette:
+    async def echo(request: Request) -> JSONResponse:
+        body = await request.body()
+        service.bodies_read += 1
+        caller = request.state.caller
+        return JSONResponse({"bytes": len(body), "caller": getattr(caller, "id", "admin"),
+                             "in_flight": getattr(caller, "in_flight", None)})
+
+    routes = [Route("/v1/buffers", echo, methods=["POST"]),
+              Route("/v1/things", echo, methods=["POST", "GET"]),
+              Route("/healthz", lambda r: JSONResponse({"ok": True}))]
+    a = Starlette(routes=routes)
+    a.state.service = service
+    a.add_middleware(Guard)
+    return a
+
+
+async def ask(service: Service, method: str, path: str, **kwargs) -> httpx.Response:
+    transport = httpx.ASGITransport(app=app(service))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as h:
+        return await h.request(method, path, **kwargs)
+
+
+async def test_no_credential_is_401_and_the_body_is_never_read():
+    service = Service()
+    r = await ask(service, "POST", "/v1/things", content=b"{" * 1000)
+    assert r.status_code == 401 and r.json()["detail"] == "unknown credential"
+    assert service.bodies_read == 0
+    assert (await ask(service, "GET", "/healthz")).status_code == 200  # outside /v1: open
+
+
+async def test_a_client_is_known_from_its_credential_and_counted_while_in_flight():
+    service = Service()
+    r = await ask(service, "POST", "/v1/things", content=b"{}", headers={"Authorization": "Bearer s-alice"})
+    assert r.json() == {"bytes": 2, "caller": "alice", "in_flight": 1}
+    assert service.clients["Bearer s-alice"].in_flight == 0
+    assert service.clients["Bearer s-alice"].last_seen > 0
+    r = await ask(service, "GET", "/v1/things", headers={"Authorization": "Bearer admin"})
+    assert r.json()["caller"] == "admin"
+
+
+async def test_a_body_past_its_limit_is_413_from_its_length_alone():
+    service = Service()
+    h = {"Authorization": "Bearer s-alice"}
+    r = await ask(service, "POST", "/v1/things", content=b"x" * ((1 << 20) + 1), headers=h)
+    assert r.status_code == 413 and "1 MiB limit of /v1/things" in r.json()["detail"]
+    ok = await ask(service, "POST", "/v1/buffers", content=b"x" * ((1 << 20) + 1), headers=h)
+    assert ok.status_code == 200  # uploads have their own, larger limit
+    assert service.bodies_read == 1
+
+
+async def test_a_chunked_body_is_counted_and_refused_once_past_the_limit():
+    service = Service()
+    sent = 0
+
+    async def chunks():
+        nonlocal sent
+        for _ in range(64):
+            sent += 1
+            yield b"x" * (64 << 10)  # 4 MiB in all, past the 2 MiB upload limit
+
+    h = {"Authorization": "Bearer s-alice"}
+    r = await ask(service, "POST", "/v1/buffers", content=chunks(), headers=h)
+    assert r.status_code == 413 and service.bodies_read == 0
+    assert sent < 64  # it stopped reading at the limit
+
+    async def small():
+        yield b"ab"
+        yield b"cd"
+
+    r = await ask(service, "POST", "/v1/buffers", content=small(), headers=h)
+    assert r.json()["bytes"] == 4
+
