@@ -1,12 +1,29 @@
-"""Read what the server must know of a `jax.export` artifact, without compiling it."""
+"""Read what the server must know of a client's `jax.export` artifact, without compiling it.
+
+Contract: `inspect_artifact` returns an `ArtifactInfo` only for an artifact that passed
+`server.artifact_policy` (no custom call outside jax.export's stable targets, no host
+transfer or callback, no waived safety check, at most `max_ops` operations, at most
+`max_bytes` bytes) and fits the slice (platform, device count, mesh axes); otherwise it
+raises `InvalidArgument` naming the op, target or field. The artifact is read in a reader
+process (`server.artifact_reader`), so bytes that crash MLIR's reader cost a 400, never the
+server.
+
+A fused artifact (`ir.fused`) is refused here: the `fuse` pass builds those on the server
+from parts that were each inspected, and executors compile any artifact that starts like
+one as fused, so a client may not send one.
+"""
 
 from __future__ import annotations
 
+import atexit
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ir import Aval, InvalidArgument, MeshAxes, Spec, dtype_name
+from ir import Aval, InvalidArgument, MeshAxes, Spec
+from server.artifact_reader import ArtifactReader
+from server.errors import PayloadTooLarge
 
 
 @dataclass(frozen=True)
@@ -29,13 +46,6 @@ class ArtifactInfo:
                     )
 
 
-def _aval(a: object, what: str) -> Aval:
-    shape = getattr(a, "shape", ())
-    if not all(isinstance(d, int) for d in shape):
-        raise InvalidArgument(f"artifact: {what} has a symbolic shape {shape}; shapes must be static")
-    return Aval(tuple(shape), dtype_name(a.dtype))
-
-
 def _normal(spec: Spec) -> tuple[Any, ...]:
     entries = [e[0] if isinstance(e, tuple) and len(e) == 1 else (None if e == () else e)
                for e in spec.entries]
@@ -44,42 +54,31 @@ def _normal(spec: Spec) -> tuple[Any, ...]:
     return tuple(entries)
 
 
-def _specs(shardings: Sequence[Any]) -> tuple[Spec | None, ...]:
-    return tuple(None if s is None or not hasattr(s, "spec") else Spec.of(s.spec) for s in shardings)
-
-
-def inspect_artifact(artifact: bytes, mesh: MeshAxes, platform: str) -> ArtifactInfo:
-    import jax
-    from jax.sharding import AbstractMesh
-
-    slice_size = mesh.size
-
-    try:
-        exported = jax.export.deserialize(bytearray(artifact))
-    except Exception as e:  # any parse failure is the caller's bad artifact
-        raise InvalidArgument(
-            f"artifact: not a serialized jax.export artifact ({type(e).__name__}: {e})"[:400]
-        ) from None
-    info = ArtifactInfo(
-        tuple(_aval(a, f"input {i}") for i, a in enumerate(exported.in_avals)),
-        tuple(_aval(a, f"output {i}") for i, a in enumerate(exported.out_avals)),
-        tuple(p.lower() for p in exported.platforms),
-        exported.nr_devices,
-        (), (),
+def inspect_artifact(artifact: bytes, mesh: MeshAxes, platform: str, *, max_bytes: int | None = None,
+                     max_ops: int | None = None, reader: ArtifactReader | None = None) -> ArtifactInfo:
+    """Read a client's artifact for a slice of `mesh` on `platform`, or raise InvalidArgument
+    naming what is wrong with it (PayloadTooLarge, a kind of it, over `max_bytes`)."""
+    if max_bytes is not None and len(artifact) > max_bytes:
+        raise PayloadTooLarge(f"artifact: {len(artifact)} bytes; at most {max_bytes} "
+                              "(max_artifact_mb)")
+    if artifact.startswith(b"{"):  # what ir.fused reads as fused; see the module docstring
+        raise InvalidArgument("artifact: a fused artifact is made by the server from checked "
+                              "parts, never sent; send the parts' jax.export artifacts")
+    info = (reader or shared_reader()).read(artifact, mesh, platform, max_ops)
+    return ArtifactInfo(
+        tuple(Aval.from_json(a) for a in info["in_avals"]),
+        tuple(Aval.from_json(a) for a in info["out_avals"]),
+        tuple(info["platforms"]),
+        int(info["nr_devices"]),
+        tuple(None if s is None else Spec.of(s) for s in info["in_specs"]),
+        tuple(None if s is None else Spec.of(s) for s in info["out_specs"]),
     )
-    wanted = {"gpu": ("cuda", "rocm")}.get(platform, (platform,))
-    if not set(wanted) & set(info.platforms):
-        raise InvalidArgument(
-            f"artifact: exported for platforms {list(info.platforms)}; the slice runs on {platform}"
-        )
-    if info.nr_devices != slice_size:
-        raise InvalidArgument(
-            f"artifact: exported for {info.nr_devices} devices; the slice has {slice_size}"
-        )
-    abstract = AbstractMesh(mesh.sizes, mesh.names)
-    try:
-        ins, outs = _specs(exported.in_shardings_jax(abstract)), _specs(exported.out_shardings_jax(abstract))
-    except Exception as e:  # shardings over other axes: the artifact was made for another mesh
-        message = f"artifact: its shardings do not fit the slice's mesh {mesh.to_json()}: {e}"
-        raise InvalidArgument(message[:400]) from None
-    return ArtifactInfo(info.in_avals, info.out_avals, info.platforms, info.nr_devices, ins, outs)
+
+
+@functools.cache
+def shared_reader() -> ArtifactReader:
+    """The process's reader, for callers that hold none: its child is started on first use
+    and stopped when this process exits."""
+    reader = ArtifactReader()
+    atexit.register(reader.close)
+    return reader
