@@ -11,7 +11,7 @@ from server import errors
 from server.deps import ServiceDep
 from server.guard import Guard
 from server.routes import buffers, clients, computations, devices, programs, slices
-from server.schemas import Health
+from server.schemas import Health, error_responses
 from server.service import Service
 from server.settings import Settings
 
@@ -37,5 +37,6 @@ def create_app(settings: Settings) -> FastAPI:
         return Health(status="ok", hosts=len(service.pool.hosts), version=VERSION)
 
     for module in (devices, clients, slices, buffers, computations, programs):
-        app.include_router(module.router)
+        # What the guard may answer to any /v1 request, before the route runs.
+        app.include_router(module.router, responses=error_responses(400, 401, 413))
     return app

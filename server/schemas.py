@@ -14,6 +14,32 @@ MAX_IDS = 100_000  # buffer ids in one body
 MAX_ARRAYS = 10_000  # inputs or outputs of one computation
 
 
+class ErrorPublic(BaseModel):
+    """Every error answer but FastAPI's own 422 (`HTTPValidationError`, naming each field)."""
+
+    error: str = Field(description="its kind: InvalidArgument, Unauthorized, NotFound, Conflict, ...")
+    detail: str = Field(description="what was expected and what was found, naming the field, id or shape")
+
+
+ERRORS = {
+    400: "bad input (the detail names the field, id or shape)",
+    401: "no credential, or one the server does not know",
+    403: "a known credential without the scope the route needs (client secret or admin token)",
+    404: "no such id, or another client's",
+    409: "cannot be placed, is already in progress, or failed to compile",
+    413: "the body is larger than the route's limit",
+    415: "the body is not of the route's content type",
+    424: "the computation that makes the value failed (the detail carries the remote cause)",
+    429: "over the client's quota: free something (or wait for queued work) and retry after Retry-After",
+    503: "a host is down, or did not answer in time",
+}
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for these error statuses, each answered as an `ErrorPublic`."""
+    return {code: {"model": ErrorPublic, "description": ERRORS[code]} for code in codes}
+
+
 class ClientCreate(BaseModel):
     name: str = Field("", max_length=200)
     weight: float = Field(1.0, gt=0, le=1e6, description="share of an island under the 'share' policy")

@@ -9,15 +9,15 @@ from __future__ import annotations
 import json
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 
 from ir import Aval, InvalidArgument, Spec
 from server.deps import ClientDep, ServiceDep
 from server.errors import UnsupportedMedia
 from server.records import BufferRecord
-from server.schemas import BufferIds, BufferPublic
+from server.schemas import BufferIds, BufferPublic, error_responses
 
-router = APIRouter(prefix="/v1/buffers", tags=["buffers"])
+router = APIRouter(prefix="/v1/buffers", tags=["buffers"], responses=error_responses(403))
 OCTETS = "application/octet-stream"
 MAX_QUERY = 4096  # characters of a shape or spec parameter
 
@@ -51,7 +51,12 @@ def _spec(text: str) -> Spec:
     return Spec.from_json(value)
 
 
-@router.post("", status_code=201)
+# The body is read raw (not parsed by FastAPI), so it is documented here.
+RAW_BODY = {"requestBody": {"required": True, "description": "the array: raw little-endian bytes, C order",
+                            "content": {OCTETS: {"schema": {"type": "string", "format": "binary"}}}}}
+
+
+@router.post("", status_code=201, responses=error_responses(404, 415, 429), openapi_extra=RAW_BODY)
 async def upload(
     request: Request,
     client: ClientDep,
@@ -60,8 +65,8 @@ async def upload(
     dtype: Annotated[str, Query(examples=["float32"])],
     shape: Annotated[str, Query(description="comma-separated dims; empty for a scalar")] = "",
     spec: Annotated[str, Query(description="JSON partition spec, e.g. [null, \"model\"]")] = "[]",
-    content_type: Annotated[str | None, Header()] = None,
 ) -> BufferPublic:
+    content_type = request.headers.get("content-type")
     if (content_type or "").split(";")[0].strip() != OCTETS:
         raise UnsupportedMedia(
             f"content-type: expected {OCTETS} (raw array bytes), got {content_type!r}"
@@ -76,7 +81,7 @@ async def list_buffers(client: ClientDep, service: ServiceDep) -> list[BufferPub
     return [public(service.buffers[b]) for b in sorted(client.buffers)]
 
 
-@router.get("/{buffer_id}")
+@router.get("/{buffer_id}", responses=error_responses(404, 424, 503))
 async def get_buffer(
     buffer_id: str, client: ClientDep, service: ServiceDep,
     wait: Annotated[bool, Query(description="wait until ready; a failure answers 424")] = False,
@@ -86,7 +91,7 @@ async def get_buffer(
 
 
 @router.get("/{buffer_id}/data", response_class=Response,
-            responses={200: {"content": {OCTETS: {}}}})
+            responses={200: {"content": {OCTETS: {}}}, **error_responses(404, 424, 503)})
 async def download(buffer_id: str, client: ClientDep, service: ServiceDep) -> Response:
     """Wait for the buffer and return its bytes; dtype and shape are in the headers."""
     rec, data = await service.fetch(client, buffer_id)
@@ -96,7 +101,7 @@ async def download(buffer_id: str, client: ClientDep, service: ServiceDep) -> Re
     })
 
 
-@router.delete("/{buffer_id}", status_code=204)
+@router.delete("/{buffer_id}", status_code=204, responses=error_responses(404))
 async def delete_buffer(buffer_id: str, client: ClientDep, service: ServiceDep) -> Response:
     service.delete_buffers(client, [buffer_id])
     return Response(status_code=204)

@@ -14,7 +14,7 @@ from ir import NotFound
 from server.auth import Admin
 from server.deps import AdminDep, CallerDep, ClientDep, ServiceDep
 from server.records import ClientRecord
-from server.schemas import ClientCreate, ClientCreated, ClientPublic, ClientStatus
+from server.schemas import ClientCreate, ClientCreated, ClientPublic, ClientStatus, error_responses
 from server.service import Service
 
 router = APIRouter(prefix="/v1/clients", tags=["clients"])
@@ -33,27 +33,27 @@ def status(service: Service, rec: ClientRecord) -> ClientStatus:
     )
 
 
-@router.post("", status_code=201)
+@router.post("", status_code=201, responses=error_responses(403, 429))
 async def create_client(body: ClientCreate, _: AdminDep, service: ServiceDep) -> ClientCreated:
     """Open a client (admin token); the answer carries its secret, shown only this once."""
     rec, secret = service.create_client(body.name, body.weight)
     return ClientCreated(**public(service, rec).model_dump(), secret=secret)
 
 
-@router.get("")
+@router.get("", responses=error_responses(403))
 async def list_clients(_: AdminDep, service: ServiceDep) -> list[ClientStatus]:
     """Every open client, with what it holds (admin token)."""
     return [status(service, rec) for rec in service.clients.values()]
 
 
-@router.get("/self")
+@router.get("/self", responses=error_responses(403))
 async def get_self(client: ClientDep, service: ServiceDep) -> ClientStatus:
     """The calling client, with what it holds (any request renews its lease; this is the
     cheapest one)."""
     return status(service, client)
 
 
-@router.delete("/{client_id}", status_code=204)
+@router.delete("/{client_id}", status_code=204, responses=error_responses(404))
 async def close_client(client_id: str, caller: CallerDep, service: ServiceDep) -> Response:
     """Free every buffer, computation and slice of the client, and forget it (its secret
     stops working). A client may close itself; the admin any client."""

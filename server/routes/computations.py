@@ -7,9 +7,9 @@ from fastapi import APIRouter
 from server.deps import ClientDep, ServiceDep
 from server.records import ComputationRecord
 from server.routes.buffers import public as buffer_public
-from server.schemas import CallCreate, CallPublic, ComputationCreate, ComputationPublic
+from server.schemas import CallCreate, CallPublic, ComputationCreate, ComputationPublic, error_responses
 
-router = APIRouter(prefix="/v1", tags=["computations"])
+router = APIRouter(prefix="/v1", tags=["computations"], responses=error_responses(403))
 
 
 def public(rec: ComputationRecord) -> ComputationPublic:
@@ -22,7 +22,7 @@ def public(rec: ComputationRecord) -> ComputationPublic:
     )
 
 
-@router.post("/computations", status_code=201)
+@router.post("/computations", status_code=201, responses=error_responses(404, 429))
 async def register(body: ComputationCreate, client: ClientDep,
                    service: ServiceDep) -> ComputationPublic:
     """Register an artifact for a slice; it compiles in the background on the slice's hosts."""
@@ -31,7 +31,7 @@ async def register(body: ComputationCreate, client: ClientDep,
     return public(rec)
 
 
-@router.get("/computations/{computation_id}")
+@router.get("/computations/{computation_id}", responses=error_responses(404))
 async def get_computation(computation_id: str, client: ClientDep,
                     service: ServiceDep) -> ComputationPublic:
     return public(service.computation(client, computation_id))
@@ -42,7 +42,7 @@ async def list_computations(client: ClientDep, service: ServiceDep) -> list[Comp
     return [public(service.computations[c]) for c in sorted(client.computations)]
 
 
-@router.post("/calls", status_code=201)
+@router.post("/calls", status_code=201, responses=error_responses(404, 409, 424, 429))
 async def call(body: CallCreate, client: ClientDep, service: ServiceDep) -> CallPublic:
     """Enqueue a call; the outputs are returned at once as buffer futures."""
     # Dropped buffers go first: no input of this submission can be among them (the client

@@ -9,7 +9,7 @@ from fastapi import APIRouter
 from ir import IsthmusError
 from server.auth import Admin
 from server.deps import AdminDep, CallerDep, ServiceDep
-from server.schemas import DevicePublic, HostPublic, IslandPublic, IslandRestarted
+from server.schemas import DevicePublic, HostPublic, IslandPublic, IslandRestarted, error_responses
 
 router = APIRouter(prefix="/v1", tags=["devices"])
 
@@ -70,7 +70,7 @@ async def list_islands(caller: CallerDep, service: ServiceDep) -> list[IslandPub
     return islands
 
 
-@router.post("/islands/{name}/restart")
+@router.post("/islands/{name}/restart", responses=error_responses(403, 404, 409, 503))
 async def restart_island(name: str, _: AdminDep, service: ServiceDep) -> IslandRestarted:
     """New executors for the island's hosts, forming its JAX group again (admin token; the
     server does this by itself when a host reports a failed collective). Every value on

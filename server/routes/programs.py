@@ -8,9 +8,9 @@ from ir import Type, print_program
 from server.deps import ClientDep, ServiceDep
 from server.programs import ProgramRecord
 from server.routes.buffers import public as buffer_public
-from server.schemas import ProgramCreate, ProgramPublic, ProgramText, RunCreate, RunPublic
+from server.schemas import ProgramCreate, ProgramPublic, ProgramText, RunCreate, RunPublic, error_responses
 
-router = APIRouter(prefix="/v1", tags=["programs"])
+router = APIRouter(prefix="/v1", tags=["programs"], responses=error_responses(403))
 
 
 def _type(t: Type) -> dict[str, object]:
@@ -27,19 +27,19 @@ def public(rec: ProgramRecord) -> ProgramPublic:
     )
 
 
-@router.post("/programs", status_code=201)
+@router.post("/programs", status_code=201, responses=error_responses(404, 409, 429))
 async def register(body: ProgramCreate, client: ClientDep, service: ServiceDep) -> ProgramPublic:
     """Register a program; it is lowered at once and compiled in the background on its hosts."""
     fuse = service.settings.fuse if body.fuse is None else body.fuse
     return public(await service.programs.register(client, body.program, body.name, fuse))
 
 
-@router.get("/programs/{program_id}")
+@router.get("/programs/{program_id}", responses=error_responses(404))
 async def get_program(program_id: str, client: ClientDep, service: ServiceDep) -> ProgramPublic:
     return public(service.programs.get(client, program_id))
 
 
-@router.get("/programs/{program_id}/text")
+@router.get("/programs/{program_id}/text", responses=error_responses(404, 409))
 async def program_text(program_id: str, client: ClientDep, service: ServiceDep) -> ProgramText:
     """The program as written, as lowered for the current placement, and per host."""
     rec = service.programs.get(client, program_id)
@@ -53,7 +53,7 @@ async def list_programs(client: ClientDep, service: ServiceDep) -> list[ProgramP
     return [public(service.programs.records[p]) for p in sorted(client.programs)]
 
 
-@router.post("/runs", status_code=201)
+@router.post("/runs", status_code=201, responses=error_responses(404, 409, 424, 429))
 async def run(body: RunCreate, client: ClientDep, service: ServiceDep) -> RunPublic:
     """Run a program; its outputs are returned at once as buffer futures."""
     # Dropped buffers go first: no input of this submission can be among them (the client

@@ -74,8 +74,6 @@ def operations(doc: dict[str, Any]) -> list[Operation]:
             content = op.get("requestBody", {}).get("content", {})
             media = next(iter(content), None)
             schema = resolve(content[media]["schema"]) if media == "application/json" else None
-            if media is None and any(p["name"] == "content-type" for p in op.get("parameters", [])):
-                media = OCTETS  # the upload reads its raw body itself
             ops.append(Operation(method.upper(), path, params, media, schema))
     return ops
 
