@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +22,7 @@ from typing import Any
 
 import ray
 
+from executors import ray_start
 from executors.host import Host, Placement
 from executors.runner import Payload, RunMessage
 from ir import HostPlan, RemoteError, Unavailable
@@ -160,18 +160,11 @@ class ExecutorPool:
         """Start one actor per host; each multi-host island of one platform forms one JAX
         distributed group (`RayOptions.groups`), its hosts joining at once, before anything
         else uses JAX (CPU collectives over gloo; GPU collectives are NCCL's)."""
-        owns = options.address is None and not ray.is_initialized()
-        if not ray.is_initialized():
-            kwargs: dict[str, Any] = {"namespace": options.namespace, "logging_level": "WARNING",
-                                      "log_to_driver": True}
-            if options.address is None:
-                # "local": always a new Ray of our own, never one found running on this machine.
-                kwargs |= {"address": "local", "num_cpus": options.num_cpus, "include_dashboard": False,
-                           "object_store_memory": options.object_store_bytes}
-            else:
-                kwargs["address"] = options.address
-            os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-            ray.init(**kwargs)
+        # A Ray this process has already joined is used as it is: whoever joined it chose how.
+        owns = not ray.is_initialized() and ray_start.connect(
+            options.address, namespace=options.namespace, num_cpus=options.num_cpus,
+            object_store_bytes=options.object_store_bytes, token_file=options.token_file,
+            insecure=options.insecure)
         specs = {h.name: h for _, h in spec.hosts()}
         handles = {name: _new_actor(host, options, 0) for name, host in specs.items()}
         groups = spec.groups() if options.groups else {}
@@ -181,6 +174,9 @@ class ExecutorPool:
         pool.islands = {i.name: tuple(h.name for h in i.hosts) for i in spec.islands}
         try:
             await asyncio.gather(*(pool._form_group(pool._handles, hosts) for hosts in groups.values()))
+            if owns:  # its agents are surely up once executors, started through them, answer
+                await pool.reports(options.group_timeout_s)
+                ray_start.check_own()
         except BaseException:
             pool.shutdown()
             raise
