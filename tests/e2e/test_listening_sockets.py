@@ -1,0 +1,187 @@
+"""Ray closed to the network (docs/security.md): what the embedded server listens on, and
+that the Ray servers there still refuse a peer without Ray's token; and that the server
+refuses to join an external Ray without token authentication unless told `--insecure-ray`.
+
+Each test starts its own server (and Ray) in its own process group and stops it by its pid.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from client.embedded import EmbeddedServer
+from server.state import secret
+
+grpc = pytest.importorskip("grpc")
+psutil = pytest.importorskip("psutil")
+
+pytestmark = [pytest.mark.e2e]
+
+# A harmless method of each Ray gRPC service: without the token each must be refused
+# (UNAUTHENTICATED), with it accepted, which shows the method is served on that port.
+RAY_METHODS = (
+    "/ray.rpc.NodeInfoGcsService/GetAllNodeInfo",  # GCS
+    "/ray.rpc.NodeManagerService/GetNodeStats",  # raylet
+    "/ray.rpc.ObjectManagerService/Pull",  # raylet's object manager
+    "/ray.rpc.CoreWorkerService/GetCoreWorkerStats",  # every worker, and the server (a driver)
+    "/ray.rpc.LogService/ListLogs",  # the dashboard agent (with ray[default])
+)
+
+
+@dataclass(frozen=True)
+class Listener:
+    ip: str
+    port: int
+    process: str
+
+    @property
+    def loopback(self) -> bool:
+        address = ipaddress.ip_address(self.ip)
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+            address = address.ipv4_mapped  # a dual-stack socket bound to 127.0.0.1
+        return address.is_loopback
+
+
+def listening(root: int) -> list[Listener]:
+    """The TCP sockets listening in process `root` and every process under it."""
+    top = psutil.Process(root)
+    names = {p.pid: _name(p) for p in [top, *top.children(recursive=True)]}
+    return sorted({Listener(c.laddr.ip, c.laddr.port, names[c.pid])
+                   for c in psutil.net_connections("tcp")
+                   if c.status == psutil.CONN_LISTEN and c.pid in names}, key=lambda s: s.port)
+
+
+def _name(p: psutil.Process) -> str:
+    try:
+        return p.name()
+    except psutil.NoSuchProcess:
+        return "(gone)"
+
+
+def http_answer(port: int, headers: dict[str, str] | None = None) -> httpx.Response | None:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/", headers=headers, timeout=10)
+    except httpx.HTTPError:
+        return None  # not HTTP/1.1: a gRPC server
+
+
+def grpc_refusal(port: int, token: str) -> str | None:
+    """The Ray method this port refuses without the token and serves with it, if any."""
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        for method in RAY_METHODS:
+            call = channel.unary_unary(method)
+            if _status(call, None) == "UNAUTHENTICATED" and \
+                    _status(call, [("authorization", f"Bearer {token}")]) != "UNAUTHENTICATED":
+                return method
+    return None
+
+
+def _status(call: grpc.UnaryUnaryMultiCallable, metadata: list[tuple[str, str]] | None) -> str:
+    try:
+        call(b"", timeout=10, metadata=metadata)
+        return "OK"
+    except grpc.RpcError as e:
+        return e.code().name
+
+
+@pytest.fixture
+def embedded(tmp_path: Path) -> Iterator[EmbeddedServer]:
+    srv = EmbeddedServer.start(tmp_path / "state")
+    srv.state_dir = tmp_path / "state"  # type: ignore[attr-defined]
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.mark.timeout(300)
+def test_the_embedded_server_listens_on_loopback_and_ray_there_wants_its_token(embedded):
+    sockets = listening(embedded.pid)
+    rest_port = int(embedded.address.rsplit(":", 1)[1])
+    assert any(s.port == rest_port for s in sockets)
+    assert [s for s in sockets if not s.loopback] == [], "listening beyond loopback"
+
+    # Loopback is open to every user of the machine: each Ray server there refuses a peer
+    # without the token (gRPC: UNAUTHENTICATED; HTTP: 401). Only Prometheus metrics
+    # exporters (with ray[default] installed) answer anyone, and only on loopback.
+    token = (embedded.state_dir / "ray_token").read_text().strip()
+    refusing, metrics = {}, []
+    for s in sockets:
+        if s.port == rest_port:
+            continue
+        answer = http_answer(s.port)
+        if answer is not None and answer.status_code == 401:
+            refusing[s] = "HTTP 401"
+            assert http_answer(s.port, {"Authorization": f"Bearer {token}"}).status_code != 401
+        elif answer is not None and answer.text.startswith("# HELP"):
+            metrics.append(s)
+        else:
+            refusing[s] = grpc_refusal(s.port, token)
+    assert [s for s, how in refusing.items() if how is None] == [], "answers without Ray's token"
+    processes = {s.process for s in refusing}
+    assert {"gcs_server", "raylet", "ray::RayHost"} <= processes
+    assert len([s for s in refusing if s.process == "raylet"]) == 2  # node and object manager
+    assert len(metrics) <= 2  # the autoscaler's and the dashboard's, if prometheus_client is there
+
+
+def start_ray_without_auth() -> tuple[subprocess.Popen[str], str]:
+    """A Ray with token authentication off, on loopback, in its own process group: the kind
+    of cluster the server must refuse to join. Stops when its stdin closes."""
+    script = ("import sys, ray\n"
+              "ray.init(address='local', num_cpus=2, include_dashboard=False,"
+              " object_store_memory=256 << 20, logging_level='WARNING')\n"
+              "print('gcs', ray.get_runtime_context().gcs_address, flush=True)\n"
+              "sys.stdin.read()\n"
+              "ray.shutdown()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    env |= {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # the test's timeout bounds this wait
+    if not line.startswith("gcs "):
+        stop(proc)
+        raise RuntimeError(f"Ray without auth did not start: {line!r}")
+    return proc, line.split()[1]
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdin is not None
+    proc.stdin.close()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+@pytest.mark.timeout(420)
+def test_an_external_ray_without_token_auth_is_joined_only_with_insecure_ray(tmp_path):
+    head, address = start_ray_without_auth()
+    try:
+        state = tmp_path / "state"
+        secret(state / "ray_token")  # the server has a token; the cluster does not ask for one
+        # The server must resolve 127.0.0.1 as loopback too (Ray's single-machine mode).
+        env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+        with pytest.raises(RuntimeError) as refused:
+            EmbeddedServer.start(state, extra=["--ray-address", address], env=env).stop()
+        assert "does not require the token" in str(refused.value)
+        assert "--insecure-ray" in str(refused.value)
+
+        srv = EmbeddedServer.start(state, extra=["--ray-address", address, "--insecure-ray"], env=env)
+        try:
+            assert "--insecure-ray" in "".join(srv.log)  # the warning names what it allowed
+        finally:
+            srv.stop()
+    finally:
+        stop(head)
