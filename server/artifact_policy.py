@@ -19,6 +19,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, NoReturn
 
+import jax
+from jaxlib.mlir import ir as mlir
+from jaxlib.mlir.dialects import stablehlo
+
 from ir import InvalidArgument
 
 # jax.export's custom-call targets "guaranteed stable", copied from jax 0.10.2
@@ -87,8 +91,6 @@ def check_exported(exported: Any) -> None:
     Its effects are left alone: the ones that can be serialized at all (FFI calls,
     one-sided collectives, no-DCE markers) are not callbacks, and a callback's custom call is
     refused by the walk whatever the fields claim."""
-    import jax
-
     waived = [str(d) for d in exported.disabled_safety_checks]
     if waived:
         _refuse(f"artifact: disabled_safety_checks {waived} must be empty "
@@ -101,10 +103,8 @@ def check_exported(exported: Any) -> None:
 
 
 def check_module(module: Any, max_ops: int | None = None) -> int:
-    """Walk every operation of a deserialized module (an `ir.Module` or `ir.Operation`), refuse
+    """Walk every operation of a deserialized module (an MLIR `Module` or `Operation`), refuse
     what may not reach XLA, and return how many operations it has."""
-    from jaxlib.mlir import ir
-
     count = 0
     # Iterative, not recursive: a module is untrusted, and its nesting depth is its author's.
     stack: list[tuple[Any, str]] = [(module.operation, "")]
@@ -114,26 +114,26 @@ def check_module(module: Any, max_ops: int | None = None) -> int:
         if max_ops is not None and count > max_ops:
             _refuse(f"artifact: its module has more than {max_ops} operations (max_artifact_ops)")
         name = op.name
-        _check_op(ir, op, name, func)
+        _check_op(op, name, func)
         if name == "func.func":
-            func = _string(ir, op, "sym_name") or "?"
+            func = _string(op, "sym_name") or "?"
         for region in op.regions:
             for block in region:
                 stack.extend((o.operation, func) for o in block)
     return count
 
 
-def _check_op(ir: Any, op: Any, name: str, func: str) -> None:
+def _check_op(op: Any, name: str, func: str) -> None:
     where = f" in @{func}" if func else ""
     dialect = name.split(".", 1)[0]
     if dialect not in DIALECTS:
         _refuse(f"artifact: operation '{name}'{where} is of dialect '{dialect}'; "
                 f"jax.export modules are made of {_listed(DIALECTS)}")
-    if name in HOST_TRANSFER_OPS or (name in CHANNEL_OPS and _to_host(ir, op)):
+    if name in HOST_TRANSFER_OPS or (name in CHANNEL_OPS and _to_host(op)):
         _refuse(f"artifact: operation '{name}'{where} is not allowed "
                 "(it moves data between the device and the host)")
     if name == "stablehlo.custom_call":
-        target = _string(ir, op, "call_target_name")
+        target = _string(op, "call_target_name")
         if target is None:
             _refuse(f"artifact: a custom call{where} has no call_target_name string")
         if target not in STABLE_CUSTOM_CALL_TARGETS:
@@ -142,13 +142,11 @@ def _check_op(ir: Any, op: Any, name: str, func: str) -> None:
             _refuse(f"artifact: custom call to {target!r}{where} is not allowed ({why})")
 
 
-def _to_host(ir: Any, op: Any) -> bool:
+def _to_host(op: Any) -> bool:
     """Whether a send/recv crosses to the host; one whose channel is unreadable counts."""
-    from jaxlib.mlir.dialects import stablehlo
-
     attributes = op.attributes
     try:
-        if "is_host_transfer" in attributes and ir.BoolAttr(attributes["is_host_transfer"]).value:
+        if "is_host_transfer" in attributes and mlir.BoolAttr(attributes["is_host_transfer"]).value:
             return True
         return bool(stablehlo.ChannelHandle(attributes["channel_handle"]).channel_type
                     != _DEVICE_TO_DEVICE)
@@ -156,9 +154,9 @@ def _to_host(ir: Any, op: Any) -> bool:
         return True
 
 
-def _string(ir: Any, op: Any, attribute: str) -> str | None:
+def _string(op: Any, attribute: str) -> str | None:
     try:
-        return str(ir.StringAttr(op.attributes[attribute]).value)
+        return str(mlir.StringAttr(op.attributes[attribute]).value)
     except (KeyError, ValueError):
         return None
 

@@ -38,6 +38,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
+import jax
+import jax.extend.mlir
+from jax.sharding import AbstractMesh
+from jaxlib.mlir import ir as mlir
+
 from ir import Aval, InvalidArgument, MeshAxes, Spec, Unavailable, dtype_name
 from server.artifact_policy import check_exported, check_module
 
@@ -54,9 +59,6 @@ _CHILD = (
 
 def read(data: bytes, mesh: MeshAxes, platform: str, max_ops: int | None = None) -> dict[str, Any]:
     """What the server must know of an artifact, after the policy's checks (in this process)."""
-    import jax
-    from jax.sharding import AbstractMesh
-
     try:
         exported = jax.export.deserialize(bytearray(data))
     except Exception as e:  # any parse failure is the caller's bad artifact
@@ -87,10 +89,7 @@ def read(data: bytes, mesh: MeshAxes, platform: str, max_ops: int | None = None)
 def _module(serialized: bytes) -> Any:
     """The StableHLO module, in a context of its own (nothing a hostile module interns
     outlives the request) that reports MLIR's diagnostics instead of printing them."""
-    import jax.extend.mlir
-    from jaxlib.mlir import ir
-
-    context = ir.Context()
+    context = mlir.Context()
     context.enable_multithreading(False)
     diagnostics: list[str] = []
 
@@ -129,9 +128,7 @@ def _refuse(message: str) -> NoReturn:
 
 def main(memory_mb: int) -> None:
     """The reader process: answer requests on stdin until it closes, mapping at most
-    `memory_mb` beyond what importing JAX mapped."""
-    import jax  # noqa: F401  (before the address-space cap, which is on top of what this maps)
-
+    `memory_mb` beyond what importing this module (JAX included) mapped."""
     _exit_with_parent()
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # whatever else prints must not corrupt the replies
