@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -27,7 +27,6 @@ from ir import (
     Conflict,
     HostPlan,
     InvalidArgument,
-    MeshAxes,
     NotFound,
     Op,
     Placement,
@@ -38,8 +37,9 @@ from ir import (
     verify,
 )
 from ir.passes import host_plans, lower
+from resource_manager import Slice
 from scheduler import Submission
-from server.artifacts import ArtifactInfo, inspect_artifact
+from server.artifacts import ArtifactInfo
 from server.caches import of_plans
 from server.records import BufferRecord, ClientRecord, new_id
 from server.tasks import Tasks
@@ -83,8 +83,8 @@ class Programs:
         self.service.quotas.check("programs", len(owner.programs), 1)
         program = await asyncio.to_thread(_parse, doc)
         self._check_slices(owner, program)
-        targets = {d.name: self._target(owner, d.name) for d in program.slices}
-        infos = await asyncio.to_thread(_read_artifacts, program, targets)
+        targets = {d.name: self.service.slice(owner, d.name) for d in program.slices}
+        infos = await asyncio.to_thread(_read_artifacts, program, targets, self.service.inspect)
         self._check_slices(owner, program)
         self.service.quotas.check("programs", len(owner.programs), 1)
         _check_artifacts(program, infos)
@@ -99,10 +99,6 @@ class Programs:
         self.records[rec.id] = rec
         owner.programs.add(rec.id)
         return rec
-
-    def _target(self, owner: ClientRecord, slice_id: str) -> tuple[MeshAxes, str]:
-        s = self.service.slice(owner, slice_id)
-        return s.mesh, self.service.slice_platform(s)
 
     def _check_slices(self, owner: ClientRecord, program: Program) -> None:
         for d in program.slices:
@@ -286,16 +282,15 @@ def _parse(doc: Any) -> Program:
     return program
 
 
-def _read_artifacts(program: Program, targets: dict[str, tuple[MeshAxes, str]]
-                    ) -> dict[tuple[str, str], ArtifactInfo]:
-    """Each computation's artifact read once per slice (pure: runs off the event loop)."""
+def _read_artifacts(program: Program, slices: dict[str, Slice],
+                    inspect: Callable[[bytes, Slice], ArtifactInfo]) -> dict[tuple[str, str], ArtifactInfo]:
+    """Each computation's artifact read once per slice (runs off the event loop)."""
     infos: dict[tuple[str, str], ArtifactInfo] = {}
     table = program.artifact_table
     for node in program.nodes:
         if node.op is Op.COMPUTE and (node.attrs.artifact, node.attrs.slice) not in infos:
-            mesh, platform = targets[node.attrs.slice]
-            infos[node.attrs.artifact, node.attrs.slice] = inspect_artifact(
-                table[node.attrs.artifact].data, mesh, platform)
+            infos[node.attrs.artifact, node.attrs.slice] = inspect(
+                table[node.attrs.artifact].data, slices[node.attrs.slice])
     return infos
 
 

@@ -32,6 +32,7 @@ from ir import (
 )
 from resource_manager import ClusterSpec, ResourceManager, Slice, default_cluster, load_cluster
 from scheduler import Submission
+from server.artifact_reader import ArtifactReader
 from server.artifacts import ArtifactInfo, inspect_artifact
 from server.auth import Admin, Credentials
 from server.caches import HostCaches
@@ -55,6 +56,9 @@ class Service:
         self.credentials = Credentials(admin_token)
         self.quotas = Quotas.of(settings)
         self.caches = HostCaches(pool.forget)
+        # Client artifacts are read in a process of their own (server.artifact_reader).
+        self.reader = ArtifactReader()
+        self.reader.start()
         self.clients: dict[str, ClientRecord] = {}
         self.buffers: dict[str, BufferRecord] = {}
         self.computations: dict[str, ComputationRecord] = {}
@@ -97,6 +101,7 @@ class Service:
 
     def close(self) -> None:
         self._tasks.cancel()
+        self.reader.close()
         self.programs.close()
         self.gangs.close()
         self.pool.shutdown()
@@ -366,7 +371,14 @@ class Service:
             artifact = base64.b64decode(artifact_b64, validate=True)
         except (binascii.Error, ValueError):
             raise InvalidArgument("artifact: not valid base64") from None
-        return artifact, inspect_artifact(artifact, s.mesh, self.slice_platform(s))
+        return artifact, self.inspect(artifact, s)
+
+    def inspect(self, artifact: bytes, s: Slice) -> ArtifactInfo:
+        """Read a client's artifact for slice `s` under the server's limits (blocking: call
+        it off the event loop)."""
+        return inspect_artifact(artifact, s.mesh, self.slice_platform(s), reader=self.reader,
+                                max_bytes=self.settings.max_artifact_mb << 20,
+                                max_ops=self.settings.max_artifact_ops)
 
     def _drop_computations(self, owner: ClientRecord, computation_ids: Sequence[str]) -> None:
         """Forget these computations; hosts forget executables nothing else uses."""
