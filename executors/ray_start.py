@@ -110,10 +110,11 @@ def check_nodes(nodes: list[dict[str, Any]], loopback: bool) -> None:
             raise UnsafeRay(f"Ray's node {node['NodeID'][:12]} listens on {host}, not on loopback")
         status = probe(host, int(node.get("RuntimeEnvAgentPort", -1)))
         if status != 401:
-            raise UnsafeRay(
-                f"Ray's node at {host} does not require the token: its runtime-env agent, asked "
-                f"without it, answered {status} (expected 401). Start that Ray with "
-                "RAY_AUTH_MODE=token, or pass --insecure-ray to join it anyway (docs/security.md)")
+            remedy = ("this Ray did not take the token settings it was started with" if loopback else
+                      "start that Ray with RAY_AUTH_MODE=token, or pass --insecure-ray to join it anyway")
+            raise UnsafeRay(f"Ray's node at {host} does not require the token: its runtime-env agent, "
+                            f"asked without it, answered {status} (expected 401); {remedy} "
+                            "(docs/security.md)")
 
 
 def probe(host: str, port: int) -> int | str:

@@ -57,6 +57,12 @@ def test_one_node_answering_without_the_token_refuses_the_ray(agent):
         check_nodes(nodes, loopback=False)
 
 
+def test_a_node_of_our_own_answering_without_the_token_is_refused_without_naming_the_flag(agent):
+    with pytest.raises(UnsafeRay, match="did not take the token settings") as refused:
+        check_nodes([node("127.0.0.1", agent(200))], loopback=True)
+    assert "--insecure-ray" not in str(refused.value)  # it does not apply to a Ray of our own
+
+
 def test_a_node_of_our_own_beyond_loopback_is_refused_before_it_is_asked():
     with pytest.raises(UnsafeRay, match=r"listens on 192\.0\.2\.7, not on loopback"):
         check_nodes([node("192.0.2.7", 1)], loopback=True)
