@@ -84,8 +84,11 @@ class Host:
         import jax
 
         jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU islands; GPUs use NCCL
+        # The coordinator (process 0) binds to the address it was given, the node's: JAX's
+        # default is every interface, and its coordination service has no authentication.
         jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
-                                   process_id=process_id, initialization_timeout=timeout_s)
+                                   process_id=process_id, initialization_timeout=timeout_s,
+                                   coordinator_bind_address=coordinator)
         # Creating the backend is itself a meeting of all the group's processes (they trade
         # topologies): do it now, while all join, not at whichever request first touches JAX.
         jax.devices()
