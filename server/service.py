@@ -41,7 +41,7 @@ from server.programs import Programs
 from server.quotas import Quotas
 from server.records import BufferRecord, ClientRecord, ComputationRecord, new_id
 from server.settings import Settings
-from server.state import secret
+from server.state import read_secret, secret
 from server.tasks import Tasks
 
 log = logging.getLogger("isthmus.server")
@@ -76,6 +76,8 @@ class Service:
         )
         if settings.ray_address is None:  # the Ray this server starts takes its token from here
             secret(settings.ray_token_file)
+        elif settings.ray_token_file.exists():  # an external Ray's token, given to the server
+            read_secret(settings.ray_token_file)  # checked like ours: the user's, 0600, not empty
         options = RayOptions(
             address=settings.ray_address,
             num_cpus=settings.ray_num_cpus,
