@@ -178,7 +178,7 @@ def _use_environment(env: Mapping[str, str | None]) -> None:
     # This process imported Ray, which read some of these variables then, before the server
     # knew its settings. Ray has no public way to read them again, so this does what Ray's
     # own start-up does when it turns token authentication on; the checks after the start
-    # (`check_nodes`, and tests/integration/test_ray_sockets.py) catch a Ray where it no
+    # (`check_nodes`, and tests/e2e/test_listening_sockets.py) catch a Ray where it no
     # longer works.
     from ray._private import ray_constants
     from ray._raylet import AuthenticationTokenLoader, Config
