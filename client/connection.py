@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,8 @@ class Client:
         self.lease_s: float = record["lease_s"]
         self._closed = False
         self._lease = Lease(self._transport, self.lease_s)
+        # A client dropped without close() stops renewing: the server frees it after the lease.
+        weakref.finalize(self, self._lease.stop)
 
     @property
     def secret(self) -> str:
