@@ -30,12 +30,16 @@ def ensure_state_dir(path: Path) -> Path:
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise UnsafeState(f"state dir {path}: not a directory (a symlink is refused)")
-    if st.st_uid != os.getuid():
-        raise UnsafeState(f"state dir {path}: owned by uid {st.st_uid}, not by this user ({os.getuid()})")
-    if st.st_mode & 0o077:
-        raise UnsafeState(f"state dir {path}: mode {stat.S_IMODE(st.st_mode):o} lets group or others in; "
-                          f"chmod 700 {path}")
+    _private(f"state dir {path}", st, f"chmod 700 {path}")
     return path
+
+
+def _private(what: str, st: os.stat_result, remedy: str) -> None:
+    """Refuse what is not this user's, or what group or others may read or enter."""
+    if st.st_uid != os.getuid():
+        raise UnsafeState(f"{what}: owned by uid {st.st_uid}, not by this user ({os.getuid()})")
+    if st.st_mode & 0o077:
+        raise UnsafeState(f"{what}: mode {stat.S_IMODE(st.st_mode):o} lets group or others in; {remedy}")
 
 
 def read_secret(path: Path) -> str:
@@ -48,11 +52,7 @@ def read_secret(path: Path) -> str:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
             raise UnsafeState(f"{path}: not a regular file")
-        if st.st_uid != os.getuid():
-            raise UnsafeState(f"{path}: owned by uid {st.st_uid}, not by this user ({os.getuid()})")
-        if st.st_mode & 0o077:
-            raise UnsafeState(f"{path}: mode {stat.S_IMODE(st.st_mode):o} lets group or others read it; "
-                              f"chmod 600 {path}")
+        _private(str(path), st, f"chmod 600 {path}")
         value = f.read().strip()
     if not value:
         raise UnsafeState(f"{path}: empty; delete it to have a new secret written")
