@@ -36,7 +36,6 @@ import contextlib
 import gc
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -53,6 +52,7 @@ import numpy as np
 import ray
 
 import client as isthmus
+from bench.machine import describe
 from client.embedded import EmbeddedServer
 
 SHAPE = (8,)
@@ -264,27 +264,8 @@ def run_all(iters: int, repeats: int, warmup: int) -> tuple[dict[str, list[float
     return samples, components
 
 
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
 def machine() -> dict[str, Any]:
-    return {
-        "platform": platform.platform(),
-        "arch": platform.machine(),
-        "cpu_model": _cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)),
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "jaxlib": jax.lib.__version__,
-        "ray": ray.__version__,
-        "devices": "simulated CPU devices (jax_platforms=cpu)",
-    }
+    return describe(ray=ray.__version__, devices="simulated CPU devices (jax_platforms=cpu)")
 
 
 def report(samples: dict[str, list[float]], components: dict[str, list[float]], iters: int,

@@ -57,7 +57,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import queue
 import signal
 import statistics
@@ -71,6 +70,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bench.machine import describe
 
 DEVICES = 4
 RUN_TO_COMPLETION = "run_to_completion"
@@ -431,23 +432,9 @@ def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.0f}"
 
 
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
 def machine() -> dict[str, Any]:
-    import jax
-
-    return {
-        "platform": platform.platform(), "cpu_model": _cpu_model(), "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)), "python": platform.python_version(),
-        "jax": jax.__version__, "jaxlib": jax.lib.__version__,
-        "devices": f"{DEVICES} simulated CPU devices per worker (--xla_force_host_platform_device_count)",
-    }
+    return describe(devices=f"{DEVICES} simulated CPU devices per worker "
+                            "(--xla_force_host_platform_device_count)")
 
 
 def report(results: dict[str, dict[str, Any]]) -> None:

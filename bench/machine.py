@@ -1,0 +1,34 @@
+"""What machine a benchmark ran on, for the `machine` key of its JSON."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def describe(**extra: Any) -> dict[str, Any]:
+    """The platform, CPUs, Python and JAX versions, and `extra` (what the benchmark adds)."""
+    import jax
+
+    return {
+        "platform": platform.platform(),
+        "arch": platform.machine(),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jaxlib": jax.lib.__version__,
+        **extra,
+    }
