@@ -204,16 +204,18 @@ class Programs:
     # -- runs --------------------------------------------------------------------------------
 
     async def run(self, owner: ClientRecord, program_id: str, inputs: Sequence[str],
-                  dispatch: Dispatch | None = None) -> list[BufferRecord]:
+                  dispatch: Dispatch | None = None, ids: Sequence[str] | None = None) -> list[BufferRecord]:
+        """Submit one run; its outputs come back at once as futures, named `ids` (the
+        client's choice) or by the server."""
         rec = self.get(owner, program_id)
         if rec.status == "failed":
             raise Conflict(f"program {rec.id} failed to compile: {rec.message}")
         self._check_inputs(owner, rec, inputs)
         self.service.check_room(owner, [t.aval for t in rec.result_types], submits=1)
+        new = self.service.output_ids(owner, ids, len(rec.result_types), "ids")
         _, plans = self._lowered(owner, rec)
-        outs = [BufferRecord(new_id("b"), owner.id, t.slice, self.service.slice(owner, t.slice).hosts,
-                             t.aval, t.spec)
-                for t in rec.result_types]
+        outs = [BufferRecord(b, owner.id, t.slice, self.service.slice(owner, t.slice).hosts, t.aval, t.spec)
+                for b, t in zip(new, rec.result_types, strict=True)]
         run_id = f"{rec.id}/{rec.runs}"
         rec.runs += 1
         timeout = self.service.settings.step_timeout_s

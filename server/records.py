@@ -5,15 +5,41 @@ Array data never lives here; it lives on the executors, keyed by the same ids.
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
+from collections import OrderedDict
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 
-from ir import Aval, Spec
+from ir import Aval, Conflict, InvalidArgument, Spec
+
+# An id a client chooses for a buffer it is about to create (so it need not wait for the
+# server's answer to name it): 8 to 64 characters, a letter or digit first.
+CHOSEN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{7,63}")
+FAILED_KEPT = 10_000  # per client: ids of outputs whose submission was refused, with why
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(6)}"
+
+
+def output_ids(chosen: Sequence[str] | None, count: int, taken: Container[str], what: str) -> list[str]:
+    """The ids of `count` new buffers: fresh ones, or the ones the client chose, checked
+    (the right number, well formed, distinct, and not in use by any buffer)."""
+    if chosen is None:
+        return [new_id("b") for _ in range(count)]
+    if len(chosen) != count:
+        raise InvalidArgument(f"{what}: {len(chosen)} ids for {count} outputs")
+    for i, b in enumerate(chosen):
+        if not isinstance(b, str) or not CHOSEN_ID.fullmatch(b):
+            raise InvalidArgument(f"{what}[{i}]: expected 8 to 64 letters, digits or '_.:-' "
+                                  f"(a letter or digit first), got {str(b)[:80]!r}")
+        if b in taken:
+            raise Conflict(f"{what}[{i}]: buffer id {b!r} is already in use")
+    if len(set(chosen)) != len(chosen):
+        raise InvalidArgument(f"{what}: ids repeat")
+    return list(chosen)
 
 
 @dataclass(eq=False)
@@ -28,6 +54,16 @@ class ClientRecord:
     buffers: set[str] = field(default_factory=set)
     computations: set[str] = field(default_factory=set)
     programs: set[str] = field(default_factory=set)
+    # ids the client chose for outputs of a submission the server refused -> why; a later
+    # submission reading one fails with that cause (bounded: the oldest go first)
+    failed: OrderedDict[str, str] = field(default_factory=OrderedDict)
+
+    def fail(self, ids: Sequence[str], cause: str) -> None:
+        for b in ids:
+            self.failed[b] = cause
+            self.failed.move_to_end(b)
+        while len(self.failed) > FAILED_KEPT:
+            self.failed.popitem(last=False)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from server.caches import HostCaches
 from server.gang import Gangs
 from server.programs import Programs
 from server.quotas import Quotas
-from server.records import BufferRecord, ClientRecord, ComputationRecord, new_id
+from server.records import BufferRecord, ClientRecord, ComputationRecord, new_id, output_ids
 from server.settings import Settings
 from server.state import read_secret, secret
 from server.tasks import Tasks
@@ -252,7 +252,9 @@ class Service:
     # -- buffers ---------------------------------------------------------------------------
 
     def upload(self, owner: ClientRecord, slice_id: str, aval: Aval, spec: Spec,
-               data: bytes) -> BufferRecord:
+               data: bytes, buffer_id: str | None = None) -> BufferRecord:
+        """Upload onto a slice; `buffer_id` is an id the client chose (`records.output_ids`)."""
+        [new] = self.output_ids(owner, None if buffer_id is None else [buffer_id], 1, "id")
         s = self.slice(owner, slice_id)
         spec.check(aval, s.mesh, "upload")
         if len(data) != aval.nbytes:
@@ -262,7 +264,7 @@ class Service:
             )
         self.check_room(owner, [aval])
         hosts, placement = self._hosts_and_placement(s)
-        rec = BufferRecord(new_id("b"), owner.id, s.id, hosts, aval, spec)
+        rec = BufferRecord(new, owner.id, s.id, hosts, aval, spec)
         self.pool.put(hosts, rec.id, data, aval.dtype, aval.shape, placement, spec.to_json())
         return self.own(owner, rec)
 
@@ -279,8 +281,20 @@ class Service:
         if submits:
             self.quotas.check("queued", self.gangs.waiting[owner.id], submits)
 
+    def output_ids(self, owner: ClientRecord, chosen: Sequence[str] | None, count: int,
+                   what: str) -> list[str]:
+        """Ids for new buffers: fresh, or the client's own choice, checked; choosing an id
+        takes it out of the client's refused ones."""
+        ids = output_ids(chosen, count, self.buffers, what)
+        for b in chosen or ():
+            owner.failed.pop(b, None)
+        return ids
+
     def buffer(self, owner: ClientRecord, buffer_id: str) -> BufferRecord:
         rec = self.buffers.get(buffer_id)
+        cause = owner.failed.get(buffer_id)
+        if cause is not None:  # an output of a submission the server refused
+            raise RemoteError(f"buffer {buffer_id} was never made: {cause}")
         if rec is None or rec.owner != owner.id:
             raise NotFound(f"buffer {buffer_id!r} does not exist")
         return rec
@@ -323,6 +337,13 @@ class Service:
         except TimeoutError:
             raise Unavailable(f"buffer {rec.id}: the computation producing it is still queued on its "
                               f"island after {self.settings.fetch_timeout_s:g}s") from None
+
+    def release(self, owner: ClientRecord, buffer_ids: Sequence[str]) -> None:
+        """Free what the client dropped: its buffers and refused ids among these; any other
+        id (already freed, say) is skipped, so releasing is idempotent."""
+        for b in buffer_ids:
+            owner.failed.pop(b, None)
+        self.delete_buffers(owner, [b for b in buffer_ids if b in owner.buffers])
 
     def delete_buffers(self, owner: ClientRecord, buffer_ids: Sequence[str]) -> None:
         by_host: dict[str, list[str]] = {}
@@ -412,9 +433,10 @@ class Service:
 
     # -- calls -----------------------------------------------------------------------------
 
-    def call(self, owner: ClientRecord, computation_id: str,
-             inputs: Sequence[str]) -> list[BufferRecord]:
-        """Enqueue one call and return its outputs at once, as futures."""
+    def call(self, owner: ClientRecord, computation_id: str, inputs: Sequence[str],
+             ids: Sequence[str] | None = None) -> list[BufferRecord]:
+        """Enqueue one call and return its outputs at once, as futures; `ids` names them
+        (the client's choice), else the server does."""
         comp = self.computation(owner, computation_id)
         if comp.status == "failed":
             raise Conflict(f"computation {comp.id} failed to compile: {comp.message}")
@@ -438,8 +460,9 @@ class Service:
                 b = tmp
             args.append(b)
         self.check_room(owner, comp.out_avals, submits=1)
-        outs = [BufferRecord(new_id("b"), owner.id, s.id, hosts, aval, spec)
-                for aval, spec in zip(comp.out_avals, comp.out_specs, strict=True)]
+        new = self.output_ids(owner, ids, len(comp.out_avals), "ids")
+        outs = [BufferRecord(b, owner.id, s.id, hosts, aval, spec)
+                for b, aval, spec in zip(new, comp.out_avals, comp.out_specs, strict=True)]
         self.gangs.submit(s.island, Submission(new_id("call"), owner.id, hosts),
                           lambda: self._dispatch_call(comp, hosts, placement, moves, args, outs),
                           [*inputs, *(o.id for o in outs)], outputs=[o.id for o in outs])
