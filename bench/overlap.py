@@ -135,9 +135,9 @@ def _artifact(elements: int) -> bytes:
 def _compiled(elements: int) -> Any:
     """The artifact compiled as a host compiles it (`executors.compile.compile_artifact`)."""
     from executors.compile import compile_artifact, make_mesh
-    from ir import Spec
+    from ir import DeviceMesh, Spec
 
-    mesh = make_mesh(list(range(DEVICES)), [("x", DEVICES)])
+    mesh = make_mesh(DeviceMesh(tuple(range(DEVICES)), (("x", DEVICES),)))
     return compile_artifact(_artifact(elements), mesh, [Spec(("x",))], [Spec(("x",))])
 
 

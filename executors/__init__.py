@@ -3,8 +3,9 @@
 This is the only package that imports Ray.
 """
 
-from executors.host import Host, Placement
+from executors.host import Host
+from executors.messages import State
 from executors.pool import ExecutorPool, RayOptions
 from executors.runner import RunMessage
 
-__all__ = ["ExecutorPool", "Host", "Placement", "RayOptions", "RunMessage"]
+__all__ = ["ExecutorPool", "Host", "RayOptions", "RunMessage", "State"]

@@ -14,19 +14,17 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ir import Spec
+from ir import DeviceMesh, Spec
 from ir.fused import Fused, decode_fused
 
-Device = int | tuple[int, int]  # a local index, or (process index in the island's group, its index)
 
-
-def make_mesh(devices: Sequence[Device], axes: Sequence[tuple[str, int]]) -> Mesh:
+def make_mesh(mesh: DeviceMesh) -> Mesh:
     """The concrete mesh: local devices by index, or, on a slice spanning the hosts of an
     island's JAX group, (process, index) pairs naming any process's devices."""
     local = jax.local_devices()
-    chosen = np.array([local[d] if isinstance(d, int) else _process_devices(d[0])[d[1]] for d in devices],
-                      dtype=object)
-    return Mesh(chosen.reshape([s for _, s in axes]), tuple(n for n, _ in axes))
+    chosen = np.array([local[d] if isinstance(d, int) else _process_devices(d[0])[d[1]]
+                       for d in mesh.devices], dtype=object)
+    return Mesh(chosen.reshape([s for _, s in mesh.axes]), tuple(n for n, _ in mesh.axes))
 
 
 def _process_devices(process: int) -> list[Any]:
@@ -37,10 +35,10 @@ def named(mesh: Mesh, spec: Spec) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(*spec.entries))
 
 
-def place(array: Any, devices: Sequence[Device], axes: Sequence[tuple[str, int]], spec: Spec) -> Any:
+def place(array: Any, mesh: DeviceMesh, spec: Spec) -> Any:
     """A host array on a slice's devices, ready; on a slice spanning hosts, this process's
     shards of it (every host of the slice places the same whole array)."""
-    sharding = named(make_mesh(devices, axes), spec)
+    sharding = named(make_mesh(mesh), spec)
     if sharding.is_fully_addressable:
         return jax.block_until_ready(jax.device_put(array, sharding))
     placed = jax.make_array_from_callback(np.shape(array), sharding, lambda index: array[index])

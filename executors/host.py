@@ -2,13 +2,17 @@
 
 Contract:
 - Every request that touches the buffer store carries a sequence number, given by the
-  server per host, and the host executes requests strictly in that order on one dispatch
+  server per host, and the host takes requests strictly in that order on one dispatch
   thread, whatever order they arrive in. Because the server numbers requests in one global
-  order, hosts never wait on each other in a cycle; and because each computation is
-  complete before the next starts, XLA's CPU collectives never see two exported programs
-  in flight at once (where they can deadlock).
-- Buffers are futures: a consumer waits for its producer; readers await without blocking
-  the actor's event loop.
+  order, hosts never wait on each other in a cycle.
+- Computations run only as program runs (`executors.runner`; a single call is a one-node
+  program). The dispatch thread is the only thread that issues computations to XLA, and
+  issues them without waiting for each (at most `in_flight` unfinished): with XLA's CPU
+  thread pool sized for it (`executors.pool`), overlapped collectives cannot deadlock
+  (docs/architecture.md, "Executors overlap").
+- Buffers are futures twice over: a store entry exists from the moment its producer is
+  taken, and holds a `jax.Array` that may still be computing. Readers wait off the event
+  loop and answer `Ready` or `Failed` (`executors.messages`).
 - A failure never hangs: a failed computation fails its outputs with the remote traceback,
   and every computation reading a failed buffer fails with the same cause.
 
@@ -26,20 +30,18 @@ import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import numpy as np
 
 from executors.compile import compile_artifact, make_mesh, place
-from executors.runner import Payload, RunMessage, Runner
-from executors.shards import distinct_shards, whole
+from executors.messages import Failed, Payload, Ran, Ready, Reply, State
+from executors.runner import IN_FLIGHT, RunMessage, Runner
+from executors.shards import distinct_shards
 from executors.store import BufferStore, Failure
-from ir import HostPlan, Spec, parse_dtype
+from ir import DeviceMesh, HostPlan, Spec, parse_dtype
 
 log = logging.getLogger("isthmus.executors")
-Placement = tuple[tuple[int, ...], tuple[tuple[str, int], ...]]  # local device indices, axes
-Settled = tuple[str, Any]  # ("ready", value) or ("failed", cause)
 FORGOTTEN_KEPT = 65_536  # forgotten executable keys remembered (a late call on one fails at once)
 
 
@@ -48,7 +50,7 @@ def _cause() -> str:
 
 
 class Host:
-    def __init__(self, host: str, wait_timeout_s: float = 300.0) -> None:
+    def __init__(self, host: str, wait_timeout_s: float = 300.0, in_flight: int = IN_FLIGHT) -> None:
         self.host = host
         self.wait_timeout_s = wait_timeout_s  # the longest a request waits for an executable
         self.store = BufferStore()
@@ -68,7 +70,7 @@ class Host:
         self.collective_error: str | None = None  # the first failed cross-host collective
         self._closed = False
         self._requests = 0
-        self.runner = Runner(host, self.store, self._usable, self._deliver, self._failed)
+        self.runner = Runner(host, self.store, self._usable, self._deliver, self._failed, in_flight)
         self._thread = threading.Thread(target=self._dispatch, name=f"dispatch-{host}", daemon=True)
         self._thread.start()
 
@@ -111,7 +113,9 @@ class Host:
         with self._cond:
             queued = len(self._ops)
             gap = self._next if self._ops and self._next not in self._ops else None
-        running = self._running
+        running, started = self._running, self._started
+        if running is None and (oldest := self.runner.oldest_running()) is not None:
+            running, started = oldest  # issued, and still running on the devices
         return {
             "host": self.host,
             "pid": os.getpid(),
@@ -119,12 +123,14 @@ class Host:
             "requests": self._requests,
             "completed": self._completed,
             "running": running,
-            "running_s": time.perf_counter() - self._started if running is not None else None,
+            "running_s": time.perf_counter() - started if running is not None else None,
             "waiting_for": gap,
             "buffers": len(self.store),
             "executables": len(self._executables),
             "plans": self.runner.plans,
             "busy_s": self._busy_s,
+            "unfinished": self.runner.unfinished,  # computations issued, not known finished
+            "in_flight": self.runner.in_flight,
             "collective_error": self.collective_error,
         }
 
@@ -138,15 +144,17 @@ class Host:
 
     # -- the dispatch thread ---------------------------------------------------------------
 
-    def _submit(self, seq: int, op: Callable[[], None], label: str) -> Future[None]:
-        """Queue `op` at its sequence number; the future settles once it has run."""
-        finished: Future[None] = Future()
+    def _submit(self, seq: int, op: Callable[[], Any], label: str) -> Future[Any]:
+        """Queue `op` at its sequence number; the future settles with what it returns once
+        it has run (None if it raised)."""
+        finished: Future[Any] = Future()
 
         def run() -> None:
+            result = None
             try:
-                op()
+                result = op()
             finally:
-                finished.set_result(None)
+                finished.set_result(result)
 
         with self._cond:
             self._requests += 1
@@ -196,7 +204,7 @@ class Host:
         return self._executable(key)
 
     async def compile(
-        self, key: str, artifact: bytes, placement: Placement,
+        self, key: str, artifact: bytes, mesh: DeviceMesh,
         in_specs: list[Any], out_specs: list[Any], number: int = 0,
     ) -> str | None:
         """Compile once per key; return None when ready, else the compiler's message.
@@ -212,13 +220,12 @@ class Host:
         fut = self._executable(key)
         if not fut.done() and key not in self._building:
             self._building.add(key)
-            devices, axes = placement
             ins = [Spec.from_json(s) for s in in_specs]
             outs = [Spec.from_json(s) for s in out_specs]
 
             def build() -> None:
                 try:
-                    fut.set_result(compile_artifact(artifact, make_mesh(devices, axes), ins, outs))
+                    fut.set_result(compile_artifact(artifact, make_mesh(mesh), ins, outs))
                 except Exception as e:  # the compiler's message is the user's answer
                     fut.set_exception(Failure(f"compiling failed: {type(e).__name__}: {e}"))
 
@@ -232,101 +239,20 @@ class Host:
     # -- sequenced requests ------------------------------------------------------------------
 
     def put(self, seq: int, buffer_id: str, data: bytes, dtype: str, shape: Sequence[int],
-            placement: Placement, spec: Any) -> None:
+            mesh: DeviceMesh, spec: Any) -> None:
+        """Place an uploaded array; on a slice spanning hosts, this host's shards of it."""
         def op() -> None:
             try:
                 array = np.frombuffer(data, dtype=parse_dtype(dtype)).reshape(shape)
-                self.store.set(buffer_id, self._place(array, placement, spec))
+                self.store.set(buffer_id, place(array, mesh, Spec.from_json(spec)))
             except Exception:
                 self.store.fail(buffer_id, Failure(f"upload of {buffer_id} failed:\n{_cause()}"))
 
         self._submit(seq, op, f"upload {buffer_id}")
 
-    def _place(self, array: Any, placement: Placement, spec: Any) -> Any:
-        """The array on the placement's devices; on a multi-host slice, this host's shards."""
-        devices, axes = placement
-        return place(array, devices, axes, Spec.from_json(spec))
-
-    async def call(self, seq: int, key: str, inputs: Sequence[str], outputs: Sequence[str],
-                   label: str, notify: bool = False) -> str | None:
-        """Queue one computation; with `notify`, answer once it has run (the gang scheduler's
-        signal that the island may admit more), with this host's failed collective if any."""
-        finished = self._submit(seq, lambda: self._call(key, list(inputs), list(outputs), label), label)
-        if notify:
-            await asyncio.wrap_future(finished)
-            return self.collective_error
-        return None
-
-    def _call(self, key: str, inputs: list[str], outputs: list[str], label: str) -> None:
-        import jax
-
-        try:
-            exe = self._executable(key).result(self.wait_timeout_s)
-            args = [self._input(b) for b in inputs]
-            shardings = exe.input_shardings[0]
-            args = [
-                a if a.sharding.is_equivalent_to(s, a.ndim) else jax.device_put(a, s)
-                for a, s in zip(args, shardings, strict=True)
-            ]
-            results = jax.block_until_ready(exe(*args))
-        except Failure as f:
-            failure = f
-        except FutureTimeout:
-            failure = Failure(f"{label}: executable {key} not compiled on host {self.host} within "
-                              f"{self.wait_timeout_s:g}s")
-        except Exception:
-            failure = Failure(f"{label} failed on host {self.host}:\n{_cause()}")
-            self._failed(failure.cause)
-        else:
-            for b, r in zip(outputs, results, strict=True):
-                self.store.set(b, r)
-            return
-        for b in outputs:
-            self.store.fail(b, failure)
-
-    def _input(self, buffer_id: str) -> Any:
-        """A call's input, once ready (a moved one may still be arriving), within the bound."""
-        try:
-            return self.store.future(buffer_id).result(self.wait_timeout_s)
-        except FutureTimeout:
-            raise Failure(f"input {buffer_id} not ready on host {self.host} within "
-                          f"{self.wait_timeout_s:g}s") from None
-
-    async def receive(self, seq: int, buffer_id: str, sources: list[Any], placement: Placement,
-                      spec: Any) -> None:
-        """Take a buffer sent by other hosts through the object store (DCN): the shards of
-        every host of the source slice, assembled, then placed (on a slice spanning hosts,
-        this host's part of it).
-
-        `sources` holds the senders' ObjectRefs inside a list, so Ray hands them over
-        unresolved and this request is not held back until the data exists.
-        """
-        loop = asyncio.get_running_loop()
-
-        def op() -> None:
-            self.store.reserve(buffer_id)
-            asyncio.run_coroutine_threadsafe(self._receive(buffer_id, sources, placement, spec), loop)
-
-        self._submit(seq, op, f"receive {buffer_id}")
-
-    async def _receive(self, buffer_id: str, refs: list[Any], placement: Placement, spec: Any) -> None:
-        try:
-            shards = []
-            for state, value in await asyncio.gather(*refs):
-                if state == "failed":
-                    raise Failure(value)
-                shards.extend(value)
-            placed = await asyncio.to_thread(lambda: self._place(whole(shards), placement, spec))
-            self.store.set(buffer_id, placed)
-        except Failure as f:
-            self.store.fail(buffer_id, f)
-        except Exception:
-            self.store.fail(buffer_id, Failure(f"transfer into {buffer_id} failed:\n{_cause()}"))
-
-    async def _settled(self, seq: int, buffer_id: str,
-                       read: Callable[[Any], Any] | None = np.asarray) -> Settled:
-        """The buffer, once its turn has come, passed through `read` (off the event loop):
-        by default a host numpy array; with None, nothing is read."""
+    async def _settled(self, seq: int, buffer_id: str, read: Callable[[Any], Any]) -> Reply:
+        """The buffer, once its turn has come and its value exists, passed through `read`
+        (off the event loop; an error XLA reports while computing it surfaces here)."""
         taken: Future[Future[Any]] = Future()
 
         def op() -> None:
@@ -338,40 +264,42 @@ class Host:
         self._submit(seq, op, f"read {buffer_id}")
         try:
             value = await asyncio.wrap_future(await asyncio.wrap_future(taken))
+            return Ready(await asyncio.to_thread(read, value))
         except Failure as f:
-            return "failed", f.cause
-        return "ready", None if read is None else await asyncio.to_thread(read, value)
+            return Failed(f.cause)
+        except Exception:
+            return Failed(f"computing {buffer_id} failed on host {self.host}:\n{_cause()}")
 
-    async def wait(self, seq: int, buffer_id: str) -> Settled:
-        """("ready", None) or ("failed", cause): settle a buffer without copying it."""
-        return await self._settled(seq, buffer_id, read=None)
+    async def wait(self, seq: int, buffer_id: str) -> Reply:
+        """`Ready(None)` once the buffer's value exists, or `Failed(cause)`; nothing is copied."""
+        return await self._settled(seq, buffer_id, read=_finished)
 
-    async def send(self, seq: int, buffer_id: str) -> Settled:
-        """The sending side of a transfer: this host's distinct shards of the value (the whole
-        value, from a slice on one host) go into Ray's object store."""
-        return await self._settled(seq, buffer_id, read=distinct_shards)
+    async def fetch(self, seq: int, buffer_id: str) -> Reply:
+        """`Ready(raw bytes)` or `Failed(cause)`."""
+        return await self._settled(seq, buffer_id, read=_raw)
 
-    async def fetch(self, seq: int, buffer_id: str) -> Settled:
-        """("ready", raw bytes) or ("failed", cause)."""
-        state, value = await self._settled(seq, buffer_id)
-        if state == "failed":
-            return state, value
-        return state, np.ascontiguousarray(value).tobytes()
+    async def fetch_shards(self, seq: int, buffer_id: str) -> Reply:
+        """`Ready([(index, raw bytes), ...])`: the shards this host holds of a buffer on a
+        slice spanning hosts, one per distinct index (the server assembles them)."""
+        return await self._settled(seq, buffer_id, read=_raw_shards)
 
     # -- programs ------------------------------------------------------------------------
 
     async def run(self, seq: int, message: RunMessage, plan: HostPlan | None,
-                  notify: bool = False) -> str | None:
+                  notify: bool = False) -> Ran | None:
         """Run a range of this host's plan for one program run (see `executors.runner`).
 
         Answers once the message is accepted (under sequential dispatch, the ack the server
-        waits for before sending the next node), or with `notify` once it has run (with this
-        host's failed collective if any).
+        waits for before sending the next node), or with `notify` once its steps have run:
+        issued, and the computations they issued finished (`Ran`, with this host's failed
+        collective if any). The dispatch thread meanwhile goes on with the next requests.
         """
         finished = self._submit(seq, self.runner.accept(message, plan), f"run {message.run_id}")
         if notify:
-            await asyncio.wrap_future(finished)
-            return self.collective_error
+            issued = await asyncio.wrap_future(finished)
+            if issued:
+                await asyncio.to_thread(_finished_quietly, issued)
+            return Ran(self.collective_error)
         return None
 
     def deliver(self, run_id: str, tag: str, payload: Payload) -> None:
@@ -381,11 +309,6 @@ class Host:
     def _deliver(self, to: str, run_id: str, tag: str, payload: Payload) -> None:
         """Hand a value to a peer host; `executors.pool` wires this to the peer's actor."""
         raise Failure(f"host {self.host} has no route to host {to}")
-
-    async def fetch_shards(self, seq: int, buffer_id: str) -> Settled:
-        """("ready", [(index, raw bytes), ...]): the shards this host holds of a buffer on a
-        slice spanning hosts, one per distinct index (the server assembles them)."""
-        return await self._settled(seq, buffer_id, read=_raw_shards)
 
     def forget(self, seq: int, executables: dict[str, int], plans: Sequence[str]) -> None:
         """Drop executables and plans no computation or program uses any more (in sequence,
@@ -411,9 +334,28 @@ class Host:
         ids = list(buffer_ids)
         self._submit(seq, lambda: self.store.delete(ids), f"delete {len(ids)} buffers")
 
-    def states(self, buffer_ids: Sequence[str]) -> list[str]:
-        """Unsequenced: a buffer whose producer has not arrived yet reads as pending."""
-        return ["pending" if (s := self.store.state(b)) == "missing" else s for b in buffer_ids]
+    def states(self, buffer_ids: Sequence[str]) -> list[State]:
+        """Unsequenced: a buffer whose producer has not been taken yet, or whose value is
+        still computing, reads as pending."""
+        return [State.PENDING if (s := self.store.state(b)) is State.MISSING else s for b in buffer_ids]
+
+
+def _finished(array: Any) -> None:
+    import jax
+
+    jax.block_until_ready(array)
+
+
+def _finished_quietly(arrays: Any) -> None:
+    """Wait for arrays to be computed; an error stays in them for their readers."""
+    try:
+        _finished(arrays)
+    except Exception as e:
+        log.debug("a computation failed (its readers get the cause): %s", e)
+
+
+def _raw(array: Any) -> bytes:
+    return np.ascontiguousarray(array).tobytes()
 
 
 def _raw_shards(array: Any) -> list[tuple[list[tuple[int, int]], bytes]]:

@@ -1,10 +1,11 @@
 """Start Ray and one executor actor per host, and give the server a Ray-free face.
 
-The server talks to hosts only through `ExecutorPool`: plain ids and bytes in, plain values
-or typed errors out. Calls that produce buffers are fire-and-forget; each carries a
-per-host sequence number that the host executes in (Ray does not order an async actor's
-calls). Reads are awaited with a deadline, so a dead host turns into `Unavailable` instead
-of a hang.
+The server talks to hosts only through `ExecutorPool`: plain ids, bytes and `ir` values in,
+plain values or typed errors out. Requests that produce buffers (uploads, run messages) are
+fire-and-forget; each carries a per-host sequence number that the host takes them in (Ray
+does not order an async actor's calls). These numbers, given under one lock in the order the
+gang schedulers admit work, are the one source of the global order. Reads are awaited with a
+deadline, so a dead host turns into `Unavailable` instead of a hang.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from typing import Any
 import ray
 
 from executors import ray_start
-from executors.host import Host, Placement
-from executors.runner import Payload, RunMessage
-from ir import HostPlan, RemoteError, Unavailable
+from executors.host import Host
+from executors.messages import Failed, Lost, Payload, Ran, Settled, State
+from executors.runner import IN_FLIGHT, RunMessage
+from ir import DeviceMesh, HostPlan, RemoteError, Unavailable
 from resource_manager import ClusterSpec, DeviceReport, HostSpec
 
 log = logging.getLogger("isthmus.executors")
@@ -52,6 +54,8 @@ class RayOptions:
     # it the computation fails with the cause instead of hanging (a host that failed its part
     # of a cross-host computation before the collective leaves the others waiting there).
     wait_timeout_s: int = 300
+    # Computations an executor issues without waiting for them (docs/architecture.md).
+    in_flight: int = IN_FLIGHT
     # Ray's token: read from (or, for a Ray this pool starts, written to) this file.
     token_file: Path | None = None
     insecure: bool = False  # join an external Ray without token authentication
@@ -64,8 +68,8 @@ def _actor_name(host: str, generation: int = 0) -> str:
 class RayHost(Host):
     """A `Host` whose sends go straight to the peer host's actor (executor to executor)."""
 
-    def __init__(self, host: str, namespace: str, wait_timeout_s: float) -> None:
-        super().__init__(host, wait_timeout_s)
+    def __init__(self, host: str, namespace: str, wait_timeout_s: float, in_flight: int) -> None:
+        super().__init__(host, wait_timeout_s, in_flight)
         self._namespace = namespace
         self._peers: dict[str, Any] = {}
 
@@ -91,7 +95,7 @@ class RayHost(Host):
 
 def _new_actor(host: HostSpec, options: RayOptions, generation: int) -> Any:
     return ray.remote(RayHost).options(**_actor_options(host, options.wait_timeout_s, generation)).remote(
-        host.name, options.namespace, options.wait_timeout_s)
+        host.name, options.namespace, options.wait_timeout_s, options.in_flight)
 
 
 def _actor_options(host: HostSpec, wait_timeout_s: int, generation: int) -> dict[str, Any]:
@@ -100,6 +104,9 @@ def _actor_options(host: HostSpec, wait_timeout_s: int, generation: int) -> dict
         env["JAX_PLATFORMS"] = "cpu"
         env["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={host.num_devices} "
                             f"--xla_cpu_collective_timeout_seconds={wait_timeout_s}")
+        # XLA's CPU thread pool: 2 threads per device, whatever the core count, so that
+        # overlapped multi-device collectives cannot deadlock (docs/architecture.md).
+        env["PJRT_NPROC"] = str(2 * host.num_devices)
         gpus = 0
     else:
         gpus = host.num_devices
@@ -254,12 +261,12 @@ class ExecutorPool:
             for n, info in zip(self._handles, infos, strict=True)
         }
 
-    async def compile(self, host: str, key: str, artifact: bytes, placement: Placement,
+    async def compile(self, host: str, key: str, artifact: bytes, mesh: DeviceMesh,
                       in_specs: list[Any], out_specs: list[Any], timeout: float) -> str | None:
         with self._lock:
             self._compiles += 1
             number = self._compiles
-        ref = self._handles[host].compile.remote(key, artifact, placement, in_specs, out_specs, number)
+        ref = self._handles[host].compile.remote(key, artifact, mesh, in_specs, out_specs, number)
         return await self._await(ref, host, timeout, f"compile {key}")
 
     def forget(self, host: str, executables: Sequence[str], plans: Sequence[str]) -> None:
@@ -274,23 +281,11 @@ class ExecutorPool:
             self._numbered(host, "forget", dict.fromkeys(executables, self._compiles), list(plans))
 
     def put(self, hosts: Sequence[str], buffer_id: str, data: bytes, dtype: str, shape: Sequence[int],
-            placement: Placement, spec: Any) -> None:
-        """Upload onto a slice's hosts; each keeps the shards on its own devices."""
-        self._send_all(hosts, "put", buffer_id, data, dtype, list(shape), placement, spec)
-
-    def call(self, hosts: Sequence[str], key: str, inputs: Sequence[str], outputs: Sequence[str],
-             label: str, notify: bool = False) -> list[Any]:
-        """One computation on a slice's hosts: one SPMD program, each host running its shards.
-        With `notify`, the returned refs settle once each host has run it (`settle`)."""
-        return self._send_all(hosts, "call", key, list(inputs), list(outputs), label, notify)
-
-    def transfer(self, sources: Sequence[str], buffer_id: str, targets: Sequence[str], new_id: str,
-                 placement: Placement, spec: Any) -> None:
-        """Copy a buffer between slices through Ray's object store, never through the server:
-        every host of the source slice sends its shards, and every host of the target slice
-        takes all of them and places its part."""
-        refs = self._send_all(sources, "send", buffer_id)
-        self._send_all(targets, "receive", new_id, refs, placement, spec)
+            mesh: DeviceMesh, spec: Any) -> None:
+        """Upload onto a slice's hosts; each keeps the shards on its own devices. The bytes
+        go into the object store once, however many hosts read them."""
+        body = ray.put(data) if len(hosts) > 1 else data
+        self._send_all(hosts, "put", buffer_id, body, dtype, list(shape), mesh, spec)
 
     def _run(self, host: str, message: RunMessage, plan: HostPlan, notify: bool = False) -> Any:
         """Send one run message (under `self._lock`); the plan travels once per host."""
@@ -339,20 +334,23 @@ class ExecutorPool:
         return box
 
     async def settle(self, refs: Sequence[Any], hosts: Sequence[str], timeout: float) -> dict[str, str]:
-        """Wait until every host has run what `refs` were sent for; a dead or silent host
-        counts as settled (its outputs fail or are unreachable, never a hang). Returns the
-        hosts that report a failed collective (their group is broken), with its cause."""
-        async def one(ref: Any, host: str) -> str | None:
+        """Wait until every host has taken what `refs` were sent for; a dead or silent host
+        counts as settled (`Lost`: its outputs fail or are unreachable, never a hang).
+        Returns the hosts that report a failed collective (their group is broken), with its
+        cause."""
+        async def one(ref: Any, host: str) -> Settled:
             try:
                 if isinstance(ref, Future):  # sent later (gang order off)
                     ref = await asyncio.wrap_future(ref)
-                return await self._watched(ref, host, timeout)
+                reply = await self._watched(ref, host, timeout)
+                return reply if isinstance(reply, Ran) else Ran()
             except (Unavailable, RemoteError) as e:
                 log.warning("host %s: %s", host, e)
-                return None
+                return Lost(str(e))
 
         replies = await asyncio.gather(*(one(r, h) for r, h in zip(refs, hosts, strict=True)))
-        return {h: r for h, r in zip(hosts, replies, strict=True) if isinstance(r, str)}
+        return {h: r.collective_error for h, r in zip(hosts, replies, strict=True)
+                if isinstance(r, Ran) and r.collective_error is not None}
 
     async def _watched(self, ref: Any, host: str, timeout: float, every: float = 60.0) -> Any:
         """Await a settle reply; while it is late, log what the host is doing every `every`
@@ -392,13 +390,13 @@ class ExecutorPool:
         """A read waits on the host until its turn and its value come; at most READS_PER_HOST
         wait at once (a read is numbered only once it has its place)."""
         async with self._reads[host]:
-            state, value = await self._await(self._send(host, method, buffer_id), host, timeout,
-                                             f"{method.replace('_', ' ')} {buffer_id}")
-        if state == "failed":
-            raise RemoteError(value)
-        return value
+            reply = await self._await(self._send(host, method, buffer_id), host, timeout,
+                                      f"{method.replace('_', ' ')} {buffer_id}")
+        if isinstance(reply, Failed):
+            raise RemoteError(reply.cause)
+        return reply.value
 
-    async def states(self, host: str, buffer_ids: Sequence[str], timeout: float) -> list[str]:
+    async def states(self, host: str, buffer_ids: Sequence[str], timeout: float) -> list[State]:
         ref = self._handles[host].states.remote(list(buffer_ids))
         return await self._await(ref, host, timeout, "states")
 

@@ -1,22 +1,29 @@
 """Runs one host's part of a program (`ir.plan.HostPlan`) on that host's dispatch thread.
 
+Every computation an executor runs goes through here: a single call is a one-node program.
+
 Contract:
 - One run message carries a range of the host's plan steps (all of them under parallel
   dispatch, one under sequential dispatch). A mailbox per `(run, tag)` is opened by
   whichever comes first, the peer's delivery or the message (when its plan is already
   here), so a peer's data can land while earlier work is still running. A finished run
   leaves no mailbox, and deliveries that come after it are dropped.
-- Steps run in plan order on the host's dispatch thread, each computation to completion
-  before the next starts (the host's rule that keeps XLA's CPU collectives safe). Values
-  of a run live in a per-run environment; only the program's results enter the store.
+- Steps run in plan order on the host's dispatch thread, the only thread that issues
+  computations to XLA. A computation on this host's devices is issued without waiting for
+  it (XLA's asynchronous dispatch: its outputs are futures that later steps consume), and
+  at most `in_flight` are left unfinished: issuing one more first waits for the oldest. A
+  computation spanning hosts (an island's JAX group) runs alone: every issued computation
+  finishes first, and it finishes before the next step. Values of a run live in a per-run
+  environment; only the program's results enter the store.
 - `Send` hands the value (host memory, numpy) straight to every host of the receiving
-  slice through the injected `deliver`, never through the server: the whole value from a
-  slice on one host, this host's distinct shards from a slice spanning hosts. Deliveries
-  are tagged `<tag>@<sending host>`, so a `Recv` from a slice spanning hosts waits for
-  each of them, assembles the whole value and places its part. A failed value is sent as
-  its failure, so the peer's dependents fail with the same cause.
+  slice through the injected `deliver`, never through the server: `Whole` from a slice on
+  one host, this host's distinct `Shards` from a slice spanning hosts. Deliveries are
+  tagged `<tag>@<sending host>`, so a `Recv` from a slice spanning hosts waits for each of
+  them, assembles the whole value and places its part. A failed value is sent as its
+  `Failed` cause, so the peer's dependents fail with the same cause.
 - A failure never hangs: a `Recv` or an executable that does not arrive within the run's
-  timeout fails the value it defines, and every dependent with it.
+  timeout fails the value it defines, and every dependent with it; an error XLA reports
+  while a computation runs reaches every array computed from it.
 """
 
 from __future__ import annotations
@@ -35,13 +42,14 @@ from typing import Any
 import numpy as np
 
 from executors.compile import place
+from executors.messages import Failed, Payload, Shards, Whole
 from executors.shards import distinct_shards, whole
 from executors.store import BufferStore, Failure
 from ir import Compute, HostPlan, Recv, Reshard, Send, Step
 
 log = logging.getLogger("isthmus.executors")
 FINISHED_RUNS = 4096  # finished run ids remembered, so late deliveries to them are dropped
-Payload = tuple[str, Any]  # ("ready", whole numpy array), ("shards", [(index, array)]), ("failed", cause)
+IN_FLIGHT = 8  # computations issued and not known finished, per host (see docs/architecture.md)
 Deliver = Callable[[str, str, str, Payload], None]  # (to host, run id, tag, payload)
 
 
@@ -66,7 +74,8 @@ class _Run:
 
 class Runner:
     def __init__(self, host: str, store: BufferStore, executable: Callable[[str], Future[Any]],
-                 deliver: Deliver, failed: Callable[[str], None] = lambda cause: None) -> None:
+                 deliver: Deliver, failed: Callable[[str], None] = lambda cause: None,
+                 in_flight: int = IN_FLIGHT) -> None:
         self.host = host
         self.store = store
         self._executable = executable
@@ -78,11 +87,17 @@ class Runner:
         self._finished: deque[str] = deque(maxlen=FINISHED_RUNS)
         self._finished_set: set[str] = set()
         self._lock = threading.Lock()
+        self.in_flight = max(1, in_flight)
+        # issued computations, oldest first: (label, when issued, outputs)
+        self._issued: deque[tuple[str, float, Any]] = deque()
+        self._latest: list[Any] = []  # those the message now running issued
+        self._spans: dict[str, bool] = {}  # executable key -> whether it spans hosts
 
     # -- on arrival (actor thread) ---------------------------------------------------------
 
-    def accept(self, message: RunMessage, plan: HostPlan | None) -> Callable[[], None]:
-        """Cache the plan, open the mailboxes of the message's receives; return the op to sequence.
+    def accept(self, message: RunMessage, plan: HostPlan | None) -> Callable[[], list[Any]]:
+        """Cache the plan, open the mailboxes of the message's receives; return the op to
+        sequence, which returns the outputs of the computations it issued and left unfinished.
 
         Messages can arrive out of order; a plan travels with the first message of its key,
         which has the lower sequence number, so by the op's turn the plan is here.
@@ -122,16 +137,17 @@ class Runner:
     def plans(self) -> int:
         return len(self._plans)
 
-    def _execute(self, message: RunMessage, carried: HostPlan | None = None) -> None:
+    def _execute(self, message: RunMessage, carried: HostPlan | None = None) -> list[Any]:
         # A plan the message carried is used as is: a `forget` numbered before this message
         # may have dropped it from the cache after the message arrived.
         if carried is not None:
             self._plans[message.plan_key] = carried
         plan = carried or self._plans.get(message.plan_key)
+        self._latest = []
         if plan is None:
             cause = f"host {self.host} has no plan {message.plan_key} (the server must send it first)"
             self._fail_results(message, Failure(cause))
-            return
+            return self._latest
         with self._lock:
             run = self._runs.setdefault(message.run_id, _Run())
         for value, buffer_id in message.args:
@@ -147,6 +163,7 @@ class Runner:
                 else:
                     self.store.set(buffer_id, outcome)
             self._finish(message.run_id)
+        return self._latest
 
     def _argument(self, buffer_id: str, timeout: float) -> Any:
         try:
@@ -177,7 +194,7 @@ class Runner:
                 self._compute(step, env, message.timeout)
             elif isinstance(step, Reshard):
                 env[step.output] = _first_failure([env[step.input]]) or place(
-                    env[step.input], step.devices, step.axes, step.spec)
+                    env[step.input], step.mesh, step.spec)
             elif isinstance(step, Send):
                 self._send(message.run_id, step, env[step.input])
             elif isinstance(step, Recv):
@@ -192,7 +209,7 @@ class Runner:
                 tag = _tag(step.tag, self.host)
                 for to in step.to:
                     try:
-                        self._deliver(to, message.run_id, tag, ("failed", failure.cause))
+                        self._deliver(to, message.run_id, tag, Failed(failure.cause))
                     except Exception:  # the peer is gone: its own waits are bounded
                         log.exception("host %s: cannot tell host %s why tag %s failed", self.host, to,
                                       step.tag)
@@ -216,17 +233,63 @@ class Runner:
         shardings = exe.input_shardings[0]
         args = [a if a.sharding.is_equivalent_to(s, a.ndim) else jax.device_put(a, s)
                 for a, s in zip(args, shardings, strict=True)]
-        results = jax.block_until_ready(exe(*args))
+        if self._spans_hosts(step.key, exe):
+            self.drain()  # alone: nothing else of this host in flight while its collectives run
+            results = jax.block_until_ready(exe(*args))
+        else:
+            results = exe(*args)
+            self._issue(step.label, results)
         env.update(zip(step.outputs, results, strict=True))
+
+    def _spans_hosts(self, key: str, exe: Any) -> bool:
+        spans = self._spans.get(key)
+        if spans is None:
+            import jax
+
+            shardings = jax.tree_util.tree_leaves((exe.input_shardings, exe.output_shardings))
+            spans = self._spans[key] = not all(s.is_fully_addressable for s in shardings)
+        return spans
+
+    def _issue(self, label: str, results: Sequence[Any]) -> None:
+        """Track an issued computation; past the bound, wait for the oldest to finish."""
+        self._issued.append((label, time.perf_counter(), results))
+        self._latest.append(results)
+        while len(self._issued) > self.in_flight:
+            self._finish_oldest()
+
+    def drain(self) -> None:
+        """Wait until every issued computation has finished (failed ones included)."""
+        while self._issued:
+            self._finish_oldest()
+
+    def _finish_oldest(self) -> None:
+        import jax
+
+        try:
+            jax.block_until_ready(self._issued.popleft()[2])
+        except Exception as e:  # the arrays carry the error to whoever reads them
+            self._failed(f"{type(e).__name__}: {e}")
+
+    @property
+    def unfinished(self) -> int:
+        return len(self._issued)
+
+    def oldest_running(self) -> tuple[str, float] | None:
+        """The label and issue time (perf_counter) of the oldest issued computation still
+        running, if any (read from any thread: it only looks)."""
+        for label, issued, results in list(self._issued):
+            if not all(getattr(r, "is_ready", lambda: True)() for r in results):
+                return label, issued
+        return None
 
     def _send(self, run_id: str, step: Send, value: Any) -> None:
         payload: Payload
         if isinstance(value, Failure):
-            payload = ("failed", value.cause)
+            payload = Failed(value.cause)
         elif value.is_fully_addressable:
-            payload = ("ready", np.asarray(value))
+            payload = Whole(np.asarray(value))
         else:
-            payload = ("shards", distinct_shards(value))
+            payload = Shards(distinct_shards(value))
         for to in step.to:
             self._deliver(to, run_id, _tag(step.tag, self.host), payload)
 
@@ -246,15 +309,15 @@ class Runner:
             with self._lock:
                 for source in step.sources:
                     self._mail.pop((message.run_id, _tag(step.tag, source)), None)
-        failed = next((value for state, value in parts if state == "failed"), None)
+        failed = next((p for p in parts if isinstance(p, Failed)), None)
         if failed is not None:
-            return Failure(failed)
-        if len(parts) == 1 and parts[0][0] == "ready":
-            value = parts[0][1]
+            return Failure(failed.cause)
+        if len(parts) == 1 and isinstance(parts[0], Whole):
+            value = parts[0].array
         else:
-            value = whole([shard for state, v in parts
-                           for shard in (v if state == "shards" else [(_full(v), v)])])
-        return place(value, step.devices, step.axes, step.spec)
+            value = whole([shard for p in parts
+                           for shard in (p.shards if isinstance(p, Shards) else [(_full(p.array), p.array)])])
+        return place(value, step.mesh, step.spec)
 
 
 def _tag(tag: str, source: str) -> str:

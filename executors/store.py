@@ -2,7 +2,8 @@
 
 Every buffer is a `concurrent.futures.Future` from the moment its producer is enqueued, so a
 consumer enqueued later can wait on it, and an async reader can await it without blocking
-the actor's event loop. A failed buffer holds a `Failure` whose cause (the remote
+the actor's event loop. The array in it may itself still be computing (XLA's asynchronous
+dispatch): it reads as pending until it is ready. A failed buffer holds a `Failure` whose cause (the remote
 traceback, as text) is passed on unchanged to every buffer computed from it.
 """
 
@@ -12,6 +13,8 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
+
+from executors.messages import State
 
 
 @dataclass(frozen=True)
@@ -63,14 +66,17 @@ class BufferStore:
             for b in buffer_ids:
                 self._buffers.pop(b, None)
 
-    def state(self, buffer_id: str) -> str:
+    def state(self, buffer_id: str) -> State:
         with self._lock:
             fut = self._buffers.get(buffer_id)
         if fut is None:
-            return "missing"
+            return State.MISSING
         if not fut.done():
-            return "pending"
-        return "failed" if fut.exception() is not None else "ready"
+            return State.PENDING
+        if fut.exception() is not None:
+            return State.FAILED
+        is_ready = getattr(fut.result(), "is_ready", None)
+        return State.READY if is_ready is None or is_ready() else State.PENDING
 
     def __len__(self) -> int:
         with self._lock:

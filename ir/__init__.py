@@ -21,7 +21,7 @@ from ir.ops import (
     WhileAttrs,
     transfer_route,
 )
-from ir.plan import CompileJob, Compute, HostPlan, Recv, Reshard, Send, Step, executable_key
+from ir.plan import CompileJob, Compute, DeviceMesh, HostPlan, Recv, Reshard, Send, Step, executable_key
 from ir.program import Artifact, Graph, Placement, Program, SliceDef, content_hash
 from ir.text import ParseError, node_line, parse_program, print_program
 from ir.types import DTYPES, Aval, MeshAxes, Spec, dtype_name, parse_dtype
@@ -42,6 +42,7 @@ __all__ = [
     "ComputeAttrs",
     "CondAttrs",
     "Conflict",
+    "DeviceMesh",
     "Env",
     "Graph",
     "HostPlan",

@@ -10,8 +10,12 @@ Contract:
 - `order[i]` is the position of `steps[i]` in the program's one global schedule: every
   host's steps are a subsequence of it, which is what makes runs deadlock-free, and what
   sequential dispatch walks.
+- A `DeviceMesh` is a slice's devices as its hosts' executors name them, with its mesh
+  axes: local indices on one host; `(rank, local index)` pairs on a slice spanning the hosts
+  of an island's JAX group. `ir.passes.plans.device_mesh` is the one rule that names them.
 - `executable_key` names a compiled executable on a host: the artifact's content hash and
-  the devices and mesh it is compiled for. Single calls and programs share it.
+  the device mesh it is compiled for. Calls and programs share it (a call is a one-node
+  program).
 """
 
 from __future__ import annotations
@@ -24,13 +28,21 @@ from functools import cached_property
 from ir.types import Spec
 
 Axes = tuple[tuple[str, int], ...]
+Device = int | tuple[int, int]  # a local index, or (rank in the island's JAX group, local index)
 
 
-def executable_key(artifact: str, devices: tuple[int, ...], axes: Axes) -> str:
-    """`<24 hex of the artifact hash>@<local device indices>/<mesh axes>`."""
+@dataclass(frozen=True)
+class DeviceMesh:
+    devices: tuple[Device, ...]  # in mesh order (row-major, as `jax.sharding.Mesh` lays them out)
+    axes: Axes
+
+
+def executable_key(artifact: str, mesh: DeviceMesh) -> str:
+    """`<24 hex of the artifact hash>@<devices>/<mesh axes>`."""
     digest = artifact.split(":", 1)[-1][:24]
-    mesh = ",".join(f"{name}={size}" for name, size in axes)
-    return f"{digest}@{','.join(map(str, devices))}/{mesh}"
+    axes = ",".join(f"{name}={size}" for name, size in mesh.axes)
+    devices = ",".join(str(d) if isinstance(d, int) else f"{d[0]}:{d[1]}" for d in mesh.devices)
+    return f"{digest}@{devices}/{axes}"
 
 
 @dataclass(frozen=True)
@@ -45,8 +57,7 @@ class Compute:
 class Reshard:
     input: str
     output: str
-    devices: tuple[int, ...]
-    axes: Axes
+    mesh: DeviceMesh
     spec: Spec
 
 
@@ -62,8 +73,7 @@ class Recv:
     output: str
     sources: tuple[str, ...]  # every host of the sending slice
     tag: str
-    devices: tuple[int, ...]
-    axes: Axes
+    mesh: DeviceMesh
     spec: Spec
 
 
@@ -76,8 +86,7 @@ class CompileJob:
 
     key: str
     artifact: str
-    devices: tuple[int, ...]
-    axes: Axes
+    mesh: DeviceMesh
     in_specs: tuple[Spec, ...]
     out_specs: tuple[Spec, ...]
 
@@ -99,7 +108,8 @@ class HostPlan:
     def to_json(self) -> dict[str, object]:
         """A readable dump (debugging, `isthmus program show --plans`)."""
         def step(s: Step) -> dict[str, object]:
-            fields = {k: (v.to_json() if isinstance(v, Spec) else v) for k, v in vars(s).items()}
+            fields = {k: (v.to_json() if isinstance(v, Spec) else vars(v) if isinstance(v, DeviceMesh) else v)
+                      for k, v in vars(s).items()}
             return {"step": type(s).__name__.lower(), **fields}
 
         return json.loads(json.dumps({

@@ -11,6 +11,11 @@ Contract:
   atomic step; under sequential dispatch, one message per node in the global schedule,
   each sent once the previous one is accepted. Either way the outputs are returned at once
   as buffer futures.
+- A call of a registered computation is a run of its one-node program (`server.calls`),
+  one per computation and input types (slices and specs), kept here beside the programs
+  but not counted as the client's: registering the computation lowers and compiles the one
+  whose inputs are where the computation declares them, and its compile status is the
+  computation's.
 """
 
 from __future__ import annotations
@@ -41,7 +46,8 @@ from resource_manager import Slice
 from scheduler import Submission
 from server.artifacts import ArtifactInfo
 from server.caches import of_plans
-from server.records import BufferRecord, ClientRecord, new_id
+from server.calls import InputType, call_program
+from server.records import BufferRecord, ClientRecord, ComputationRecord, new_id
 from server.tasks import Tasks
 
 if TYPE_CHECKING:
@@ -51,6 +57,7 @@ log = logging.getLogger("isthmus.server")
 Dispatch = Literal["parallel", "sequential"]
 Placements = tuple[tuple[str, Placement], ...]
 LOWERINGS_KEPT = 4  # per program: placements it was lowered for (newest kept)
+CALL_PROGRAMS_KEPT = 8  # per computation: input types it was called with (newest kept)
 
 
 @dataclass
@@ -66,12 +73,16 @@ class ProgramRecord:
     message: str | None = None
     runs: int = 0
     lowered: dict[Placements, tuple[Program, dict[str, HostPlan]]] = field(default_factory=dict)
+    computation: ComputationRecord | None = None  # the computation a call program runs
 
 
 class Programs:
     def __init__(self, service: Service) -> None:
         self.service = service
         self.records: dict[str, ProgramRecord] = {}
+        # computation id -> input types -> its call program (`server.calls`)
+        self.calls: dict[str, dict[tuple[InputType, ...], ProgramRecord]] = {}
+        self._run_numbers = itertools.count()
         self._tasks = Tasks()
 
     # -- registration ------------------------------------------------------------------------
@@ -113,13 +124,8 @@ class Programs:
                                       f"the slice is on {s.island}")
 
     def _placements(self, owner: ClientRecord, program: Program) -> Placements:
-        rm = self.service.rm
-        out = []
-        for d in program.slices:
-            s = self.service.slice(owner, d.name)
-            devices = tuple((rm.device(i).host, rm.device(i).index) for i in s.device_ids)
-            out.append((d.name, Placement(s.island, devices)))
-        return tuple(out)
+        return tuple((d.name, self.service.placement(self.service.slice(owner, d.name)))
+                     for d in program.slices)
 
     def _lowered(self, owner: ClientRecord, rec: ProgramRecord) -> tuple[Program, dict[str, HostPlan]]:
         """The program lowered for its slices' current placement (cached per placement); a
@@ -151,7 +157,7 @@ class Programs:
         async def one(host: str, job: Any) -> str | None:
             try:
                 return await self.service.pool.compile(
-                    host, job.key, table[job.artifact].data, (job.devices, job.axes),
+                    host, job.key, table[job.artifact].data, job.mesh,
                     [s.to_json() for s in job.in_specs], [s.to_json() for s in job.out_specs], timeout,
                 )
             except Exception as e:
@@ -160,6 +166,8 @@ class Programs:
         messages = await asyncio.gather(*(one(h, j) for h, j in jobs))
         failed = [f"{j.key} on {h}: {m}" for (h, j), m in zip(jobs, messages, strict=True) if m]
         rec.status, rec.message = ("failed", "; ".join(failed)) if failed else ("ready", None)
+        if rec.computation is not None:  # every call program compiles the same executable
+            rec.computation.status, rec.computation.message = rec.status, rec.message
 
     def close(self) -> None:
         self._tasks.cancel()
@@ -186,8 +194,8 @@ class Programs:
         for pid in program_ids:
             owner.programs.discard(pid)
             rec = self.records.pop(pid, None)
-            for lowered in (rec.lowered.values() if rec else ()):
-                self._drop(lowered)
+            if rec is not None:
+                self._remove_lowerings(rec)
 
     def _drop(self, lowered: tuple[Program, dict[str, HostPlan]]) -> None:
         """A lowering no longer kept: its hosts forget what no other record uses."""
@@ -196,7 +204,8 @@ class Programs:
     def compile_again(self, hosts: set[str]) -> None:
         """Restarted hosts have none of the programs' executables: compile again whatever
         was lowered onto them (plans travel again with the next run messages)."""
-        for rec in self.records.values():
+        calls = [rec for by_types in self.calls.values() for rec in by_types.values()]
+        for rec in [*self.records.values(), *calls]:
             for lowered, plans in rec.lowered.values():
                 if hosts & set(plans):
                     self._tasks.spawn(self._compile(rec, lowered, plans))
@@ -207,7 +216,10 @@ class Programs:
                   dispatch: Dispatch | None = None, ids: Sequence[str] | None = None) -> list[BufferRecord]:
         """Submit one run; its outputs come back at once as futures, named `ids` (the
         client's choice) or by the server."""
-        rec = self.get(owner, program_id)
+        return self.submit(owner, self.get(owner, program_id), inputs, dispatch, ids)
+
+    def submit(self, owner: ClientRecord, rec: ProgramRecord, inputs: Sequence[str],
+               dispatch: Dispatch | None = None, ids: Sequence[str] | None = None) -> list[BufferRecord]:
         if rec.status == "failed":
             raise Conflict(f"program {rec.id} failed to compile: {rec.message}")
         self._check_inputs(owner, rec, inputs)
@@ -216,7 +228,7 @@ class Programs:
         _, plans = self._lowered(owner, rec)
         outs = [BufferRecord(b, owner.id, t.slice, self.service.slice(owner, t.slice).hosts, t.aval, t.spec)
                 for b, t in zip(new, rec.result_types, strict=True)]
-        run_id = f"{rec.id}/{rec.runs}"
+        run_id = f"{rec.id}/{next(self._run_numbers)}"  # unique: a computation has several
         rec.runs += 1
         timeout = self.service.settings.step_timeout_s
         messages = [
@@ -235,6 +247,57 @@ class Programs:
         self.service.gangs.submit(island, sub, start, [*inputs, *([] if sequential else outputs)],
                                   outputs if sequential else [], outputs=outputs)
         return [self.service.own(owner, o) for o in outs]
+
+    # -- calls -------------------------------------------------------------------------------
+
+    def add_computation(self, comp: ComputationRecord) -> None:
+        """Lower and compile the computation's call program with its inputs where it declares
+        them (the usual case); other input types get theirs at their first call."""
+        rec = self._call_program(comp, tuple((comp.slice_id, spec) for spec in comp.in_specs))
+        self._lowered(self.service.client(comp.owner), rec)
+
+    def call(self, owner: ClientRecord, comp: ComputationRecord, inputs: Sequence[str],
+             ids: Sequence[str] | None = None) -> list[BufferRecord]:
+        """Submit one call: a run of the computation's one-node program for these inputs."""
+        if comp.status == "failed":
+            raise Conflict(f"computation {comp.id} failed to compile: {comp.message}")
+        if len(inputs) != len(comp.in_avals):
+            raise InvalidArgument(
+                f"computation {comp.id} takes {len(comp.in_avals)} inputs; got {len(inputs)}")
+        types = []
+        for i, (b, want) in enumerate(zip(inputs, comp.in_avals, strict=True)):
+            buf = self.service.not_lost(self.service.buffer(owner, b), f"input {i}: ")
+            if buf.aval != want:
+                raise InvalidArgument(f"input {i} (buffer {b}): expected {want}, got {buf.aval}")
+            types.append((buf.slice_id, buf.spec))
+        return self.submit(owner, self._call_program(comp, tuple(types)), inputs, None, ids)
+
+    def _call_program(self, comp: ComputationRecord, types: tuple[InputType, ...]) -> ProgramRecord:
+        by_types = self.calls.setdefault(comp.id, {})
+        rec = by_types.get(types)
+        if rec is None:
+            owner = self.service.client(comp.owner)
+            slices = {comp.slice_id, *(slice_id for slice_id, _ in types)}
+            meshes = {sid: self.service.slice(owner, sid).mesh for sid in slices}
+            program = call_program(comp, types, meshes)
+            args, results = graph_signature(program.graph, program.slice_table,
+                                            frozenset(program.artifact_table))
+            rec = ProgramRecord(comp.id, owner.id, comp.name, program, args, results, False,
+                                status=comp.status, message=comp.message, computation=comp)
+            while len(by_types) >= CALL_PROGRAMS_KEPT:
+                self._remove_lowerings(by_types.pop(next(iter(by_types))))
+            by_types[types] = rec
+        return rec
+
+    def forget_calls(self, computation_id: str) -> None:
+        """A deleted computation: its call programs go, and what only they used on the hosts."""
+        for rec in self.calls.pop(computation_id, {}).values():
+            self._remove_lowerings(rec)
+
+    def _remove_lowerings(self, rec: ProgramRecord) -> None:
+        for lowered in rec.lowered.values():
+            self._drop(lowered)
+        rec.lowered.clear()
 
     def _parallel(self, messages: list[tuple[HostPlan, RunMessage]]) -> Awaitable[None]:
         """At admission: one message per host, numbered at once; then wait until all have run."""

@@ -81,13 +81,11 @@ class ComputationRecord:
     id: str
     owner: str
     slice_id: str
-    key: str  # the executable's cache key on the host: artifact hash @ devices
     name: str
     in_avals: tuple[Aval, ...]
     out_avals: tuple[Aval, ...]
     in_specs: tuple[Spec, ...]
     out_specs: tuple[Spec, ...]
-    hosts: tuple[str, ...] = ()  # where its executable is compiled
-    status: str = "pending"
+    status: str = "pending"  # its executable's compile status (`server.programs`)
     message: str | None = None
     artifact: bytes = field(default=b"", repr=False)  # kept to compile again on restarted hosts

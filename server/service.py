@@ -12,26 +12,26 @@ import base64
 import binascii
 import logging
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from executors import ExecutorPool, Placement, RayOptions
+from executors import ExecutorPool, RayOptions, State
 from executors.shards import assemble
 from ir import (
     Aval,
     Conflict,
+    DeviceMesh,
     InvalidArgument,
     MeshAxes,
     NotFound,
+    Placement,
     RemoteError,
     Spec,
     Unavailable,
-    content_hash,
-    executable_key,
     parse_dtype,
 )
+from ir.passes import device_mesh
 from resource_manager import ClusterSpec, ResourceManager, Slice, default_cluster, load_cluster
-from scheduler import Submission
 from server.artifact_reader import ArtifactReader
 from server.artifacts import ArtifactInfo, inspect_artifact
 from server.auth import Admin, Credentials
@@ -85,6 +85,7 @@ class Service:
             groups=settings.island_groups,
             ordered=settings.gang_order,
             wait_timeout_s=max(1, round(settings.step_timeout_s)),
+            in_flight=settings.executor_in_flight,
             token_file=settings.ray_token_file,
             insecure=settings.insecure_ray,
         )
@@ -187,16 +188,17 @@ class Service:
         self.programs.forget_slice(owner, s.id)
         self.rm.release(s.id)
 
-    def _hosts_and_placement(self, s: Slice) -> tuple[tuple[str, ...], Placement]:
-        """The slice's hosts, and its devices as the executors name them: local indices on
-        one host; (process in the island's JAX group, index) pairs across hosts."""
+    def placement(self, s: Slice) -> Placement:
+        """Where the slice's mesh lives: its island, and (host, local index) per position."""
         devices = [self.rm.device(d) for d in s.device_ids]
-        if len(s.hosts) == 1:
-            return tuple(s.hosts), (tuple(d.index for d in devices), s.mesh.axes)
-        ranks = self.pool.ranks
-        if any(h not in ranks for h in s.hosts):
-            raise Conflict(f"slice {s.id} spans hosts {list(s.hosts)}, which are not one JAX group")
-        return tuple(s.hosts), (tuple((ranks[d.host], d.index) for d in devices), s.mesh.axes)
+        return Placement(s.island, tuple((d.host, d.index) for d in devices))
+
+    def mesh(self, s: Slice) -> DeviceMesh:
+        """The slice's devices as its executors name them (`ir.passes.device_mesh`)."""
+        try:
+            return device_mesh(self.placement(s), s.mesh, self.pool.ranks, f"slice {s.id}")
+        except InvalidArgument as e:
+            raise Conflict(str(e)) from None
 
     # -- islands ---------------------------------------------------------------------------
 
@@ -236,13 +238,7 @@ class Service:
             coming = self.gangs.queued_outputs(island)  # numbered for the new executors
             lost = [b for b, rec in self.buffers.items() if hosts & set(rec.hosts) and b not in coming]
             self.lost.update(dict.fromkeys(lost, why))
-            for comp in self.computations.values():
-                s = self.rm.get_slice(comp.slice_id)
-                if hosts & set(s.hosts):
-                    comp.status = "pending"
-                    on, placement = self._hosts_and_placement(s)
-                    self._tasks.spawn(self._compile(comp, on, comp.artifact, placement))
-            self.programs.compile_again(hosts)
+            self.programs.compile_again(hosts)  # computations too: their call programs
         finally:
             self._restarting.discard(island)
             self.gangs.resume(island)
@@ -263,9 +259,8 @@ class Service:
                 "(raw little-endian bytes in C order, nothing else)"
             )
         self.check_room(owner, [aval])
-        hosts, placement = self._hosts_and_placement(s)
-        rec = BufferRecord(new, owner.id, s.id, hosts, aval, spec)
-        self.pool.put(hosts, rec.id, data, aval.dtype, aval.shape, placement, spec.to_json())
+        rec = BufferRecord(new, owner.id, s.id, tuple(s.hosts), aval, spec)
+        self.pool.put(rec.hosts, rec.id, data, aval.dtype, aval.shape, self.mesh(s), spec.to_json())
         return self.own(owner, rec)
 
     def own(self, owner: ClientRecord, rec: BufferRecord) -> BufferRecord:
@@ -311,7 +306,7 @@ class Service:
         except Unavailable:
             return "failed"
         flat = {st for [st] in states}
-        return "failed" if "failed" in flat else "ready" if flat == {"ready"} else "pending"
+        return "failed" if State.FAILED in flat else "ready" if flat == {State.READY} else "pending"
 
     async def wait(self, rec: BufferRecord) -> str:
         """Wait until the buffer settles on every host; raise its remote cause if it failed."""
@@ -379,14 +374,12 @@ class Service:
         ins = _specs(in_specs, info.in_avals, s, "in_specs")
         outs = _specs(out_specs, info.out_avals, s, "out_specs")
         info.check_specs(ins, outs, "")
-        hosts, placement = self._hosts_and_placement(s)
-        key = executable_key(content_hash(artifact), placement[0], s.mesh.axes)
-        rec = ComputationRecord(new_id("c"), owner.id, s.id, key, name or "computation",
-                                info.in_avals, info.out_avals, ins, outs, hosts, artifact=artifact)
+        self.mesh(s)  # its devices can be named (a slice spanning hosts needs their JAX group)
+        rec = ComputationRecord(new_id("c"), owner.id, s.id, name or "computation",
+                                info.in_avals, info.out_avals, ins, outs, artifact=artifact)
+        self.programs.add_computation(rec)  # lowered, held on its hosts and compiled there
         self.computations[rec.id] = rec
         owner.computations.add(rec.id)
-        self.caches.hold([(h, key) for h in hosts])
-        self._tasks.spawn(self._compile(rec, hosts, artifact, placement))
         return rec
 
     def _read_artifact(self, artifact_b64: str, s: Slice) -> tuple[bytes, ArtifactInfo]:
@@ -407,23 +400,8 @@ class Service:
         """Forget these computations; hosts forget executables nothing else uses."""
         for cid in computation_ids:
             owner.computations.discard(cid)
-            rec = self.computations.pop(cid, None)
-            if rec is not None:
-                self.caches.drop([(h, rec.key) for h in rec.hosts])
-
-    async def _compile(self, rec: ComputationRecord, hosts: Sequence[str], artifact: bytes,
-                       placement: Placement) -> None:
-        async def one(host: str) -> str | None:
-            try:
-                return await self.pool.compile(
-                    host, rec.key, artifact, placement, [s.to_json() for s in rec.in_specs],
-                    [s.to_json() for s in rec.out_specs], self.settings.rpc_timeout_s,
-                )
-            except Exception as e:
-                return f"{type(e).__name__}: {e}"
-
-        messages = [m for m in await asyncio.gather(*map(one, hosts)) if m]
-        rec.status, rec.message = ("failed", messages[0]) if messages else ("ready", None)
+            if self.computations.pop(cid, None) is not None:
+                self.programs.forget_calls(cid)
 
     def computation(self, owner: ClientRecord, computation_id: str) -> ComputationRecord:
         rec = self.computations.get(computation_id)
@@ -435,50 +413,10 @@ class Service:
 
     def call(self, owner: ClientRecord, computation_id: str, inputs: Sequence[str],
              ids: Sequence[str] | None = None) -> list[BufferRecord]:
-        """Enqueue one call and return its outputs at once, as futures; `ids` names them
-        (the client's choice), else the server does."""
-        comp = self.computation(owner, computation_id)
-        if comp.status == "failed":
-            raise Conflict(f"computation {comp.id} failed to compile: {comp.message}")
-        if len(inputs) != len(comp.in_avals):
-            raise InvalidArgument(
-                f"computation {comp.id} takes {len(comp.in_avals)} inputs; got {len(inputs)}"
-            )
-        s = self.slice(owner, comp.slice_id)
-        hosts, placement = self._hosts_and_placement(s)
-        args: list[str] = []
-        moves: list[tuple[tuple[str, ...], str, str, Any]] = []  # (source hosts, buffer, copy here, spec)
-        for i, (b, want) in enumerate(zip(inputs, comp.in_avals, strict=True)):
-            rec = self.not_lost(self.buffer(owner, b), f"input {i}: ")
-            if rec.aval != want:
-                raise InvalidArgument(
-                    f"input {i} (buffer {b}): expected {want}, got {rec.aval}"
-                )
-            if rec.hosts != hosts:
-                tmp = new_id("t")  # copied here when the call is admitted
-                moves.append((rec.hosts, rec.id, tmp, comp.in_specs[i].to_json()))
-                b = tmp
-            args.append(b)
-        self.check_room(owner, comp.out_avals, submits=1)
-        new = self.output_ids(owner, ids, len(comp.out_avals), "ids")
-        outs = [BufferRecord(b, owner.id, s.id, hosts, aval, spec)
-                for b, aval, spec in zip(new, comp.out_avals, comp.out_specs, strict=True)]
-        self.gangs.submit(s.island, Submission(new_id("call"), owner.id, hosts),
-                          lambda: self._dispatch_call(comp, hosts, placement, moves, args, outs),
-                          [*inputs, *(o.id for o in outs)], outputs=[o.id for o in outs])
-        return [self.own(owner, o) for o in outs]
-
-    def _dispatch_call(self, comp: ComputationRecord, hosts: tuple[str, ...], placement: Placement,
-                       moves: Sequence[tuple[tuple[str, ...], str, str, Any]], args: Sequence[str],
-                       outs: Sequence[BufferRecord]) -> Awaitable[None]:
-        """At admission: copy inputs from other hosts, send the call, free the copies."""
-        for sources, buffer_id, copy, spec in moves:
-            self.pool.transfer(sources, buffer_id, hosts, copy, placement, spec)
-        refs = self.pool.call(hosts, comp.key, args, [o.id for o in outs], f"{comp.name} ({comp.id})",
-                              notify=True)
-        for host in hosts:
-            self.pool.delete(host, [copy for _, _, copy, _ in moves])
-        return self.settled(refs, hosts)
+        """Enqueue one call (a run of the computation's one-node program, `server.calls`) and
+        return its outputs at once, as futures; `ids` names them (the client's choice), else
+        the server does."""
+        return self.programs.call(owner, self.computation(owner, computation_id), inputs, ids)
 
     async def settled(self, refs: Sequence[Any], hosts: Sequence[str]) -> None:
         """Wait until the hosts have run their part; restart the group of any island whose

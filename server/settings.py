@@ -47,6 +47,9 @@ class Settings(BaseSettings):
     # clients' weights) and how many calls or program runs an island runs at once.
     gang_policy: Literal["fifo", "share"] = "fifo"
     gang_window: int = Field(16, ge=1, le=1024)
+    # Computations an executor issues to its devices without waiting for each to finish
+    # (XLA's asynchronous dispatch); 1 runs each to completion (docs/architecture.md).
+    executor_in_flight: int = Field(8, ge=1, le=1024)
     # Debug only: False drops the island order (no admission, and each host of a submission
     # takes it after a random delay, in its own arrival order), to show what the order
     # prevents (docs/architecture.md). Never in production: cross-host collectives deadlock.

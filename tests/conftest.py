@@ -28,6 +28,24 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         srv.stop()
 
 
+@pytest.fixture(scope="session")
+def grouped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """A server whose multi-host islands are JAX distributed groups (ISTHMUS_ISLAND_GROUPS),
+    so a slice may span an island's hosts: (address, admin token)."""
+    from client.embedded import EmbeddedServer
+
+    state = tmp_path_factory.mktemp("isthmus-grouped")
+    # A host left alone in a collective fails it within 60 s: a stuck island shows up as
+    # errors naming the cause (and in the server's log), well inside the tests' timeout.
+    srv = EmbeddedServer.start(state, env={"ISTHMUS_ISLAND_GROUPS": "1", "ISTHMUS_STEP_TIMEOUT_S": "60"})
+    try:
+        yield srv.address, (state / "token").read_text().strip()
+    finally:
+        srv.stop()
+        # Shown with the last test that used it, if it failed: what the server saw of a late host.
+        print("".join(line for line in srv.log if "WARNING" in line or "ERROR" in line)[-20000:])
+
+
 @pytest.fixture
 def connect(server: object) -> Iterator[Callable[..., object]]:
     """Open clients to the session's server; every one is closed after the test."""

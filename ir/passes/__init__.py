@@ -20,7 +20,7 @@ from ir.node import SUBGRAPHS
 from ir.passes.fuse import fuse as fuse_pass
 from ir.passes.partition import partition
 from ir.passes.place import place
-from ir.passes.plans import host_plans
+from ir.passes.plans import device_mesh, host_plans
 from ir.passes.route_transfers import route_transfers
 from ir.passes.schedule import schedule
 from ir.program import Placement, Program
@@ -30,8 +30,8 @@ from ir.verify import VerifyError, verify
 Pass = Callable[[Program], Program]
 
 __all__ = [
-    "Pass", "fuse_pass", "host_plans", "lower", "partition", "pipeline", "place", "route_transfers",
-    "schedule",
+    "Pass", "device_mesh", "fuse_pass", "host_plans", "lower", "partition", "pipeline", "place",
+    "route_transfers", "schedule",
 ]
 
 

@@ -4,18 +4,18 @@ Contract: `host_plans(lowered, ranks)` takes a lowered program (verified, every 
 no logical or non-local transfers left: `ir.passes.lower`'s output) and returns one
 `ir.plan.HostPlan` per host that holds any argument, step or result, keyed and ordered by
 host name. A slice spanning several hosts (an island's JAX group) puts its arguments,
-computations and results on each of them, with its devices named `(rank, local index)`,
-`ranks` giving each host's process index in the group; a slice on one host names its
-devices by local index. Walking the graph, a node's global position (`HostPlan.order`) counts the nodes
-that are neither `ARG` nor `RESULT`, in graph order. Per op:
+computations and results on each of them. `device_mesh` is the one rule naming a slice's
+devices for its executors: `(rank, local index)` across hosts, `ranks` giving each host's
+process index in the group; local indices on one host. Walking the graph, a node's global
+position (`HostPlan.order`) counts the nodes that are neither `ARG` nor `RESULT`, in graph order. Per op:
 
 - `ARG` k (the k-th arg node): `(k, value)` in `args` of each host of its slice;
-- `COMPUTE`: `Compute(executable_key(artifact, devices of its slice, mesh axes), inputs,
+- `COMPUTE`: `Compute(executable_key(artifact, device mesh of its slice), inputs,
   outputs, label=name)` on each of its slice's hosts, and one `CompileJob` per distinct key
   per host, in order of first use, with the computation's declared in/out specs;
-- a `local` `TRANSFER`: `Reshard(input, output, devices, axes, spec)` of its target type;
+- a `local` `TRANSFER`: `Reshard(input, output, device mesh, spec)` of its target type;
 - `SEND`: `Send(input, to, tag)` on each host of its operand's slice (each sends its shards);
-- `RECV`: `Recv(output, sources, tag, devices, axes, spec)` on each host of its type's slice
+- `RECV`: `Recv(output, sources, tag, device mesh, spec)` on each host of its type's slice
   (each takes the shards of every source host and places its part);
 - `RESULT` position k: `(k, value)` in `results` of each host of that value's slice (a
   value may be an argument, and may appear at several positions).
@@ -28,15 +28,28 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from ir.errors import InvalidArgument
 from ir.node import Node, Op, Type
 from ir.ops import ArgAttrs, ComputeAttrs, RecvAttrs, SendAttrs, TransferAttrs
-from ir.plan import Axes, CompileJob, Compute, HostPlan, Recv, Reshard, Send, Step, executable_key
-from ir.program import Program, SliceDef
+from ir.plan import CompileJob, Compute, DeviceMesh, HostPlan, Recv, Reshard, Send, Step, executable_key
+from ir.program import Placement, Program, SliceDef
 from ir.text import node_line
+from ir.types import MeshAxes
 from ir.verify import value_types
+
+
+def device_mesh(placement: Placement, mesh: MeshAxes, ranks: Mapping[str, int],
+                what: str = "slice") -> DeviceMesh:
+    """A placed slice's devices as its hosts' executors name them (the module contract)."""
+    hosts = placement.hosts
+    if len(hosts) == 1:
+        return DeviceMesh(placement.local(hosts[0]), mesh.axes)
+    missing = [h for h in hosts if h not in ranks]
+    if missing:
+        raise InvalidArgument(f"{what} spans hosts with no process rank: {', '.join(missing)} "
+                              "(its island must be one JAX group)")
+    return DeviceMesh(tuple((ranks[h], i) for h, i in placement.devices), mesh.axes)
 
 
 @dataclass(frozen=True)
@@ -61,25 +74,12 @@ class _Where:
                                   f"found {', '.join(hosts)}")
         return hosts[0]
 
-    def devices(self, slice_name: str) -> tuple[Any, ...]:
-        """The slice's devices as its hosts' executors name them (see the module contract)."""
+    def mesh(self, slice_name: str) -> DeviceMesh:
+        """The slice's device mesh, as its hosts' executors name it."""
         s = self.slices[slice_name]
+        self.hosts(slice_name)  # placed
         assert s.placement is not None
-        if len(s.placement.hosts) == 1:
-            return s.placement.local(s.placement.hosts[0])
-        missing = [h for h in s.placement.hosts if h not in self.ranks]
-        if missing:
-            raise InvalidArgument(f"host_plans: slice {slice_name} spans hosts with no process rank: "
-                                  f"{', '.join(missing)} (its island must be one JAX group)")
-        return tuple((self.ranks[h], i) for h, i in s.placement.devices)
-
-    def one(self, slice_name: str) -> tuple[str, tuple[Any, ...], Axes]:
-        """A slice on one host: the host, its local device indices, its mesh axes."""
-        return self.host(slice_name), self.devices(slice_name), self.slices[slice_name].mesh.axes
-
-    def mesh(self, slice_name: str) -> tuple[tuple[str, ...], tuple[Any, ...], Axes]:
-        """The slice's hosts, its devices as the executors name them, and its mesh axes."""
-        return self.hosts(slice_name), self.devices(slice_name), self.slices[slice_name].mesh.axes
+        return device_mesh(s.placement, s.mesh, self.ranks, f"host_plans: slice {slice_name}")
 
 
 Planned = tuple[tuple[str, ...], Step, CompileJob | None]  # the hosts that run one step
@@ -88,11 +88,11 @@ Planned = tuple[tuple[str, ...], Step, CompileJob | None]  # the hosts that run 
 def _compute(node: Node, where: _Where) -> Planned:
     a = node.attrs
     assert isinstance(a, ComputeAttrs)
-    hosts, devices, axes = where.mesh(a.slice)
-    key = executable_key(a.artifact, devices, axes)
+    mesh = where.mesh(a.slice)
+    key = executable_key(a.artifact, mesh)
     specs = tuple(s.spec for s in a.ins), tuple(s.spec for s in a.outs)
-    job = CompileJob(key, a.artifact, devices, axes, *specs)
-    return hosts, Compute(key, node.inputs, node.outputs, a.name), job
+    job = CompileJob(key, a.artifact, mesh, *specs)
+    return where.hosts(a.slice), Compute(key, node.inputs, node.outputs, a.name), job
 
 
 def _reshard(node: Node, where: _Where) -> Planned:
@@ -103,8 +103,8 @@ def _reshard(node: Node, where: _Where) -> Planned:
             f"host_plans: `{node_line(node)}`: expected a local transfer (partition turns the others "
             f"into send and recv), found route {a.route}"
         )
-    host, devices, axes = where.one(a.type.slice)
-    return (host,), Reshard(node.inputs[0], node.outputs[0], devices, axes, a.type.spec), None
+    host = where.host(a.type.slice)
+    return (host,), Reshard(node.inputs[0], node.outputs[0], where.mesh(a.type.slice), a.type.spec), None
 
 
 def _send(node: Node, where: _Where) -> Planned:
@@ -116,8 +116,8 @@ def _send(node: Node, where: _Where) -> Planned:
 def _recv(node: Node, where: _Where) -> Planned:
     a = node.attrs
     assert isinstance(a, RecvAttrs)
-    hosts, devices, axes = where.mesh(a.type.slice)
-    return hosts, Recv(node.outputs[0], a.sources, a.tag, devices, axes, a.type.spec), None
+    return where.hosts(a.type.slice), Recv(node.outputs[0], a.sources, a.tag, where.mesh(a.type.slice),
+                                           a.type.spec), None
 
 
 _STEPS: dict[Op, Callable[[Node, _Where], Planned]] = {

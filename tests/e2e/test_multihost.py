@@ -13,23 +13,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 PROGRAMS = 50  # per client, 8 clients, as the issue asks
 
 
-@pytest.fixture(scope="module")
-def grouped(tmp_path_factory):
-    """A server whose multi-host islands are JAX distributed groups (ISTHMUS_ISLAND_GROUPS)."""
-    from client.embedded import EmbeddedServer
-
-    state = tmp_path_factory.mktemp("isthmus-grouped")
-    # A host left alone in a collective fails it within 60 s: a stuck island shows up as
-    # errors naming the cause (and in the server's log), well inside the tests' timeout.
-    srv = EmbeddedServer.start(state, env={"ISTHMUS_ISLAND_GROUPS": "1", "ISTHMUS_STEP_TIMEOUT_S": "60"})
-    try:
-        yield srv.address, (state / "token").read_text().strip()
-    finally:
-        srv.stop()
-        # Shown with the module's last test if it failed: what the server saw of a late host.
-        print("".join(line for line in srv.log if "WARNING" in line or "ERROR" in line)[-20000:])
-
-
 @pytest.fixture
 def c(grouped):
     import client as isthmus
@@ -148,7 +131,7 @@ def test_a_restarted_island_says_which_values_it_lost_and_computes_again(c):
     with pytest.raises(RemoteError, match=f"buffer {y.id} is gone: island a was restarted"):
         y.numpy()
     with pytest.raises(RemoteError, match=r"input 0: buffer .* is gone"):
-        f(x)
+        f(x).result()  # the call does not wait: its refusal lands on its future
     # The same computation and program compile again on the new executors.
     x = c.put(x0, s, P("x"))
     want = np.asarray(local(x0))

@@ -9,15 +9,16 @@ import numpy as np
 import pytest
 from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from one_node import call
 
 from executors import ExecutorPool, RayOptions
-from ir import RemoteError
+from ir import DeviceMesh, RemoteError
 from resource_manager import ClusterSpec
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 CLUSTER = ClusterSpec.from_json({"islands": [{"name": "a", "hosts": 2, "devices_per_host": 2}]})
-BOTH = (((0, 0), (0, 1), (1, 0), (1, 1)), (("x", 4),))  # (process, index) per mesh position
+BOTH = DeviceMesh(((0, 0), (0, 1), (1, 0), (1, 1)), (("x", 4),))  # (process, index) per mesh position
 WAIT_S = 5
 READERS = 200  # reads waiting at once on one host, ahead of the upload they wait for
 
@@ -46,9 +47,9 @@ def spmd_artifact():
 
 def test_a_call_whose_executable_never_comes_fails_in_bounded_time(pool):
     x = np.arange(4, dtype=np.float32)
-    pool.put(["a0"], "u", x.tobytes(), "float32", (4,), ((0, 1), (("x", 2),)), ["x"])
-    pool.call(["a0"], "never-compiled", ["u"], ["v"], "orphan")
-    with pytest.raises(RemoteError, match=f"never-compiled not compiled on host a0 within {WAIT_S}s"):
+    pool.put(["a0"], "u", x.tobytes(), "float32", (4,), DeviceMesh((0, 1), (("x", 2),)), ["x"])
+    call(pool, ["a0"], "never-compiled", ["u"], ["v"], "orphan", timeout=WAIT_S)
+    with pytest.raises(RemoteError, match=f"never-compiled not compiled within {WAIT_S}s"):
         run(pool.fetch("a0", "v", 60))
 
 
@@ -59,10 +60,10 @@ def test_a_host_left_alone_in_a_collective_fails_instead_of_hanging(pool):
         for host in ("a0", "a1"):
             assert await pool.compile(host, "spmd", art, BOTH, [["x"]], [["x"]], 120) is None
         pool.put(["a0", "a1"], "x", x.tobytes(), "float32", (8,), BOTH, ["x"])
-        pool.call(["a0", "a1"], "spmd", ["x"], ["ok"], "spmd")  # both take part: it works
+        call(pool, ["a0", "a1"], "spmd", ["x"], ["ok"], "spmd")  # both take part: it works
         assert await pool.fetch_shards("a1", "ok", 60)
         pool.delete("a0", ["x"])  # a0 now fails its part before the all-reduce; a1 enters it
-        broken = await pool.settle(pool.call(["a0", "a1"], "spmd", ["x"], ["y"], "spmd", notify=True),
+        broken = await pool.settle(call(pool, ["a0", "a1"], "spmd", ["x"], ["y"], "spmd", notify=True),
                                    ["a0", "a1"], 60)
         for host, cause in (("a0", "deleted|x"), ("a1", "Gloo")):
             with pytest.raises(RemoteError, match=cause):
@@ -79,7 +80,7 @@ def test_many_reads_waiting_at_once_do_not_hold_back_the_request_they_wait_for(p
     # all be waiting before the upload itself arrives. They must not take every place the
     # host has for requests in progress, or the upload never starts.
     x = np.arange(4, dtype=np.float32)
-    one = ((0,), (("x", 1),))
+    one = DeviceMesh((0,), (("x", 1),))
 
     async def scenario():
         seq = next(pool._seq["a1"])  # the upload's number, taken now and sent last
@@ -88,7 +89,7 @@ def test_many_reads_waiting_at_once_do_not_hold_back_the_request_they_wait_for(p
         return await asyncio.gather(*(pool._await(r, "a1", 60, "fetch") for r in reads))
 
     got = run(scenario())
-    assert all(state == "ready" and np.array_equal(np.frombuffer(v, np.float32), x) for state, v in got)
+    assert all(np.array_equal(np.frombuffer(reply.value, np.float32), x) for reply in got)
 
 
 def test_an_island_whose_group_broke_runs_collectives_again_once_restarted(pool):
@@ -99,7 +100,7 @@ def test_an_island_whose_group_broke_runs_collectives_again_once_restarted(pool)
         for host in ("a0", "a1"):
             assert await pool.compile(host, "spmd", art, BOTH, [["x"]], [["x"]], 120) is None
         pool.put(["a0", "a1"], "x", x.tobytes(), "float32", (8,), BOTH, ["x"])
-        pool.call(["a0", "a1"], "spmd", ["x"], ["y"], "spmd")
+        call(pool, ["a0", "a1"], "spmd", ["x"], ["y"], "spmd")
         shards = [await pool.fetch_shards(h, "y", 60) for h in ("a0", "a1")]
         return shards, [await pool.stats(h, 30) for h in ("a0", "a1")]
 

@@ -10,15 +10,17 @@ import numpy as np
 import pytest
 from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from one_node import call
 
-from executors import ExecutorPool, RayOptions
-from ir import Unavailable
+from executors import ExecutorPool, RayOptions, RunMessage
+from ir import DeviceMesh, Spec, Unavailable
+from ir.plan import Compute, HostPlan, Recv, Send
 from resource_manager import ClusterSpec
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 CLUSTER = ClusterSpec.from_json({"islands": [{"name": "a", "hosts": 2, "devices_per_host": 2}]})
-PAIR = ((0, 1), (("x", 2),))  # both local devices of a host, mesh {"x": 2}
+PAIR = DeviceMesh((0, 1), (("x", 2),))  # both local devices of a host, mesh {"x": 2}
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +58,13 @@ def test_compute_on_one_host_and_move_to_another(pool):
             assert await pool.compile(host, "cumsum", art, PAIR, [["x"]], [["x"]], 120) is None
         x = np.arange(8, dtype=np.float32)
         pool.put(["a0"], "x", x.tobytes(), "float32", (8,), PAIR, ["x"])
-        pool.call(["a0"], "cumsum", ["x"], ["y"], "cumsum")
-        pool.transfer(["a0"], "y", ["a1"], "y@a1", PAIR, ["x"])
-        pool.call(["a1"], "cumsum", ["y@a1"], ["z"], "cumsum")
+        # a0: %1 = cumsum(%0), sent to a1; a1: %2 = the value received, %3 = cumsum(%2).
+        steps = (Compute("cumsum", ("%0",), ("%1",), "f"), Send("%1", ("a1",), "t"))
+        a0 = HostPlan("a0", ((0, "%0"),), steps, (0, 1), (), ())
+        a1 = HostPlan("a1", (), (Recv("%2", ("a0",), "t", PAIR, Spec(("x",))),
+                                 Compute("cumsum", ("%2",), ("%3",), "f")), (2, 3), ((0, "%3"),), ())
+        pool.run([("a0", RunMessage("r", a0.key, 0, 2, [("%0", "x")], [], True, 60), a0),
+                  ("a1", RunMessage("r", a1.key, 0, 2, [], [("%3", "z")], True, 60), a1)])
         return await pool.fetch("a1", "z", 60)
 
     got = np.frombuffer(run(scenario()), np.float32)
@@ -68,7 +74,7 @@ def test_compute_on_one_host_and_move_to_another(pool):
 
 def test_a_slice_over_both_hosts_runs_one_spmd_computation(pool):
     assert pool.groups == {"a": ("a0", "a1")}
-    both = (((0, 0), (0, 1), (1, 0), (1, 1)), (("x", 4),))  # (process, index) per mesh position
+    both = DeviceMesh(((0, 0), (0, 1), (1, 0), (1, 1)), (("x", 4),))  # (process, index) per position
     mesh = AbstractMesh((4,), ("x",))
     fn = jax.jit(lambda a: (a * 2 - jnp.sum(a),), in_shardings=(NamedSharding(mesh, P("x")),),
                  out_shardings=(NamedSharding(mesh, P("x")),))
@@ -80,7 +86,7 @@ def test_a_slice_over_both_hosts_runs_one_spmd_computation(pool):
             assert await pool.compile(host, "spmd", art, both, [["x"]], [["x"]], 120) is None
         for k in range(20):  # back to back: the hosts' collectives meet in the same order
             pool.put(["a0", "a1"], f"x{k}", x.tobytes(), "float32", (8,), both, ["x"])
-            pool.call(["a0", "a1"], "spmd", [f"x{k}"], [f"y{k}"], "spmd")
+            call(pool, ["a0", "a1"], "spmd", [f"x{k}"], [f"y{k}"], "spmd")
         return [await pool.fetch_shards(h, "y19", 60) for h in ("a0", "a1")]
 
     got = np.empty(8, np.float32)

@@ -12,14 +12,16 @@ from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from executors.host import Host
+from executors.messages import Failed, Ready, Whole
 from executors.runner import RunMessage
-from ir import Spec
+from ir import DeviceMesh, Spec
 from ir.plan import Compute, HostPlan, Recv, Send
 
 pytestmark = pytest.mark.unit
 
 AXES = (("x", 1),)
 REP = Spec(())
+ON0, ON1 = DeviceMesh((0,), AXES), DeviceMesh((1,), AXES)
 
 
 def artifact(fn, *avals):
@@ -49,7 +51,7 @@ def plans(key_a: str, key_b: str) -> tuple[HostPlan, HostPlan]:
     """a0: %1 = double(%0); send %1 -> b0.  b0: %2 = recv; %3 = inc(%2); result %3."""
     a = HostPlan("a0", ((0, "%0"),), (Compute(key_a, ("%0",), ("%1",), "double"), Send("%1", ("b0",), "t0")),
                  (0, 1), (), ())
-    b = HostPlan("b0", (), (Recv("%2", ("a0",), "t0", (1,), AXES, REP),
+    b = HostPlan("b0", (), (Recv("%2", ("a0",), "t0", ON1, REP),
                             Compute(key_b, ("%2",), ("%3",), "inc")), (2, 3), ((0, "%3"),), ())
     return a, b
 
@@ -60,8 +62,8 @@ def message(plan: HostPlan, run: str, args=(), results=(), timeout=30.0) -> RunM
 
 async def compile_both(a, b):
     f32 = jax.ShapeDtypeStruct((3,), jnp.float32)
-    assert await a.compile("double", artifact(lambda x: (x * 2,), f32), ((0,), AXES), [[]], [[]]) is None
-    assert await b.compile("inc", artifact(lambda x: (x + 1,), f32), ((1,), AXES), [[]], [[]]) is None
+    assert await a.compile("double", artifact(lambda x: (x * 2,), f32), ON0, [[]], [[]]) is None
+    assert await b.compile("inc", artifact(lambda x: (x + 1,), f32), ON1, [[]], [[]]) is None
 
 
 async def test_a_value_crosses_hosts_within_one_run(pair):
@@ -70,11 +72,11 @@ async def test_a_value_crosses_hosts_within_one_run(pair):
     pa, pb = plans("double", "inc")
     # b0's message arrives first: its receive is set up before a0 has produced anything.
     await b.run(0, message(pb, "r0", results=[("%3", "out")]), pb)
-    a.put(0, "in", np.arange(3, dtype=np.float32).tobytes(), "float32", (3,), ((0,), AXES), [])
+    a.put(0, "in", np.arange(3, dtype=np.float32).tobytes(), "float32", (3,), ON0, [])
     await a.run(1, message(pa, "r0", args=[("%0", "in")]), pa)
-    state, data = await b.fetch(1, "out")
-    assert state == "ready"
-    assert np.frombuffer(data, np.float32).tolist() == [1.0, 3.0, 5.0]
+    reply = await b.fetch(1, "out")
+    assert isinstance(reply, Ready)
+    assert np.frombuffer(reply.value, np.float32).tolist() == [1.0, 3.0, 5.0]
     assert b.stats()["buffers"] == 1  # only the result enters the store
 
 
@@ -82,25 +84,25 @@ async def test_plans_travel_once_and_runs_stay_apart(pair):
     a, b = pair
     await compile_both(a, b)
     pa, pb = plans("double", "inc")
-    a.put(0, "in", np.ones(3, np.float32).tobytes(), "float32", (3,), ((0,), AXES), [])
+    a.put(0, "in", np.ones(3, np.float32).tobytes(), "float32", (3,), ON0, [])
     for k in range(3):
         await a.run(1 + k, message(pa, f"r{k}", args=[("%0", "in")]), pa if k == 0 else None)
         await b.run(k, message(pb, f"r{k}", results=[("%3", f"out{k}")]), pb if k == 0 else None)
     for k in range(3):
-        state, data = await b.fetch(3 + k, f"out{k}")
-        assert (state, np.frombuffer(data, np.float32).tolist()) == ("ready", [3.0] * 3)
+        reply = await b.fetch(3 + k, f"out{k}")
+        assert np.frombuffer(reply.value, np.float32).tolist() == [3.0] * 3
 
 
 async def test_a_failure_on_one_host_reaches_the_dependents_on_another(pair):
     a, b = pair
     await compile_both(a, b)
     pa, pb = plans("double", "inc")
-    a.put(0, "bad", b"\x00", "float32", (3,), ((0,), AXES), [])
+    a.put(0, "bad", b"\x00", "float32", (3,), ON0, [])
     await a.run(1, message(pa, "r0", args=[("%0", "bad")]), pa)
     await b.run(0, message(pb, "r0", results=[("%3", "out")]), pb)
-    state, cause = await b.fetch(1, "out")
-    assert state == "failed"
-    assert "upload of bad failed" in cause
+    reply = await b.fetch(1, "out")
+    assert isinstance(reply, Failed)
+    assert "upload of bad failed" in reply.cause
 
 
 async def test_a_missing_sender_fails_the_value_instead_of_hanging(pair):
@@ -108,18 +110,18 @@ async def test_a_missing_sender_fails_the_value_instead_of_hanging(pair):
     await compile_both(a, b)
     _, pb = plans("double", "inc")
     await b.run(0, message(pb, "r0", results=[("%3", "out")], timeout=0.2), pb)
-    state, cause = await b.fetch(1, "out")
-    assert state == "failed"
-    assert "no data from host a0" in cause
+    reply = await b.fetch(1, "out")
+    assert isinstance(reply, Failed)
+    assert "no data from host a0" in reply.cause
 
 
 async def test_an_unknown_plan_fails_the_results(pair):
     _, b = pair
     _, pb = plans("double", "inc")
     await b.run(0, message(pb, "r0", results=[("%3", "out")]), None)
-    state, cause = await b.fetch(1, "out")
-    assert state == "failed"
-    assert "has no plan" in cause
+    reply = await b.fetch(1, "out")
+    assert isinstance(reply, Failed)
+    assert "has no plan" in reply.cause
 
 
 async def test_a_finished_run_leaves_no_mailbox_and_drops_late_deliveries(pair):
@@ -127,7 +129,6 @@ async def test_a_finished_run_leaves_no_mailbox_and_drops_late_deliveries(pair):
     await compile_both(a, b)
     _, pb = plans("double", "inc")
     await b.run(0, message(pb, "r0", results=[("%3", "out")], timeout=0.2), pb)
-    state, _ = await b.fetch(1, "out")  # the receive timed out; the run is over
-    assert state == "failed"
-    b.deliver("r0", "t0@a0", ("ready", np.ones(3, np.float32)))  # too late
+    assert isinstance(await b.fetch(1, "out"), Failed)  # the receive timed out; the run is over
+    b.deliver("r0", "t0@a0", Whole(np.ones(3, np.float32)))  # too late
     assert not b.runner._mail and not b.runner._runs

@@ -21,6 +21,7 @@ from ir import (
     Aval,
     CompileJob,
     Compute,
+    DeviceMesh,
     HostPlan,
     InvalidArgument,
     Placement,
@@ -43,9 +44,8 @@ def test_example_plans_field_by_field(example):
     plans = host_plans(lower(example, EXAMPLE_PLACEMENTS, check=True))
     assert list(plans) == ["a0", "b0"]
     s0_axes, s1_axes = (("data", 2), ("model", 2)), (("x", 4),)
-    layer, norm, head = (executable_key(LAYER, (0, 1, 2, 3), s0_axes),
-                         executable_key(NORM, (0, 1, 2, 3), s0_axes),
-                         executable_key(HEAD, (0, 1, 2, 3), s1_axes))
+    s0, s1 = DeviceMesh((0, 1, 2, 3), s0_axes), DeviceMesh((0, 1, 2, 3), s1_axes)
+    layer, norm, head = executable_key(LAYER, s0), executable_key(NORM, s0), executable_key(HEAD, s1)
     assert layer == LAYER[7:31] + "@0,1,2,3/data=2,model=2"
     data, model, x = Spec(("data", None)), Spec((None, "model")), Spec(("x", None))
     assert plans["a0"] == HostPlan(
@@ -56,17 +56,17 @@ def test_example_plans_field_by_field(example):
                Send("%3", ("b0",), "t0")),
         order=(0, 1, 2),
         results=(),
-        compiles=(CompileJob(layer, LAYER, (0, 1, 2, 3), s0_axes, (data, model), (data,)),
-                  CompileJob(norm, NORM, (0, 1, 2, 3), s0_axes, (data,), (data,))),
+        compiles=(CompileJob(layer, LAYER, s0, (data, model), (data,)),
+                  CompileJob(norm, NORM, s0, (data,), (data,))),
     )
     assert plans["b0"] == HostPlan(
         host="b0",
         args=(),
-        steps=(Recv("%4", ("a0",), "t0", (0, 1, 2, 3), s1_axes, x),
+        steps=(Recv("%4", ("a0",), "t0", s1, x),
                Compute(head, ("%4",), ("%5",), "head")),
         order=(3, 4),
         results=((0, "%5"),),
-        compiles=(CompileJob(head, HEAD, (0, 1, 2, 3), s1_axes, (x,), (x,)),),
+        compiles=(CompileJob(head, HEAD, s1, (x,), (x,)),),
     )
     assert run_plans(plans) == [0, 1, 2, 3, 4]
 
@@ -75,12 +75,12 @@ def test_intra_island_plans_reshard_locally_and_send_between_hosts():
     plans = host_plans(lower(build_intra_island(), INTRA_PLACEMENTS, check=True))
     a0, a1 = plans["a0"], plans["a1"]
     assert [type(s).__name__ for s in a0.steps] == ["Compute", "Reshard", "Compute", "Send", "Compute"]
-    assert a0.steps[1] == Reshard("%1", "%3", (2, 3), (("x", 2),), Spec(()))
+    assert a0.steps[1] == Reshard("%1", "%3", DeviceMesh((2, 3), (("x", 2),)), Spec(()))
     assert a0.steps[3] == Send("%4", ("a1",), "t0")
     assert [s.label for s in a0.steps if isinstance(s, Compute)] == ["f", "h", "g"]
-    assert {c.devices for c in a0.compiles} == {(0, 1), (2, 3)}  # f, g on s0; h on s1
+    assert {c.mesh.devices for c in a0.compiles} == {(0, 1), (2, 3)}  # f, g on s0; h on s1
     assert a0.order == (0, 1, 2, 3, 5) and a1.order == (4, 6)
-    assert a1.steps[0] == Recv("%5", ("a0",), "t0", (0, 1), (("y", 2),), Spec(("y",)))
+    assert a1.steps[0] == Recv("%5", ("a0",), "t0", DeviceMesh((0, 1), (("y", 2),)), Spec(("y",)))
     assert (a0.args, a0.results, a1.args, a1.results) == (((0, "%0"),), ((1, "%2"),), (), ((0, "%6"),))
     run_plans(plans)
 
@@ -99,8 +99,8 @@ def test_ring_gives_each_host_its_stages_in_global_order(stages):
         for j in range(k, stages, 4):
             tag_in, tag_out = f"t{j - 1}", f"t{j}"
             if j:
-                expected.append(Recv(f"%{2 * j}", (RING_HOSTS[(j - 1) % 4],), tag_in, (0, 1), (("x", 2),),
-                                     Spec(("x", None))))
+                mesh, spec = DeviceMesh((0, 1), (("x", 2),)), Spec(("x", None))
+                expected.append(Recv(f"%{2 * j}", (RING_HOSTS[(j - 1) % 4],), tag_in, mesh, spec))
                 order.append(3 * j - 1)
             expected.append(Compute(plan.compiles[0].key, (f"%{2 * j}",), (f"%{2 * j + 1}",), f"stage{j}"))
             order.append(3 * j)
@@ -187,5 +187,5 @@ def test_a_slice_over_two_hosts_runs_its_computations_on_both():
     for plan in plans.values():
         assert plan.args == ((0, x),) and plan.results == ((0, z), (1, x))
         assert [s.label for s in plan.steps] == ["f", "g"] and plan.order == (0, 1)
-        assert {j.devices for j in plan.compiles} == {devices}
+        assert {j.mesh.devices for j in plan.compiles} == {devices}
     assert plans["a0"].steps == plans["a1"].steps  # one SPMD program, the same steps on both

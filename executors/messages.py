@@ -1,0 +1,61 @@
+"""What executors answer and hand each other: closed types, never strings or tuples.
+
+- A read of a buffer answers `Ready(value)` or `Failed(cause)`; the pool turns a host that
+  is gone into `Lost(cause)` where it settles runs, and into `Unavailable` where it reads.
+- A host hands a value to a peer host as `Whole(array)` (from a slice on one host),
+  `Shards(shards)` (its distinct shards, from a slice spanning hosts) or `Failed(cause)`.
+- A buffer's state on a host is a `State`.
+- A run message, once its steps are issued, answers `Ran(collective_error)`: the host's
+  first failed cross-host collective, if any (its island's group must be formed again).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from executors.shards import Index
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    value: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    cause: str
+
+
+@dataclass(frozen=True, slots=True)
+class Lost:
+    cause: str
+
+
+@dataclass(frozen=True, slots=True)
+class Whole:
+    array: Any  # np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class Shards:
+    shards: Sequence[tuple[Index, Any]]  # (index, np.ndarray), one per distinct index
+
+
+@dataclass(frozen=True, slots=True)
+class Ran:
+    collective_error: str | None = None
+
+
+class State(enum.Enum):
+    PENDING = "pending"
+    READY = "ready"
+    FAILED = "failed"
+    MISSING = "missing"
+
+
+Reply = Ready | Failed
+Payload = Whole | Shards | Failed
+Settled = Ran | Lost
