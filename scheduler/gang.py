@@ -1,24 +1,25 @@
-"""The gang scheduler of one island: every computation submitted to it, from any client and
-any program, gets a position in one island-wide order.
+"""The gang scheduler of one island: of everything submitted to it, from any client and any
+program, it decides which submission is admitted next, and when.
 
 Contract:
 - `submit` queues a `Submission`. Ids must be unique among the island's live (queued or
   in-flight) submissions; finished ids are forgotten, so memory stays bounded by the live
-  work (positions, not ids, are what is never reused).
-- `admit` returns the submissions admitted now, in island order, while fewer than `window`
-  are in flight; each gets the next `position` (0, 1, 2, ... over the scheduler's life).
-  The policy picks which client goes next; a client's own submissions are admitted in the
-  order it submitted them, so a run that consumes an earlier run's outputs stays behind it.
-- `done` frees a window slot; nothing is admitted until the caller calls `admit` again.
+  work and a finished id may be submitted again.
+- `admit` returns the submissions admitted now, in admission order, while fewer than
+  `window` are in flight. The policy picks which client goes next; a client's own
+  submissions are admitted in the order it submitted them, so a run that consumes an
+  earlier run's outputs stays behind it.
+- `done` frees a window slot and returns the submission; nothing is admitted until the
+  caller calls `admit` again.
 - `cancel_client` drops a client's queued submissions; its in-flight ones run on and still
   need `done`.
 - Virtual time: a client's clock starts, whenever it goes from no queued work to some, at
   the larger of its own clock and the island's current virtual time (the least clock of the
   backlogged clients, or the clock of the last admission if none is backlogged). An idle
   client thus banks no credit, and one that just ran is not forgiven its last admission.
-- Pure and not thread-safe: the caller serialises calls (the server: on its one event
-  loop, numbering each admitted submission's host messages as it admits it, so positions
-  and per-host sequence numbers agree).
+- Pure and not thread-safe: the caller serialises calls. It numbers nothing: the server,
+  on its one event loop, numbers each admitted submission's host messages as `admit`
+  returns it, and those per-host sequence numbers are the order of dispatch.
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ from collections import deque
 
 from ir.errors import Conflict, InvalidArgument, NotFound
 from scheduler.policy import Policy
-from scheduler.submission import Admitted, Submission
+from scheduler.submission import Submission
 
 
 class GangScheduler:
-    """One island's queue, window and order."""
+    """One island's queues, window and policy."""
 
     def __init__(self, island: str, policy: Policy, window: int) -> None:
         if not isinstance(island, str) or not island:
@@ -45,11 +46,10 @@ class GangScheduler:
         # clients have an entry.
         self._queues: dict[str, deque[tuple[int, Submission]]] = {}
         self._queued_ids: set[str] = set()
-        self._in_flight: dict[str, Admitted] = {}  # insertion order is position order
+        self._in_flight: dict[str, Submission] = {}  # insertion order is admission order
         self._vtime: dict[str, float] = {}
         self._clock = 0.0  # virtual time of the last admission
         self._next_seq = 0
-        self._next_position = 0
 
     # -- commands ---------------------------------------------------------------------------
 
@@ -68,9 +68,9 @@ class GangScheduler:
         self._next_seq += 1
         self._queued_ids.add(sub.id)
 
-    def admit(self) -> list[Admitted]:
-        """Admit queued submissions while the window has room; island order, new positions."""
-        out: list[Admitted] = []
+    def admit(self) -> list[Submission]:
+        """Admit queued submissions while the window has room; return them in admission order."""
+        out: list[Submission] = []
         while self._queues and len(self._in_flight) < self.window:
             client = min(self._queues, key=lambda c: (self._vtime[c], self._queues[c][0][0]))
             queue = self._queues[client]
@@ -80,17 +80,15 @@ class GangScheduler:
             self._queued_ids.discard(sub.id)
             self._clock = self._vtime[client]
             self._vtime[client] += self._policy.stride(sub)
-            admitted = Admitted(sub, self._next_position)
-            self._next_position += 1
-            self._in_flight[sub.id] = admitted
-            out.append(admitted)
+            self._in_flight[sub.id] = sub
+            out.append(sub)
         return out
 
-    def done(self, sub_id: str) -> Admitted:
-        """Mark an in-flight submission finished and free its window slot."""
-        admitted = self._in_flight.pop(sub_id, None)
-        if admitted is not None:
-            return admitted
+    def done(self, sub_id: str) -> Submission:
+        """Mark an in-flight submission finished, free its window slot, and return it."""
+        sub = self._in_flight.pop(sub_id, None)
+        if sub is not None:
+            return sub
         if sub_id in self._queued_ids:
             raise Conflict(f"island {self.island!r}: submission {sub_id!r} is queued, not admitted yet")
         raise NotFound(
@@ -118,31 +116,15 @@ class GangScheduler:
         return self._policy
 
     @property
-    def next_position(self) -> int:
-        return self._next_position
-
-    @property
     def queued(self) -> tuple[Submission, ...]:
         """Waiting submissions in submission order (not necessarily the order of admission)."""
         entries = sorted(e for q in self._queues.values() for e in q)
         return tuple(sub for _, sub in entries)
 
     @property
-    def in_flight(self) -> tuple[Admitted, ...]:
-        """Admitted, not yet done, in position order."""
+    def in_flight(self) -> tuple[Submission, ...]:
+        """Admitted, not yet done, in admission order."""
         return tuple(self._in_flight.values())
-
-    def running(self) -> dict[str, Admitted]:
-        """Per host, its in-flight submission with the lowest position.
-
-        Hosts run in island order, so this is the one the host is running, or has finished
-        while other hosts of its gang still run it. Hosts with nothing in flight are absent.
-        """
-        out: dict[str, Admitted] = {}
-        for admitted in self._in_flight.values():
-            for host in admitted.submission.hosts:
-                out.setdefault(host, admitted)
-        return out
 
     def _virtual_time(self) -> float:
         if self._queues:

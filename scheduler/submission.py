@@ -1,17 +1,15 @@
-"""What the gang scheduler orders: submissions in, admitted submissions with positions out.
+"""What the gang scheduler admits: one `Submission` per unit of work.
 
-Contract: `Submission` and `Admitted` are frozen and valid by construction. The island
-order (positions) is the one source of truth for dispatch: `host_orders` derives each
-host's sequence from it by restriction, so every host sees any two computations in the
-same relative order and no two hosts can wait on each other in a cycle.
+Contract: `Submission` is frozen and valid by construction. It carries what admission needs
+(its id, its client, the island's hosts it runs on, its cost) and no place in any order:
+the order of dispatch is the executor pool's per-host sequence numbers, which the server
+assigns as it admits (see `scheduler`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 
 from ir.errors import InvalidArgument
 from ir.node import check_hosts
@@ -49,44 +47,3 @@ class Submission:
                 f"submission {self.id!r}: cost: expected a finite number > 0, got {cost!r}"
             )
 
-
-@dataclass(frozen=True)
-class Admitted:
-    """A submission admitted to run, at `position` in its island's order."""
-
-    submission: Submission
-    position: int
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.submission, Submission):
-            raise InvalidArgument(f"admitted: expected a Submission, got {self.submission!r}")
-        p = self.position
-        if not isinstance(p, int) or isinstance(p, bool) or p < 0:
-            raise InvalidArgument(
-                f"admitted {self.submission.id!r}: position: expected an int >= 0, got {p!r}"
-            )
-
-
-def host_orders(admitted: Sequence[Admitted]) -> dict[str, list[str]]:
-    """Each host's sequence of submission ids: the island order restricted to that host.
-
-    Hosts appear in the order they are first touched. Repeated positions or ids are an
-    error: they would let two hosts disagree on an order.
-    """
-    by_position = sorted(admitted, key=lambda a: a.position)
-    for prev, cur in pairwise(by_position):
-        if prev.position == cur.position:
-            raise InvalidArgument(
-                f"host_orders: position {cur.position} is held by both "
-                f"{prev.submission.id!r} and {cur.submission.id!r}"
-            )
-    seen: set[str] = set()
-    orders: dict[str, list[str]] = {}
-    for a in by_position:
-        sub = a.submission
-        if sub.id in seen:
-            raise InvalidArgument(f"host_orders: submission {sub.id!r} appears more than once")
-        seen.add(sub.id)
-        for host in sub.hosts:
-            orders.setdefault(host, []).append(sub.id)
-    return orders

@@ -120,13 +120,13 @@ class Gangs:
     def _pump(self, island: str) -> None:
         if island in self._paused:
             return
-        for admitted in self.schedulers[island].admit():
-            sub_id = admitted.submission.id
+        for sub in self.schedulers[island].admit():
+            sub_id = sub.id
             queued = self._queued.pop(sub_id)
-            self._admitted_or_gone(admitted.submission.client)
-            self.admitted[island][admitted.submission.client] += admitted.submission.cost
+            self._admitted_or_gone(sub.client)
+            self.admitted[island][sub.client] += sub.cost
             try:
-                running = queued.start()  # numbered on its hosts now, in island order
+                running = queued.start()  # numbered on its hosts now, in admission order
             except Exception:
                 log.exception("island %s: submission %s could not be dispatched", island, sub_id)
                 running = asyncio.sleep(0)

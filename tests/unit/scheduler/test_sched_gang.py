@@ -1,20 +1,12 @@
-"""GangScheduler mechanics: FIFO order, the window, positions, cancel, read-only state,
-host_orders, and bad input."""
+"""GangScheduler mechanics: FIFO order, the window, admission order, cancel, read-only
+state, and bad input."""
 
 import math
 
 import pytest
 
 from ir.errors import Conflict, InvalidArgument, NotFound
-from scheduler import (
-    Admitted,
-    FifoPolicy,
-    GangScheduler,
-    Policy,
-    ProportionalShare,
-    Submission,
-    host_orders,
-)
+from scheduler import FifoPolicy, GangScheduler, Policy, ProportionalShare, Submission
 
 pytestmark = pytest.mark.unit
 
@@ -23,8 +15,8 @@ def sub(sid: str, client: str = "c", hosts: tuple[str, ...] = ("a0",), cost: flo
     return Submission(sid, client, hosts, cost)
 
 
-def ids(admitted: list[Admitted]) -> list[str]:
-    return [a.submission.id for a in admitted]
+def ids(subs: list[Submission] | tuple[Submission, ...]) -> list[str]:
+    return [s.id for s in subs]
 
 
 def test_fifo_admits_in_submission_order_across_clients() -> None:
@@ -32,43 +24,44 @@ def test_fifo_admits_in_submission_order_across_clients() -> None:
     order = [("r0", "x"), ("r1", "y"), ("r2", "x"), ("r3", "z"), ("r4", "y")]
     for sid, client in order:
         s.submit(sub(sid, client))
-    admitted = s.admit()
-    assert ids(admitted) == [sid for sid, _ in order]
-    assert [a.position for a in admitted] == [0, 1, 2, 3, 4]
+    assert ids(s.admit()) == [sid for sid, _ in order]
 
 
-def test_window_bounds_in_flight_and_positions_stay_consecutive() -> None:
+def test_window_bounds_in_flight_and_admission_goes_on_in_order() -> None:
     s = GangScheduler("a", FifoPolicy(), window=2)
     for k in range(5):
         s.submit(sub(f"r{k}"))
     assert ids(s.admit()) == ["r0", "r1"]
     assert s.admit() == []
-    assert [a.submission.id for a in s.in_flight] == ["r0", "r1"]
-    assert [q.id for q in s.queued] == ["r2", "r3", "r4"]
+    assert ids(s.in_flight) == ["r0", "r1"]
+    assert ids(s.queued) == ["r2", "r3", "r4"]
 
-    assert s.done("r1").position == 1  # out-of-order completion frees a slot all the same
-    [a] = s.admit()
-    assert (a.submission.id, a.position) == ("r2", 2)
+    assert s.done("r1") == sub("r1")  # out-of-order completion frees a slot all the same
+    assert ids(s.admit()) == ["r2"]
+    assert ids(s.in_flight) == ["r0", "r2"]  # still in admission order
     s.done("r0")
     s.done("r2")
-    assert [(a.submission.id, a.position) for a in s.admit()] == [("r3", 3), ("r4", 4)]
+    assert ids(s.admit()) == ["r3", "r4"]
     assert s.admit() == []
-    assert s.next_position == 5
+    s.done("r3")
+    s.done("r4")
+    assert s.in_flight == () and s.queued == ()
 
 
-def test_positions_are_never_reused_after_done() -> None:
+def test_a_finished_id_may_come_back_and_is_admitted_anew() -> None:
     s = GangScheduler("a", FifoPolicy(), window=1)
-    seen = []
+    admitted = []
     for k in range(4):
         s.submit(sub(f"r{k}"))
         [a] = s.admit()
-        seen.append(a.position)
-        s.done(a.submission.id)
-    assert seen == [0, 1, 2, 3]
-    # A finished id may come back (ids are checked among live submissions only); its
-    # position is new.
-    s.submit(sub("r0"))
-    assert s.admit()[0].position == 4
+        admitted.append(a.id)
+        assert s.done(a.id) is a
+    assert admitted == ["r0", "r1", "r2", "r3"]
+    # Ids are checked among live submissions only, so memory stays bounded by live work.
+    again = sub("r0", "other", cost=2.0)
+    s.submit(again)
+    assert s.admit() == [again]
+    assert s.done("r0") is again
 
 
 def test_a_clients_own_submissions_keep_their_order_under_any_policy() -> None:
@@ -89,52 +82,16 @@ def test_cancel_client_drops_only_its_queued_work() -> None:
     s.submit(sub("x2", "x"))
     assert ids(s.admit()) == ["x0"]
     dropped = s.cancel_client("x")
-    assert [d.id for d in dropped] == ["x1", "x2"]
-    assert [q.id for q in s.queued] == ["y0"]
+    assert ids(dropped) == ["x1", "x2"]
+    assert ids(s.queued) == ["y0"]
     assert s.cancel_client("x") == ()
     assert s.cancel_client("nobody") == ()
     # In-flight work runs on and still needs done.
-    assert ids(list(s.in_flight)) == ["x0"]
+    assert ids(s.in_flight) == ["x0"]
     s.done("x0")
     assert ids(s.admit()) == ["y0"]
     with pytest.raises(NotFound, match="'x1'"):
         s.done("x1")
-
-
-def test_running_is_each_hosts_lowest_in_flight_position() -> None:
-    s = GangScheduler("a", FifoPolicy(), window=3)
-    s.submit(sub("g", hosts=("a0", "a1")))
-    s.submit(sub("h", hosts=("a1", "a2")))
-    s.submit(sub("k", hosts=("a2",)))
-    s.admit()
-    assert {h: a.submission.id for h, a in s.running().items()} == {"a0": "g", "a1": "g", "a2": "h"}
-    s.done("g")
-    assert {h: a.submission.id for h, a in s.running().items()} == {"a1": "h", "a2": "h"}
-    s.done("h")
-    s.done("k")
-    assert s.running() == {}
-
-
-def test_host_orders_restrict_the_island_order() -> None:
-    admitted = [
-        Admitted(sub("p2", hosts=("a1",)), 2),
-        Admitted(sub("p0", hosts=("a0", "a1")), 0),
-        Admitted(sub("p1", hosts=("a0", "a2")), 1),
-        Admitted(sub("p3", hosts=("a2", "a0", "a1")), 3),
-    ]
-    assert host_orders(admitted) == {
-        "a0": ["p0", "p1", "p3"],
-        "a1": ["p0", "p2", "p3"],
-        "a2": ["p1", "p3"],
-    }
-    assert host_orders([]) == {}
-
-
-def test_host_orders_refuses_ambiguous_orders() -> None:
-    with pytest.raises(InvalidArgument, match=r"position 1 .*'p'.*'q'"):
-        host_orders([Admitted(sub("p"), 1), Admitted(sub("q"), 1)])
-    with pytest.raises(InvalidArgument, match="'p' appears more than once"):
-        host_orders([Admitted(sub("p"), 1), Admitted(sub("p"), 2)])
 
 
 def test_set_policy_applies_to_later_admissions() -> None:
@@ -213,7 +170,7 @@ def test_duplicate_submission_id_is_a_conflict() -> None:
     s.admit()
     with pytest.raises(Conflict, match="'r0' is already in flight"):
         s.submit(sub("r0", "y"))
-    assert [q.id for q in s.queued] == ["r1"]  # the refused submissions left no trace
+    assert ids(s.queued) == ["r1"]  # the refused submissions left no trace
 
 
 @pytest.mark.parametrize("window", [0, -1, 1.5, True, None])
@@ -254,9 +211,3 @@ def test_bad_submission(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(InvalidArgument, match=message):
         Submission(**fields)  # type: ignore[arg-type]
 
-
-def test_bad_admitted() -> None:
-    with pytest.raises(InvalidArgument, match="position: expected an int >= 0, got -1"):
-        Admitted(sub("r"), -1)
-    with pytest.raises(InvalidArgument, match="expected a Submission"):
-        Admitted("r", 0)  # type: ignore[arg-type]
