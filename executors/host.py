@@ -42,6 +42,7 @@ from executors.store import BufferStore, Failure
 from ir import DeviceMesh, HostPlan, Spec, parse_dtype
 
 log = logging.getLogger("isthmus.executors")
+QUICK_BYTES = 1 << 16  # a computed buffer this small is read on the event loop
 FORGOTTEN_KEPT = 65_536  # forgotten executable keys remembered (a late call on one fails at once)
 
 
@@ -264,6 +265,8 @@ class Host:
         self._submit(seq, op, f"read {buffer_id}")
         try:
             value = await asyncio.wrap_future(await asyncio.wrap_future(taken))
+            if _quick(value):  # computed and small: reading it costs less than a thread hop
+                return Ready(read(value))
             return Ready(await asyncio.to_thread(read, value))
         except Failure as f:
             return Failed(f.cause)
@@ -338,6 +341,11 @@ class Host:
         """Unsequenced: a buffer whose producer has not been taken yet, or whose value is
         still computing, reads as pending."""
         return [State.PENDING if (s := self.store.state(b)) is State.MISSING else s for b in buffer_ids]
+
+
+def _quick(array: Any) -> bool:
+    is_ready = getattr(array, "is_ready", None)
+    return is_ready is not None and getattr(array, "nbytes", QUICK_BYTES) < QUICK_BYTES and is_ready()
 
 
 def _finished(array: Any) -> None:
