@@ -21,16 +21,16 @@ from resource_manager.cluster import (
 )
 from resource_manager.inventory import Device, DeviceReport
 from resource_manager.manager import ResourceManager
-from resource_manager.placement import Placement, place
+from resource_manager.placement import Choice, place
 from resource_manager.slices import Slice
 
 __all__ = [
+    "Choice",
     "ClusterSpec",
     "Device",
     "DeviceReport",
     "HostSpec",
     "IslandSpec",
-    "Placement",
     "ResourceManager",
     "Slice",
     "default_cluster",

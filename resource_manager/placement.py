@@ -25,7 +25,7 @@ from ir.errors import Conflict, InvalidArgument, NotFound
 from ir.types import MeshAxes
 from resource_manager.inventory import Device
 
-Placement = tuple[str, tuple[str, ...], tuple[int, ...]]
+Choice = tuple[str, tuple[str, ...], tuple[int, ...]]  # (island, hosts, device ids) for a slice
 _Hosts = dict[str, list[Device]]  # host -> its usable devices, in index order
 
 
@@ -38,7 +38,7 @@ def place(
     island: str | None = None,
     device_kind: str | None = None,
     max_hosts: int = 1,
-) -> Placement:
+) -> Choice:
     """Choose the island, hosts and devices for a slice of `mesh`; see the module contract."""
     if isinstance(max_hosts, bool) or not isinstance(max_hosts, int) or max_hosts < 1:
         raise InvalidArgument(f"max_hosts: expected int >= 1, got {max_hosts!r}")
