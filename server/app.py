@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from server import errors
 from server.deps import ServiceDep
 from server.guard import Guard
-from server.routes import buffers, clients, computations, devices, programs, slices
+from server.routes import batch, buffers, clients, computations, devices, programs, slices
 from server.schemas import Health, error_responses
 from server.service import Service
 from server.settings import Settings
@@ -36,7 +36,7 @@ def create_app(settings: Settings) -> FastAPI:
     async def healthz(service: ServiceDep) -> Health:
         return Health(status="ok", hosts=len(service.pool.hosts), version=VERSION)
 
-    for module in (devices, clients, slices, buffers, computations, programs):
+    for module in (devices, clients, slices, buffers, computations, programs, batch):
         # What the guard may answer to any /v1 request, before the route runs.
         app.include_router(module.router, responses=error_responses(400, 401, 413))
     return app

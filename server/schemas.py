@@ -12,6 +12,13 @@ SpecJSON = list[str | list[str] | None]
 Id = Annotated[str, Field(max_length=128)]
 MAX_IDS = 100_000  # buffer ids in one body
 MAX_ARRAYS = 10_000  # inputs or outputs of one computation
+MAX_OPS = 10_000  # operations in one batch
+MAX_INLINE = 1 << 20  # bytes of one array uploaded inside a batch (it travels base64)
+ChosenIds = Annotated[list[Id] | None, Field(
+    None, max_length=MAX_ARRAYS,
+    description="ids the client chose for the outputs, in order (8 to 64 letters, digits or "
+                "'_.:-', a letter or digit first; distinct and not in use), else the server names them",
+)]
 
 
 class ErrorPublic(BaseModel):
@@ -173,6 +180,7 @@ class CallCreate(BaseModel):
         default_factory=list, max_length=MAX_IDS,
         description="buffers the client dropped: freed after this call",
     )
+    ids: ChosenIds
 
 
 class CallPublic(BaseModel):
@@ -222,7 +230,64 @@ class RunCreate(BaseModel):
     dispatch: Literal["parallel", "sequential"] | None = Field(
         None, description="parallel: one message per host; sequential: one per node (default: server's)"
     )
+    ids: ChosenIds
 
 
 class RunPublic(BaseModel):
     outputs: list[BufferPublic]
+
+
+# -- a batch: what a client queued, submitted in order in one request ------------------------
+
+class CallOp(BaseModel):
+    op: Literal["call"]
+    computation_id: Id
+    inputs: list[Id] = Field(max_length=MAX_ARRAYS)
+    ids: list[Id] = Field(max_length=MAX_ARRAYS, description="the outputs' ids, chosen by the client")
+
+
+class RunOp(BaseModel):
+    op: Literal["run"]
+    program_id: Id
+    inputs: list[Id] = Field(max_length=MAX_ARRAYS)
+    ids: list[Id] = Field(max_length=MAX_ARRAYS, description="the outputs' ids, chosen by the client")
+    dispatch: Literal["parallel", "sequential"] | None = None
+
+
+class PutOp(BaseModel):
+    op: Literal["put"]
+    id: Id = Field(description="the new buffer's id, chosen by the client")
+    slice_id: Id
+    dtype: str = Field(max_length=32, examples=["float32"])
+    shape: list[int] = Field(max_length=64)
+    spec: SpecJSON = Field(default_factory=list, max_length=64)
+    data: str = Field(max_length=(MAX_INLINE + 2) // 3 * 4,
+                      description="the array: raw little-endian bytes in C order, base64")
+
+
+class ReleaseOp(BaseModel):
+    op: Literal["release"]
+    ids: list[Id] = Field(max_length=MAX_IDS, description="buffers the client dropped")
+
+
+BatchOp = Annotated[CallOp | RunOp | PutOp | ReleaseOp, Field(discriminator="op")]
+
+
+class BatchCreate(BaseModel):
+    ops: list[BatchOp] = Field(max_length=MAX_OPS, description="submitted one after another, in order")
+    wait: Id | None = Field(None, description="a buffer to wait for once the ops are submitted")
+
+
+class Outcome(BaseModel):
+    status: int = Field(description="the HTTP status the operation alone would have been answered")
+    error: str
+    detail: str
+
+
+class OpFailure(Outcome):
+    index: int = Field(description="the failed operation's place in `ops`")
+
+
+class BatchPublic(BaseModel):
+    failed: list[OpFailure] = Field(description="the operations refused, in order; every other was submitted")
+    wait: Outcome | None = Field(None, description="why the buffer waited for failed, if it did")

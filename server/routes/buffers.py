@@ -7,24 +7,40 @@ dtype, shape and partition spec travel beside it, never inside a pickle.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
-from ir import Aval, InvalidArgument, Spec
+from ir import Aval, InvalidArgument, IsthmusError, Spec
 from server.deps import ClientDep, ServiceDep
 from server.errors import UnsupportedMedia
-from server.records import BufferRecord
+from server.records import CHOSEN_ID, BufferRecord, ClientRecord
 from server.schemas import BufferIds, BufferPublic, error_responses
+from server.service import Service
 
 router = APIRouter(prefix="/v1/buffers", tags=["buffers"], responses=error_responses(403))
 OCTETS = "application/octet-stream"
+CHOSEN = "the buffer's id, chosen by the client (8 to 64 letters, digits or '_.:-'); default: the server's"
 MAX_QUERY = 4096  # characters of a shape or spec parameter
 
 
 def public(rec: BufferRecord, state: str | None = None) -> BufferPublic:
     return BufferPublic(id=rec.id, slice_id=rec.slice_id, shape=list(rec.aval.shape),
                         dtype=rec.aval.dtype, spec=rec.spec.to_json(), state=state)
+
+
+@contextmanager
+def remembered(client: ClientRecord, service: Service, ids: Sequence[str] | None) -> Iterator[None]:
+    """A submission naming its outputs `ids`: if it is refused, the ids are remembered as
+    failed with the cause, so whatever the client queued on them fails the same way.
+    An id in use (the refusal may be that) or malformed is left alone."""
+    try:
+        yield
+    except IsthmusError as e:
+        client.fail([b for b in ids or () if CHOSEN_ID.fullmatch(b) and b not in service.buffers], str(e))
+        raise
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -65,15 +81,17 @@ async def upload(
     dtype: Annotated[str, Query(examples=["float32"])],
     shape: Annotated[str, Query(description="comma-separated dims; empty for a scalar")] = "",
     spec: Annotated[str, Query(description="JSON partition spec, e.g. [null, \"model\"]")] = "[]",
+    id: Annotated[str | None, Query(max_length=128, description=CHOSEN)] = None,
 ) -> BufferPublic:
-    content_type = request.headers.get("content-type")
-    if (content_type or "").split(";")[0].strip() != OCTETS:
-        raise UnsupportedMedia(
-            f"content-type: expected {OCTETS} (raw array bytes), got {content_type!r}"
-        )
-    aval = Aval(_shape(shape), dtype)
-    data = await request.body()  # within max_upload_mb: server.guard saw to it before
-    return public(service.upload(client, slice_id, aval, _spec(spec), data))
+    with remembered(client, service, None if id is None else [id]):
+        content_type = request.headers.get("content-type")
+        if (content_type or "").split(";")[0].strip() != OCTETS:
+            raise UnsupportedMedia(
+                f"content-type: expected {OCTETS} (raw array bytes), got {content_type!r}"
+            )
+        aval = Aval(_shape(shape), dtype)
+        data = await request.body()  # within max_upload_mb: server.guard saw to it before
+        return public(service.upload(client, slice_id, aval, _spec(spec), data, id))
 
 
 @router.get("")
@@ -113,5 +131,5 @@ async def delete_buffers(body: BufferIds, client: ClientDep, service: ServiceDep
 
     Ids already gone (freed with their slice, say) are skipped: freeing is idempotent.
     """
-    service.delete_buffers(client, [b for b in body.ids if b in client.buffers])
+    service.release(client, body.ids)
     return Response(status_code=204)

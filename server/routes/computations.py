@@ -7,6 +7,7 @@ from fastapi import APIRouter
 from server.deps import ClientDep, ServiceDep
 from server.records import ComputationRecord
 from server.routes.buffers import public as buffer_public
+from server.routes.buffers import remembered
 from server.schemas import CallCreate, CallPublic, ComputationCreate, ComputationPublic, error_responses
 
 router = APIRouter(prefix="/v1", tags=["computations"], responses=error_responses(403))
@@ -47,6 +48,7 @@ async def call(body: CallCreate, client: ClientDep, service: ServiceDep) -> Call
     """Enqueue a call; the outputs are returned at once as buffer futures."""
     # Dropped buffers go first: no input of this submission can be among them (the client
     # holds its inputs), and what they free counts for its outputs' quota.
-    service.delete_buffers(client, [b for b in body.release if b in client.buffers])
-    outs = service.call(client, body.computation_id, body.inputs)
+    service.release(client, body.release)
+    with remembered(client, service, body.ids):
+        outs = service.call(client, body.computation_id, body.inputs, body.ids)
     return CallPublic(outputs=[buffer_public(o) for o in outs])

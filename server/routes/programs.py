@@ -8,6 +8,7 @@ from ir import Type, print_program
 from server.deps import ClientDep, ServiceDep
 from server.programs import ProgramRecord
 from server.routes.buffers import public as buffer_public
+from server.routes.buffers import remembered
 from server.schemas import ProgramCreate, ProgramPublic, ProgramText, RunCreate, RunPublic, error_responses
 
 router = APIRouter(prefix="/v1", tags=["programs"], responses=error_responses(403))
@@ -58,6 +59,7 @@ async def run(body: RunCreate, client: ClientDep, service: ServiceDep) -> RunPub
     """Run a program; its outputs are returned at once as buffer futures."""
     # Dropped buffers go first: no input of this submission can be among them (the client
     # holds its inputs), and what they free counts for its outputs' quota.
-    service.delete_buffers(client, [b for b in body.release if b in client.buffers])
-    outs = await service.programs.run(client, body.program_id, body.inputs, body.dispatch)
+    service.release(client, body.release)
+    with remembered(client, service, body.ids):
+        outs = await service.programs.run(client, body.program_id, body.inputs, body.dispatch, body.ids)
     return RunPublic(outputs=[buffer_public(o) for o in outs])

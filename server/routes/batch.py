@@ -1,0 +1,89 @@
+"""A batch: the calls, runs, small uploads and releases a client queued, in one request.
+
+The asynchronous client (`client.session`) names every output itself and sends what it
+queued in order, without waiting for each answer. The contract:
+
+- The operations are submitted one after another, in the order given: each is in the gang
+  scheduler's queue (or freed) before the next one starts, so a later operation may read an
+  earlier one's outputs.
+- An operation the server refuses does not stop the batch: it is reported by its index with
+  the status and detail it would have been answered alone, and the ids it named for its
+  outputs are remembered as failed with that cause (`ClientRecord.fail`), so every later
+  operation that reads one (in this batch or a later one) is refused with the same cause.
+- `wait` names a buffer to wait for once every operation is submitted, so a client that
+  blocks on a result sends what it queued and waits in one round trip.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+from fastapi import APIRouter
+
+from ir import Aval, InvalidArgument, IsthmusError, Spec
+from server.deps import ClientDep, ServiceDep
+from server.errors import status_of
+from server.records import ClientRecord
+from server.routes.buffers import remembered
+from server.schemas import (
+    BatchCreate,
+    BatchOp,
+    BatchPublic,
+    CallOp,
+    OpFailure,
+    Outcome,
+    PutOp,
+    ReleaseOp,
+    RunOp,
+    error_responses,
+)
+from server.service import Service
+
+router = APIRouter(prefix="/v1", tags=["batch"], responses=error_responses(403))
+
+
+def _data(op: PutOp) -> bytes:
+    try:
+        return base64.b64decode(op.data, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidArgument("data: not valid base64") from None
+
+
+async def submit(op: BatchOp, client: ClientRecord, service: Service) -> None:
+    """Submit one operation, as its own route would."""
+    match op:
+        case CallOp():
+            with remembered(client, service, op.ids):
+                service.call(client, op.computation_id, op.inputs, op.ids)
+        case RunOp():
+            with remembered(client, service, op.ids):
+                await service.programs.run(client, op.program_id, op.inputs, op.dispatch, op.ids)
+        case PutOp():
+            with remembered(client, service, [op.id]):
+                aval = Aval(tuple(op.shape), op.dtype)
+                service.upload(client, op.slice_id, aval, Spec.from_json(op.spec), _data(op), op.id)
+        case ReleaseOp():
+            service.release(client, op.ids)
+
+
+def outcome(e: IsthmusError) -> Outcome:
+    return Outcome(status=status_of(e), error=type(e).__name__, detail=str(e))
+
+
+@router.post("/batch")
+async def batch(body: BatchCreate, client: ClientDep, service: ServiceDep) -> BatchPublic:
+    """Submit the operations in order; answer which were refused, and why (see the module)."""
+    failed: list[OpFailure] = []
+    for i, op in enumerate(body.ops):
+        try:
+            await submit(op, client, service)
+        except IsthmusError as e:
+            failed.append(OpFailure(index=i, **outcome(e).model_dump()))
+    waited = None
+    if body.wait is not None:
+        try:
+            await service.wait(service.buffer(client, body.wait))
+        except IsthmusError as e:
+            waited = outcome(e)
+    return BatchPublic(failed=failed, wait=waited)
