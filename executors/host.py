@@ -288,22 +288,23 @@ class Host:
 
     # -- programs ------------------------------------------------------------------------
 
-    async def run(self, seq: int, message: RunMessage, plan: HostPlan | None,
-                  notify: bool = False) -> Ran | None:
-        """Run a range of this host's plan for one program run (see `executors.runner`).
+    async def run(self, seq: int, message: RunMessage, plan: HostPlan | None) -> None:
+        """Run a range of this host's plan for one program run (see `executors.runner`);
+        answers once the message is taken (the ack sequential dispatch waits for before it
+        sends the next node)."""
+        self._submit(seq, self.runner.accept(message, plan), f"run {message.run_id}")
 
-        Answers once the message is accepted (under sequential dispatch, the ack the server
-        waits for before sending the next node), or with `notify` once its steps have run:
-        issued, and the computations they issued finished (`Ran`, with this host's failed
-        collective if any). The dispatch thread meanwhile goes on with the next requests.
-        """
-        finished = self._submit(seq, self.runner.accept(message, plan), f"run {message.run_id}")
-        if notify:
-            issued = await asyncio.wrap_future(finished)
-            if issued:
-                await asyncio.to_thread(_finished_quietly, issued)
-            return Ran(self.collective_error)
-        return None
+    async def run_batch(self, items: Sequence[tuple[int, RunMessage, HostPlan | None]]) -> list[Ran]:
+        """Run messages the server wants told of once they have run (`executors.outbox`
+        brings those of one turn together): each answers `Ran`, with this host's failed
+        collective if any, once its steps are issued and the computations they issued have
+        finished; the answers come together. The dispatch thread meanwhile goes on."""
+        taken = [self._submit(seq, self.runner.accept(message, plan), f"run {message.run_id}")
+                 for seq, message, plan in items]
+        issued = [arrays for fut in taken for arrays in (await asyncio.wrap_future(fut) or [])]
+        if issued:
+            await asyncio.to_thread(_finished_quietly, issued)
+        return [Ran(self.collective_error)] * len(items)
 
     def deliver(self, run_id: str, tag: str, payload: Payload) -> None:
         """A peer host's `Send` for one of this host's `Recv`s (unsequenced)."""

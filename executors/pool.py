@@ -26,6 +26,7 @@ import ray
 from executors import ray_start
 from executors.host import Host
 from executors.messages import Failed, Lost, Payload, Ran, Settled, State
+from executors.outbox import Outbox
 from executors.runner import IN_FLIGHT, RunMessage
 from ir import DeviceMesh, HostPlan, RemoteError, Unavailable
 from resource_manager import ClusterSpec, DeviceReport, HostSpec
@@ -59,6 +60,12 @@ class RayOptions:
     # Ray's token: read from (or, for a Ray this pool starts, written to) this file.
     token_file: Path | None = None
     insecure: bool = False  # join an external Ray without token authentication
+
+
+async def _answer(ref: Any) -> Any:
+    while isinstance(ref, Future | ray.ObjectRef):
+        ref = await asyncio.wrap_future(ref if isinstance(ref, Future) else ref.future())
+    return ref
 
 
 def _actor_name(host: str, generation: int = 0) -> str:
@@ -138,6 +145,7 @@ class ExecutorPool:
         self._options = RayOptions()
         self._generation = 0  # of replaced executors (their actor names carry it)
         self._reads = {h: asyncio.Semaphore(READS_PER_HOST) for h in handles}  # see HOST_CONCURRENCY
+        self.outbox = Outbox(lambda host: self._handles[host])
 
     def _send(self, host: str, method: str, *args: Any) -> Any:
         """Number the request in this host's order and send it; never leave a gap."""
@@ -228,6 +236,7 @@ class ExecutorPool:
                 ray.kill(a)
             raise
         with self._lock:
+            self.outbox.drop(hosts, Unavailable(f"island {island} was restarted before this was sent"))
             self._handles.update(fresh)
             for h in hosts:
                 self._seq[h] = itertools.count()
@@ -243,8 +252,10 @@ class ExecutorPool:
         return list(self._handles)
 
     async def _await(self, ref: Any, host: str, timeout: float | None, what: str) -> Any:
+        """The answer to `ref`: a Ray ObjectRef, or a future of one or of the answer itself
+        (a coalesced message's, or one sent later with the gang order off)."""
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout)
+            return await asyncio.wait_for(_answer(ref), timeout)
         except TimeoutError:
             raise Unavailable(f"host {host} did not answer {what} within {timeout:g}s") from None
         except ray.exceptions.RayActorError as e:
@@ -288,15 +299,19 @@ class ExecutorPool:
         self._send_all(hosts, "put", buffer_id, body, dtype, list(shape), mesh, spec)
 
     def _run(self, host: str, message: RunMessage, plan: HostPlan, notify: bool = False) -> Any:
-        """Send one run message (under `self._lock`); the plan travels once per host."""
-        sent = (host, message.plan_key) in self._plans
-        handle = self._handles[host]
+        """Send one run message (under `self._lock`); the plan travels once per host. With
+        `notify` it goes through the outbox, coalesced with the others of this turn."""
+        carried = None if (host, message.plan_key) in self._plans else plan
         seq = next(self._seq[host])
-        try:
-            ref = handle.run.remote(seq, message, None if sent else plan, notify)
-        except Exception:
-            handle.skip.remote(seq)
-            raise
+        if notify:
+            ref = self.outbox.add(host, seq, message, carried)
+        else:
+            handle = self._handles[host]
+            try:
+                ref = handle.run.remote(seq, message, carried)
+            except Exception:
+                handle.skip.remote(seq)
+                raise
         self._plans.add((host, message.plan_key))
         self.messages[host] += 1
         return ref
@@ -306,7 +321,7 @@ class ExecutorPool:
 
         Numbering every host's message of a run at once puts all runs in one global order,
         the same on every host, so hosts never wait on each other in a cycle. With `notify`,
-        the returned refs settle once each host has run its part (`settle`).
+        the returned replies settle once each host has run its part (`settle`).
         """
         if not self.ordered and len(messages) > 1:
             return [self._later(lambda a=(h, m, p): self._locked_run(*a, notify)) for h, m, p in messages]
@@ -340,8 +355,6 @@ class ExecutorPool:
         cause."""
         async def one(ref: Any, host: str) -> Settled:
             try:
-                if isinstance(ref, Future):  # sent later (gang order off)
-                    ref = await asyncio.wrap_future(ref)
                 reply = await self._watched(ref, host, timeout)
                 return reply if isinstance(reply, Ran) else Ran()
             except (Unavailable, RemoteError) as e:
@@ -368,14 +381,6 @@ class ExecutorPool:
             return pending.result()
         finally:
             pending.cancel()
-
-    async def run_step(self, host: str, message: RunMessage, plan: HostPlan, timeout: float,
-                       notify: bool = False) -> None:
-        """Sequential dispatch: send one message and wait until the host has accepted it
-        (with `notify`, until it has run it)."""
-        with self._lock:
-            ref = self._run(host, message, plan, notify)
-        await self._await(ref, host, timeout, f"run {message.run_id}")
 
     async def fetch_shards(self, host: str, buffer_id: str, timeout: float) -> list[tuple[list[Any], bytes]]:
         return await self._read(host, "fetch_shards", buffer_id, timeout)

@@ -1,0 +1,86 @@
+"""Run messages to one host, coalesced: those numbered in one turn of the server's event loop
+travel to a host in one actor call.
+
+Contract:
+- `add(host, seq, message, plan)` queues a numbered run message (one the server wants told
+  of once it has run) and returns a future of its `Ran` reply. The first `add` of a turn
+  schedules `flush` for the loop's next turn (at once where no loop runs).
+- `flush` sends each host's queued messages, in the order they were numbered, as one
+  `run_batch` call, and settles each future from its element of the answer, or with the
+  call's error (a dead host's `RayActorError`). A call that cannot even be sent fills the
+  messages' sequence numbers (`skip`), so the host never waits on a gap.
+- Coalescing changes nothing of the order: a host takes every request by its number,
+  whichever call brought it. It saves an actor call per message: a batch of calls from a
+  client (or a window of admissions) costs one call per host.
+- `drop(hosts, error)` fails what is queued for hosts whose executors are being replaced:
+  their numbers belong to the old executors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from executors.runner import RunMessage
+from ir import HostPlan
+
+Item = tuple[int, RunMessage, HostPlan | None, "Future[Any]"]
+
+
+class Outbox:
+    def __init__(self, handle: Callable[[str], Any]) -> None:
+        self._handle = handle  # host -> its actor now
+        self._lock = threading.Lock()
+        self._queued: dict[str, list[Item]] = {}
+        self._scheduled = False
+        self.calls = 0  # actor calls sent (each carrying one or more messages)
+
+    def add(self, host: str, seq: int, message: RunMessage, plan: HostPlan | None) -> Future[Any]:
+        reply: Future[Any] = Future()
+        with self._lock:
+            self._queued.setdefault(host, []).append((seq, message, plan, reply))
+            schedule, self._scheduled = not self._scheduled, True
+        if schedule:
+            try:
+                asyncio.get_running_loop().call_soon(self.flush)
+            except RuntimeError:  # no loop: nothing else will come in this turn
+                self.flush()
+        return reply
+
+    def flush(self) -> None:
+        with self._lock:
+            queued, self._queued, self._scheduled = self._queued, {}, False
+        for host, items in queued.items():
+            self._send(host, items)
+
+    def drop(self, hosts: Sequence[str], error: BaseException) -> None:
+        with self._lock:
+            gone = [item for h in hosts for item in self._queued.pop(h, [])]
+        for *_, reply in gone:
+            reply.set_exception(error)
+
+    def _send(self, host: str, items: list[Item]) -> None:
+        handle = self._handle(host)
+        try:
+            ref = handle.run_batch.remote([(seq, message, plan) for seq, message, plan, _ in items])
+        except Exception as e:
+            for seq, *_, reply in items:
+                handle.skip.remote(seq)
+                reply.set_exception(e)
+            return
+        self.calls += 1
+
+        def settle(answer: Future[Any]) -> None:
+            try:
+                replies = answer.result()
+            except BaseException as e:
+                for *_, reply in items:
+                    reply.set_exception(e)
+                return
+            for (*_, reply), r in zip(items, replies, strict=True):
+                reply.set_result(r)
+
+        ref.future().add_done_callback(settle)
