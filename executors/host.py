@@ -330,7 +330,7 @@ class Host:
                 self._forgotten[key] = number
                 while len(self._forgotten) > FORGOTTEN_KEPT:
                     self._forgotten.popitem(last=False)
-            self.runner.forget(plan_keys)
+            self.runner.forget(plan_keys, list(keys))
 
         self._submit(seq, op, f"forget {len(keys)} executables, {len(plan_keys)} plans")
 

@@ -127,11 +127,13 @@ class Runner:
 
     # -- in turn (dispatch thread) ---------------------------------------------------------
 
-    def forget(self, plan_keys: Sequence[str]) -> None:
+    def forget(self, plan_keys: Sequence[str], executables: Sequence[str] = ()) -> None:
         """Drop cached plans no program uses any more (the server sends a plan again with
-        the next run that needs it)."""
+        the next run that needs it), and what is known of forgotten executables."""
         for key in plan_keys:
             self._plans.pop(key, None)
+        for key in executables:
+            self._spans.pop(key, None)
 
     @property
     def plans(self) -> int:
