@@ -1,6 +1,7 @@
 """Dispatch throughput of a trivial computation: Isthmus beside JAX and plain Ray (Pathways §5.1).
 
     python -m bench.dispatch --json /tmp/dispatch.json [--quick] [--plot /tmp/dispatch.png]
+    python -m bench.dispatch --platform gpu --json /tmp/dispatch_gpu.json [--quick]
 
 The computation is a scalar all-reduce over 4 devices plus an add: on a mesh {"x": 4},
 `f(v) = v/2 + psum(v)/8 + 1` (`jax.shard_map`) on a float32[4] sharded P("x"); the mean of v
@@ -36,6 +37,15 @@ starts. The JAX and Ray baselines get NPROC=8 (XLA's CPU client thread pool, by 
 core count): with 2 threads, back-to-back asynchronous 4-device collectives deadlock in
 XLA's rendezvous; they need 2 per device. The Isthmus server runs with its defaults: its
 executors run one computation at a time, which is safe with any pool.
+
+`--platform gpu` (or `--gpu`) runs every mode on this machine's D GPUs instead: JAX here on
+the GPU, the mesh {"x": D} (the all-reduce's constant scaled so the mean still grows by 1),
+the Ray actor asking for D GPUs, the server given one host of D GPUs (`--cluster`), and the
+size sweep over larger n (`GPU_SIZES`), whose computations take milliseconds on a GPU. The
+chain16 modes need four hosts, which one GPU host is not: they are absent (listed in
+`config.absent_modes`; ratios that use them are null). Every process sharing the GPU grows
+its memory on demand (XLA_PYTHON_CLIENT_PREALLOCATE=false) rather than taking 75% of it
+first, which would leave the server's executor too little while this process holds some.
 """
 
 from __future__ import annotations
@@ -63,10 +73,13 @@ from bench.call_latency import BenchError, fork_exec_allowed, local_ray, machine
 from bench.dispatch_modes import (
     AXIS,
     DEVICES,
+    GPU_QUICK_SIZES,
+    GPU_SIZES,
     QUICK,
     THREADS,
     Config,
     Round,
+    Target,
     chain16_modes,
     chain16_workload,
     host_slices,
@@ -77,10 +90,12 @@ from bench.dispatch_modes import (
     ray_modes,
     trivial,
 )
+from bench.machine import nvidia_gpus
 from client.embedded import EmbeddedServer
 
 MATCH = 0.95  # a mode matches JAX op by op from this fraction of its throughput
 SWEEP_MODES = ("isthmus_opbyop", "isthmus_chained")
+CHAIN16_MODES = ("isthmus_chain16_parallel", "isthmus_chain16_sequential")
 
 Samples = dict[str, list[float]]  # mode -> computations per second of each timed round
 
@@ -135,13 +150,19 @@ def measure_all(modes: dict[str, Round], expected: np.ndarray, computations: int
 
 
 @contextmanager
-def isthmus_client() -> Iterator[isthmus.Client]:
-    """A local server (its own Ray) in a temp state dir, and a client of it; both stopped."""
+def isthmus_client(target: Target) -> Iterator[isthmus.Client]:
+    """A local server (its own Ray) in a temp state dir, serving the target's cluster, and a
+    client of it; both stopped."""
     with tempfile.TemporaryDirectory(prefix="isthmus-bench-") as tmp:
+        extra: list[str] = []
+        if (cluster := target.cluster()) is not None:
+            path = Path(tmp) / "cluster.json"
+            path.write_text(json.dumps(cluster))
+            extra = ["--cluster", str(path)]
         nproc = os.environ.pop("NPROC", None)  # the server runs as a user would start it
         try:
             with fork_exec_allowed():
-                server = EmbeddedServer.start(Path(tmp))
+                server = EmbeddedServer.start(Path(tmp), extra=extra)
         finally:
             if nproc is not None:
                 os.environ["NPROC"] = nproc
@@ -153,11 +174,11 @@ def isthmus_client() -> Iterator[isthmus.Client]:
             server.stop()
 
 
-def run_sweep(c: isthmus.Client, s: isthmus.Slice, cfg: Config) -> dict[int, Samples]:
+def run_sweep(c: isthmus.Client, s: isthmus.Slice, cfg: Config, target: Target) -> dict[int, Samples]:
     """Per n, JAX op by op here (the server idle), then the Isthmus modes: back to back, so
     that load drift on a shared machine does not bias their ratio."""
     sweep: dict[int, Samples] = {}
-    for m in map(matmul, cfg.sizes):
+    for m in (matmul(n, target.devices) for n in cfg.sizes):
         want = oracle(m, cfg.steps)
         modes = jax_modes(m, cfg.steps) | isthmus_modes(c, s, m, cfg.steps)
         sweep[m.x0.shape[0]] = {
@@ -167,32 +188,37 @@ def run_sweep(c: isthmus.Client, s: isthmus.Slice, cfg: Config) -> dict[int, Sam
     return sweep
 
 
-def run_all(cfg: Config) -> tuple[Samples, dict[int, Samples]]:
-    """Every mode's samples, and the size sweep's per n."""
-    w, n = trivial(), cfg.steps
+def run_all(cfg: Config, target: Target) -> tuple[Samples, dict[int, Samples]]:
+    """Every mode's samples (chain16's only where the target has four hosts), and the size
+    sweep's per n."""
+    w, n = trivial(target.devices), cfg.steps
     expected = oracle(w, n)
     print("jax.jit in this process", file=sys.stderr)
     samples = measure_all(jax_modes(w, n), expected, n, cfg.rounds, cfg.warmup)
 
     print("plain Ray actor", file=sys.stderr)
     with local_ray():
-        samples |= measure_all(ray_modes(w, n), expected, n, cfg.rounds, cfg.warmup)
+        samples |= measure_all(ray_modes(w, n, target), expected, n, cfg.rounds, cfg.warmup)
 
     print("Isthmus (starting the server)", file=sys.stderr)
-    with isthmus_client() as c:
+    with isthmus_client(target) as c:
         if not callable(getattr(c, "program", None)):
             raise BenchError("this client has no Client.program (client/program.py): the chained "
                              "and chain16 modes need it")
-        hosts = host_slices(c)  # first, while every host is free
-        s = c.slice({AXIS: DEVICES})
+        hosts = host_slices(c) if target.has_four_hosts else None  # first, while every host is free
+        s = c.slice({AXIS: target.devices})
         modes = isthmus_modes(c, s, w, n, cfg.inflight)
         piped = {k: modes.pop(k) for k in list(modes) if k.endswith("_pipelined")}
         samples |= measure_all(modes, expected, n, cfg.rounds, cfg.warmup)
         samples |= measure_all(piped, expected, n * cfg.inflight, cfg.rounds, cfg.warmup)
-        samples |= measure_all(chain16_modes(c, hosts, cfg), oracle(chain16_workload(), cfg.stages),
-                               cfg.stages * cfg.programs, cfg.rounds, cfg.warmup)
+        if hosts is not None:
+            samples |= measure_all(chain16_modes(c, hosts, cfg), oracle(chain16_workload(), cfg.stages),
+                                   cfg.stages * cfg.programs, cfg.rounds, cfg.warmup)
+        else:
+            print(f"  {', '.join(CHAIN16_MODES)}: absent (one {target.platform} host, not four)",
+                  file=sys.stderr)
         print("size sweep", file=sys.stderr)
-        sweep = run_sweep(c, s, cfg)
+        sweep = run_sweep(c, s, cfg, target)
     return samples, sweep
 
 
@@ -223,15 +249,23 @@ def git_revision() -> str:
     return (git("rev-parse", "HEAD") or "unknown") + ("+dirty" if git("status", "--porcelain") else "")
 
 
-def report(samples: Samples, sweep: dict[int, Samples], cfg: Config) -> dict[str, Any]:
+def describe_machine(target: Target) -> dict[str, Any]:
+    m = machine()
+    if target.platform == "gpu":
+        m |= {"devices": f"{target.devices} GPU(s), jax platform gpu", "gpus": list(target.gpu_names)}
+    return m
+
+
+def report(samples: Samples, sweep: dict[int, Samples], cfg: Config, target: Target) -> dict[str, Any]:
     rates = {m: statistics.median(v) for m, v in samples.items()}
     rows, smallest = sweep_report(sweep)
-    m = machine()
+    m = describe_machine(target)
     return {
         "computations_per_s": rates,
         "programs_per_s": {k: v / cfg.stages for k, v in rates.items() if "chain16" in k},
         "smallest_matching_ms": smallest,
-        "ratios": {name: rates[a] / rates[b] for name, (a, b) in RATIOS.items()},
+        "ratios": {name: rates[a] / rates[b] if a in rates and b in rates else None
+                   for name, (a, b) in RATIOS.items()},
         "ratio_definition": RATIO_DEFINITION,
         "smallest_matching_definition": (
             f"the smallest JAX op-by-op ms per computation in the size sweep at which the mode "
@@ -242,8 +276,10 @@ def report(samples: Samples, sweep: dict[int, Samples], cfg: Config) -> dict[str
         "versions": {"python": m["python"], "jax": m["jax"], "jaxlib": m["jaxlib"],
                      "ray": m["ray"], "numpy": np.__version__, "isthmus": git_revision()},
         "config": dataclasses.asdict(cfg) | {
-            "devices_per_slice": DEVICES, "match_threshold": MATCH,
-            "env": {k: os.environ.get(k) for k in ("NPROC", "XLA_FLAGS", "JAX_PLATFORMS")},
+            "platform": target.platform, "devices_per_slice": target.devices, "match_threshold": MATCH,
+            "absent_modes": [] if target.has_four_hosts else list(CHAIN16_MODES),
+            "env": {k: os.environ.get(k) for k in ("NPROC", "XLA_FLAGS", "JAX_PLATFORMS",
+                                                    "XLA_PYTHON_CLIENT_PREALLOCATE")},
         },
     }
 
@@ -258,7 +294,10 @@ def table(result: dict[str, Any]) -> str:
     rows += ["smallest matching JAX ms per computation:"]
     rows += [f"  {m:<32} {v}" for m, v in result["smallest_matching_ms"].items()]
     rows += ["", "ratio (A computations/s / B computations/s)"]
-    rows += [f"  {name:<40} {v:10.4f}" for name, v in result["ratios"].items()]
+    rows += [f"  {name:<40} {'absent' if v is None else f'{v:10.4f}':>10}"
+             for name, v in result["ratios"].items()]
+    if absent := result["config"]["absent_modes"]:
+        rows += ["", f"absent modes: {', '.join(absent)}"]
     return "\n".join(rows)
 
 
@@ -276,11 +315,26 @@ def configure_processes() -> None:
     jax.config.update("jax_platforms", "cpu")
 
 
+def gpu_target() -> Target:
+    """This machine's GPUs, as JAX here sees them. Memory grows on demand in every process
+    (set before any JAX backend exists; the Ray actor and the server inherit it)."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError as e:
+        raise BenchError(f"--platform gpu: expected JAX to find GPUs in this process "
+                         f"(JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS')!r}), found none: {e}") from None
+    return Target("gpu", len(gpus), nvidia_gpus())
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.dispatch", description=__doc__.split("\n")[0])
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--quick", action="store_true", help="few rounds and small sizes (a smoke test)")
     p.add_argument("--plot", type=Path, default=None, help="draw the results into this PNG")
+    p.add_argument("--platform", choices=("cpu", "gpu"), default="cpu",
+                   help="run every mode on 4 simulated CPU devices (default) or on this machine's GPUs")
+    p.add_argument("--gpu", dest="platform", action="store_const", const="gpu", help="--platform gpu")
     args = p.parse_args(argv)
     if args.plot is not None:
         try:  # before the run, not after it
@@ -288,11 +342,18 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError as e:
             p.error(f"--plot needs matplotlib (pip install -e '.[bench]'): {e}")
     cfg = QUICK if args.quick else Config()
-    configure_processes()
-    result = report(*run_all(cfg), cfg)
+    if args.platform == "gpu":
+        target = gpu_target()
+        cfg = dataclasses.replace(cfg, sizes=GPU_QUICK_SIZES if args.quick else GPU_SIZES)
+    else:
+        configure_processes()
+        target = Target("cpu", DEVICES)
+    result = report(*run_all(cfg, target), cfg, target)
     m = result["machine"]
+    names = sorted({n.split(": ", 1)[-1] for n in target.gpu_names})  # "GPU 0: NVIDIA H100 ..."
+    on = f"; {target.devices} x {', '.join(names)}" if names else ""
     print(f"dispatch, {cfg.steps} computations x {cfg.rounds} rounds (median); {m['cpus_usable']} CPUs, "
-          f"python {m['python']}, jax {m['jax']}, ray {m['ray']}")
+          f"python {m['python']}, jax {m['jax']}, ray {m['ray']}{on}")
     print(table(result))
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -1,12 +1,14 @@
 """The computations `bench.dispatch` times, and the ways it runs them: JAX in this process,
 a plain Ray actor, and the Isthmus modes (see `bench/dispatch.py` for what each mode is).
-Every mode is a `Round`: it runs one round and returns a fetch of the round's value."""
+Every mode is a `Round`: it runs one round and returns a fetch of the round's value. A
+`Target` says which devices they all run on: 4 simulated CPU devices per process (the
+default), or the GPUs of this machine."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import numpy as np
@@ -38,6 +40,46 @@ class Config:
 
 
 QUICK = Config(rounds=2, warmup=1, programs=3, sizes=(64, 256), sweep_rounds=1)
+# On a GPU the CPU sizes all take microseconds; these reach milliseconds per computation.
+GPU_SIZES = (256, 1024, 2048, 4096, 8192, 12288)
+GPU_QUICK_SIZES = (256, 2048)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where every mode runs: `devices` devices of `platform` per process. On "cpu" they are
+    simulated (XLA's host platform device count); on "gpu" they are this machine's GPUs,
+    and the Isthmus server serves them as one host (`cluster()`)."""
+
+    platform: Literal["cpu", "gpu"] = "cpu"
+    devices: int = DEVICES
+    gpu_names: tuple[str, ...] = ()  # `nvidia-smi -L` lines, on "gpu"
+
+    def __post_init__(self) -> None:
+        if self.platform not in ("cpu", "gpu"):
+            raise BenchError(f"Target.platform: expected 'cpu' or 'gpu', got {self.platform!r}")
+        if self.devices < 1:
+            raise BenchError(f"Target.devices: expected at least 1, got {self.devices}")
+
+    @property
+    def has_four_hosts(self) -> bool:
+        """chain16 needs four {"x": 4} hosts, which only the server's default CPU cluster has."""
+        return self.platform == "cpu"
+
+    def cluster(self) -> dict[str, Any] | None:
+        """The server's `--cluster` file: None for its default CPU cluster, else one GPU host."""
+        if self.platform == "cpu":
+            return None
+        return {"islands": [{"name": "g", "hosts": [
+            {"name": "g0", "devices": self.devices, "platform": "gpu"}]}]}
+
+    def ray_actor_options(self) -> dict[str, Any]:
+        """The plain Ray actor's options: the same devices as this process's JAX has."""
+        if self.platform == "cpu":
+            env = {"JAX_PLATFORMS": "cpu",
+                   "XLA_FLAGS": f"--xla_force_host_platform_device_count={self.devices}"}
+            return {"num_cpus": 0, "runtime_env": {"env_vars": env}}
+        return {"num_cpus": 0, "num_gpus": self.devices}
 
 
 # -- the computations -----------------------------------------------------------------------
@@ -45,12 +87,14 @@ QUICK = Config(rounds=2, warmup=1, programs=3, sizes=(64, 256), sweep_rounds=1)
 
 @dataclass(frozen=True)
 class Workload:
-    """`make(mesh)` is f(v, *consts) for that mesh; v is sharded P("x"), consts replicated."""
+    """`make(mesh)` is f(v, *consts) for that mesh; v is sharded P("x") over `devices`
+    devices, consts replicated."""
 
     name: str
     make: Callable[[Mesh | AbstractMesh], Fn]
     x0: np.ndarray
     consts: tuple[np.ndarray, ...] = ()
+    devices: int = DEVICES
 
     @property
     def in_specs(self) -> tuple[P, ...]:
@@ -58,8 +102,10 @@ class Workload:
 
 
 def psum_add(mesh: Mesh | AbstractMesh) -> Fn:
+    share = 0.5 / mesh.shape[AXIS]  # so the mean grows by exactly 1 per step on any mesh
+
     def body(b: jax.Array) -> jax.Array:
-        return b * 0.5 + jax.lax.psum(b, AXIS) * 0.125 + 1.0
+        return b * 0.5 + jax.lax.psum(b, AXIS) * share + 1.0
 
     return jax.shard_map(body, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS))
 
@@ -73,15 +119,15 @@ def add_one(v: jax.Array) -> jax.Array:
     return v + 1.0
 
 
-def trivial() -> Workload:
-    return Workload("psum_add", psum_add, np.arange(DEVICES, dtype=np.float32))
+def trivial(devices: int = DEVICES) -> Workload:
+    return Workload("psum_add", psum_add, np.arange(devices, dtype=np.float32), devices=devices)
 
 
-def matmul(n: int) -> Workload:
+def matmul(n: int, devices: int = DEVICES) -> Workload:
     rng = np.random.default_rng(n)
     x0 = rng.integers(0, 100, (n, n)).astype(np.float32)
     w = np.eye(n, dtype=np.float32)[rng.permutation(n)]
-    return Workload(f"matmul_{n}", matmul_add, x0, (w,))
+    return Workload(f"matmul_{n}", matmul_add, x0, (w,), devices=devices)
 
 
 def fused(f: Fn, steps: int) -> Fn:
@@ -91,11 +137,11 @@ def fused(f: Fn, steps: int) -> Fn:
     return loop
 
 
-def local_mesh() -> Mesh:
+def local_mesh(n: int = DEVICES) -> Mesh:
     devices = jax.devices()
-    if len(devices) < DEVICES:
-        raise BenchError(f"expected at least {DEVICES} CPU devices in this process, found {devices}")
-    return Mesh(np.array(devices[:DEVICES]), (AXIS,))  # axis types Auto, as the slice's AbstractMesh
+    if len(devices) < n:
+        raise BenchError(f"expected at least {n} devices in this process, found {devices}")
+    return Mesh(np.array(devices[:n]), (AXIS,))  # axis types Auto, as the slice's AbstractMesh
 
 
 def jitted(w: Workload, mesh: Mesh, fn: Fn | None = None) -> Fn:
@@ -106,7 +152,7 @@ def jitted(w: Workload, mesh: Mesh, fn: Fn | None = None) -> Fn:
 
 def oracle(w: Workload, steps: int) -> np.ndarray:
     """The value every mode must end a round at: `jax.jit(f)` here, one blocking step at a time."""
-    f = jitted(w, local_mesh())
+    f = jitted(w, local_mesh(w.devices))
     v: Any = w.x0
     for _ in range(steps):
         v = f(v, *w.consts).block_until_ready()
@@ -117,7 +163,7 @@ def oracle(w: Workload, steps: int) -> np.ndarray:
 
 
 def jax_modes(w: Workload, steps: int) -> dict[str, Round]:
-    mesh = local_mesh()
+    mesh = local_mesh(w.devices)
     f, loop = jitted(w, mesh), jitted(w, mesh, fused(w.make(mesh), steps))
     x = jax.device_put(w.x0, NamedSharding(mesh, P(AXIS)))
     consts = tuple(jax.device_put(k, NamedSharding(mesh, P())) for k in w.consts)
@@ -141,15 +187,14 @@ class RayStep:
 
     def __init__(self, w: Workload) -> None:
         self._consts = w.consts
-        self._f = jitted(w, local_mesh())
+        self._f = jitted(w, local_mesh(w.devices))
 
     def step(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(self._f(x, *self._consts))
 
 
-def ray_modes(w: Workload, steps: int) -> dict[str, Round]:
-    env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={DEVICES}"}
-    actor: Any = ray.remote(num_cpus=0)(RayStep).options(runtime_env={"env_vars": env}).remote(w)
+def ray_modes(w: Workload, steps: int, target: Target) -> dict[str, Round]:
+    actor: Any = ray.remote(RayStep).options(**target.ray_actor_options()).remote(w)
 
     def opbyop() -> Callable[[], np.ndarray]:
         y: np.ndarray = w.x0

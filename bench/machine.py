@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,15 @@ def cpu_model() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor()
+
+
+def nvidia_gpus() -> tuple[str, ...]:
+    """This machine's NVIDIA GPUs as `nvidia-smi -L` names them ("GPU 0: NVIDIA H100 ..."),
+    without their UUIDs; none where there is no `nvidia-smi`."""
+    if shutil.which("nvidia-smi") is None:
+        return ()
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False).stdout
+    return tuple(line.split(" (UUID")[0].strip() for line in out.splitlines() if line.startswith("GPU"))
 
 
 def describe(**extra: Any) -> dict[str, Any]:
