@@ -117,6 +117,7 @@ def _actor_options(host: HostSpec, wait_timeout_s: int, generation: int) -> dict
         gpus = 0
     else:
         gpus = host.num_devices
+        env["JAX_PLATFORMS"] = ""  # JAX's own choice (its GPU), not the server's cpu
     # num_cpus=0: executors are long-lived and must never wait for a CPU slot.
     return {
         "num_cpus": 0,

@@ -40,7 +40,7 @@ from typing import IO, Any, NoReturn
 
 import jax
 import jax.extend.mlir
-from jax.sharding import AbstractMesh
+from jax.sharding import AbstractMesh, AxisType
 from jaxlib.mlir import ir as mlir
 
 from ir import Aval, InvalidArgument, MeshAxes, Spec, Unavailable, dtype_name
@@ -77,7 +77,8 @@ def read(data: bytes, mesh: MeshAxes, platform: str, max_ops: int | None = None)
     if exported.nr_devices != mesh.size:
         _refuse(f"artifact: exported for {exported.nr_devices} devices; the slice has {mesh.size}")
     check_module(_module(exported.mlir_module_serialized), max_ops)
-    abstract = AbstractMesh(mesh.sizes, mesh.names)
+    # Auto axes, as the executors' concrete meshes have (newer JAX defaults to Explicit).
+    abstract = AbstractMesh(mesh.sizes, mesh.names, axis_types=(AxisType.Auto,) * len(mesh.names))
     try:
         info["in_specs"] = _specs(exported.in_shardings_jax(abstract))
         info["out_specs"] = _specs(exported.out_shardings_jax(abstract))
