@@ -67,6 +67,12 @@ class RunMessage:
     timeout: float
 
 
+@dataclass(frozen=True)
+class _Executable:
+    in_shardings: tuple[Any, ...]
+    spans_hosts: bool  # its shardings name devices of other processes (an island's JAX group)
+
+
 @dataclass
 class _Run:
     env: dict[str, Any] = field(default_factory=dict)  # value -> jax.Array or Failure
@@ -91,7 +97,7 @@ class Runner:
         # issued computations, oldest first: (label, when issued, outputs)
         self._issued: deque[tuple[str, float, Any]] = deque()
         self._latest: list[Any] = []  # those the message now running issued
-        self._spans: dict[str, bool] = {}  # executable key -> whether it spans hosts
+        self._executables: dict[str, _Executable] = {}  # by key: what each step needs of it
 
     # -- on arrival (actor thread) ---------------------------------------------------------
 
@@ -133,7 +139,7 @@ class Runner:
         for key in plan_keys:
             self._plans.pop(key, None)
         for key in executables:
-            self._spans.pop(key, None)
+            self._executables.pop(key, None)
 
     @property
     def plans(self) -> int:
@@ -232,10 +238,10 @@ class Runner:
             for value in step.outputs:
                 env[value] = failure
             return
-        shardings = exe.input_shardings[0]
-        args = [a if a.sharding.is_equivalent_to(s, a.ndim) else jax.device_put(a, s)
-                for a, s in zip(args, shardings, strict=True)]
-        if self._spans_hosts(step.key, exe):
+        known = self._known(step.key, exe)
+        args = [a if a.sharding is s or a.sharding.is_equivalent_to(s, a.ndim) else jax.device_put(a, s)
+                for a, s in zip(args, known.in_shardings, strict=True)]
+        if known.spans_hosts:
             self.drain()  # alone: nothing else of this host in flight while its collectives run
             results = jax.block_until_ready(exe(*args))
         else:
@@ -243,14 +249,17 @@ class Runner:
             self._issue(step.label, results)
         env.update(zip(step.outputs, results, strict=True))
 
-    def _spans_hosts(self, key: str, exe: Any) -> bool:
-        spans = self._spans.get(key)
-        if spans is None:
+    def _known(self, key: str, exe: Any) -> _Executable:
+        """What a step needs of an executable each time, worked out once per key."""
+        known = self._executables.get(key)
+        if known is None:
             import jax
 
-            shardings = jax.tree_util.tree_leaves((exe.input_shardings, exe.output_shardings))
-            spans = self._spans[key] = not all(s.is_fully_addressable for s in shardings)
-        return spans
+            shardings = exe.input_shardings[0]
+            every = jax.tree_util.tree_leaves((exe.input_shardings, exe.output_shardings))
+            known = self._executables[key] = _Executable(
+                tuple(shardings), not all(s.is_fully_addressable for s in every))
+        return known
 
     def _issue(self, label: str, results: Sequence[Any]) -> None:
         """Track an issued computation; past the bound, wait for the oldest to finish."""
