@@ -1,22 +1,32 @@
 """`Buffer`: a future of an array held on the executors.
 
-Shape, dtype and sharding are known the moment the buffer exists; the data moves only when
-asked for. A `Buffer` can be passed to another call without being fetched. When the last
-reference to it goes away, the server is told to free it (batched with the next request).
+A buffer exists the moment the call that makes it is queued: its id is the client's own
+choice, and its shape, dtype, sharding and slice are known from the computation's
+signature, so nothing waits for the server. The data moves only when asked for. A `Buffer`
+can be passed to another call without being fetched. When the last reference to it goes
+away, its release joins the client's queue (after every call that read it).
+
+A buffer talks only to its `Futures` (the client's session), through the narrow interface
+below; it never sees the `Client`.
 """
 
 from __future__ import annotations
 
-import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from ir import Aval, Spec, parse_dtype
+from ir import Aval, IsthmusError, Spec, parse_dtype
 
-if TYPE_CHECKING:
-    from client.connection import Client
+
+class Futures(Protocol):
+    """What a `Buffer` asks of the session that made it."""
+
+    def release(self, buffer_id: str) -> None: ...
+    def wait(self, buffer: Buffer) -> None: ...
+    def ready(self, buffer: Buffer) -> bool: ...
+    def fetch(self, buffer: Buffer) -> bytes: ...
 
 
 class Shaped:
@@ -39,16 +49,24 @@ class Shaped:
 
 
 class Buffer(Shaped):
-    __slots__ = ("__weakref__", "_client", "_value", "aval", "id", "slice_id", "spec")
+    __slots__ = ("__weakref__", "_futures", "_value", "aval", "error", "id", "slice_id", "spec")
 
-    def __init__(self, client: Client, record: dict[str, Any]) -> None:
-        self._client = client
-        self.id: str = record["id"]
-        self.slice_id: str = record["slice_id"]
-        self.aval = Aval(tuple(record["shape"]), record["dtype"])
-        self.spec = Spec.from_json(record["spec"])
+    def __init__(self, futures: Futures, buffer_id: str, slice_id: str, aval: Aval, spec: Spec) -> None:
+        self._futures = futures
+        self.id = buffer_id
+        self.slice_id = slice_id
+        self.aval = aval
+        self.spec = spec
         self._value: np.ndarray | None = None
-        weakref.finalize(self, client._release, self.id)
+        # Set when the server refused the submission that makes it (or it could not be sent).
+        self.error: IsthmusError | None = None
+
+    def __del__(self) -> None:
+        # A plain method, not weakref.finalize: this runs once per call on the hot path.
+        try:
+            self._futures.release(self.id)
+        except Exception:  # interpreter shutdown: nothing left to tell
+            pass
 
     @property
     def sharding(self) -> PartitionSpec:
@@ -56,20 +74,19 @@ class Buffer(Shaped):
         return PartitionSpec(*self.spec.entries)
 
     def ready(self) -> bool:
-        """True once the value exists or has failed; never blocks."""
-        state = self._client._transport.json("GET", f"/v1/buffers/{self.id}")["state"]
-        return state in ("ready", "failed")
+        """True once the value exists or has failed; never waits for the computation."""
+        return self._futures.ready(self)
 
     def result(self) -> Buffer:
-        """Block until the value exists; raise `RemoteError` with the remote cause if it failed."""
-        self._client._transport.json("GET", f"/v1/buffers/{self.id}", params={"wait": True})
+        """Block until the value exists; raise the error (`RemoteError` with the remote cause,
+        or the server's refusal of the call that makes it) if it failed."""
+        self._futures.wait(self)
         return self
 
     def numpy(self) -> np.ndarray:
-        """Fetch the value (once) as a numpy array."""
+        """Fetch the value (once) as a numpy array; raise as `result` does if it failed."""
         if self._value is None:
-            response = self._client._transport.request("GET", f"/v1/buffers/{self.id}/data")
-            value = np.frombuffer(response.content, dtype=self.dtype).reshape(self.shape)
+            value = np.frombuffer(self._futures.fetch(self), dtype=self.dtype).reshape(self.shape)
             value.flags.writeable = False
             self._value = value
         return self._value

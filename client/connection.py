@@ -2,25 +2,25 @@
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
-import threading
 import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
-from jax.sharding import AbstractMesh, PartitionSpec
+from jax.sharding import PartitionSpec
 
+from client.arrays import as_array, leaf_specs
 from client.buffer import Buffer
 from client.devices import DeviceTable
-from client.jit import Function, as_array, leaf_specs
+from client.jit import Function
 from client.lease import Lease
 from client.program import ProgramFunction
+from client.session import Session, Slice
 from client.transport import Transport, Unauthorized
-from ir import InvalidArgument, MeshAxes, NotFound, Spec, dtype_name
+from ir import Aval, InvalidArgument, IsthmusError, NotFound, Spec
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8470"
 
@@ -40,43 +40,6 @@ def find_token() -> str:
     return path.read_text().strip()
 
 
-class Slice:
-    """A virtual slice: named mesh axes mapped by the server onto physical devices."""
-
-    def __init__(self, client: Client, record: dict[str, Any]) -> None:
-        self._client = client
-        self.id: str = record["id"]
-        self.mesh: dict[str, int] = dict(record["mesh"])
-        self.island: str = record["island"]
-        self.hosts: list[str] = record["hosts"]
-        self.device_ids: list[int] = record["device_ids"]
-        self.platform: str = record["platform"]
-
-    @property
-    def mesh_axes(self) -> MeshAxes:
-        return MeshAxes.of(self.mesh)
-
-    @property
-    def abstract_mesh(self) -> AbstractMesh:
-        """The slice's mesh without devices: what `shard_map` inside a jitted function names."""
-        return AbstractMesh(tuple(self.mesh.values()), tuple(self.mesh))
-
-    @property
-    def size(self) -> int:
-        return self.mesh_axes.size
-
-    @property
-    def export_platform(self) -> str:
-        return {"gpu": "cuda"}.get(self.platform, self.platform)
-
-    def delete(self) -> None:
-        self._client._transport.request("DELETE", f"/v1/slices/{self.id}")
-        self._client._slices.pop(self.id, None)
-
-    def __repr__(self) -> str:
-        return f"Slice({self.id}, {self.mesh}, island={self.island}, devices={self.device_ids})"
-
-
 class Client:
     """One client session on the server.
 
@@ -84,6 +47,10 @@ class Client:
     from then on), or with the `secret` of a session the admin opened for it. While the
     client is open a background thread renews its lease; a client that stops (its process
     killed, say) is closed by the server after the lease, freeing what it held.
+
+    Calls, runs, small uploads and releases do not wait: they are queued and sent in order,
+    batched, by the client's session (`client.session`); a blocking call (a buffer's
+    `result()` or `numpy()`, `buffers()`, `close()`) sends what is queued first.
     """
 
     def __init__(self, address: str, token: str | None = None, name: str = "", timeout: float = 600.0,
@@ -91,46 +58,43 @@ class Client:
         if token is None and secret is None:
             raise InvalidArgument("connect: needs the server's admin token or a client secret")
         self._admin_token = token
-        self._transport = Transport(address, secret or token or "", timeout)
-        self._released: list[str] = []
-        self._slices: dict[str, Slice] = {}  # the slices this client created, by id
-        self._lock = threading.Lock()
+        transport = Transport(address, secret or token or "", timeout)
         if secret is None:
-            record = self._transport.json("POST", "/v1/clients", json={"name": name, "weight": weight})
-            self._transport.credential = record["secret"]
+            record = transport.json("POST", "/v1/clients", json={"name": name, "weight": weight})
+            transport.credential = record["secret"]
         else:
-            record = self._transport.json("GET", "/v1/clients/self")
+            record = transport.json("GET", "/v1/clients/self")
         self.id: str = record["id"]
         self.lease_s: float = record["lease_s"]
         self._closed = False
-        self._lease = Lease(self._transport, self.lease_s)
-        # A client dropped without close() stops renewing: the server frees it after the lease.
+        self._session = Session(transport)
+        self._lease = Lease(transport, self.lease_s)
+        # A client dropped without close() stops renewing (the server frees it after the
+        # lease) and stops its sender.
         weakref.finalize(self, self._lease.stop)
+        weakref.finalize(self, self._session.close)
 
     @property
     def secret(self) -> str:
         """This session's credential: `connect(secret=...)` opens it from another process."""
-        return self._transport.credential
+        return self._session.transport.credential
 
-    # -- buffers a program dropped are freed with the next request ---------------------------
+    # -- what tests and tools reach under the API -------------------------------------------
 
-    def _release(self, buffer_id: str) -> None:
-        with self._lock:
-            self._released.append(buffer_id)
-
-    def _take_released(self) -> list[str]:
-        with self._lock:
-            ids, self._released = self._released, []
-        return ids
-
-    def _flush(self) -> None:
-        ids = self._take_released()
-        if ids and not self._closed:
-            self._transport.request("POST", "/v1/buffers/delete", json_body={"ids": ids})
+    @property
+    def _transport(self) -> Transport:
+        return self._session.transport
 
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
-        self._flush()
-        return self._transport.json(method, path, **kwargs)
+        """One request (after what is queued), answered as JSON."""
+        return self._session.json(method, path, **kwargs)
+
+    def _call(self, computation_id: str, inputs: list[str]) -> list[Buffer]:
+        """A raw call, waited for: `POST /v1/calls`, outputs typed by the server's answer (for a
+        computation registered by hand, whose signature the client does not know)."""
+        record = self._json("POST", "/v1/calls", json={"computation_id": computation_id, "inputs": inputs})
+        return [Buffer(self._session, o["id"], o["slice_id"], Aval(tuple(o["shape"]), o["dtype"]),
+                       Spec.from_json(o["spec"])) for o in record["outputs"]]
 
     # -- API -------------------------------------------------------------------------------
 
@@ -151,38 +115,29 @@ class Client:
               device_kind: str | None = None) -> Slice:
         """Ask for a virtual slice with these named mesh axes, e.g. {"data": 2, "model": 2}."""
         body = {"mesh": mesh, "island": island, "device_kind": device_kind}
-        s = Slice(self, self._json("POST", "/v1/slices", json=body))
-        self._slices[s.id] = s
+        s = Slice(self._session, self._json("POST", "/v1/slices", json=body))
+        self._session.slices[s.id] = s
         return s
 
     def put(self, tree: Any, slice: Slice, spec: Any = None) -> Any:
-        """Upload arrays (a pytree) onto a slice; `spec` is one spec or a pytree prefix."""
+        """Upload arrays (a pytree) onto a slice; `spec` is one spec or a pytree prefix.
+
+        Unlike a call (and the uploads of a call's array arguments), this returns once the
+        server holds the arrays, so a refusal (over quota, a spec the slice lacks) is raised
+        here; small arrays still travel together, in one request with what was queued."""
         leaves, treedef = jax.tree_util.tree_flatten(tree)
         specs = leaf_specs(spec, tree, "specs")
-        bufs = [self._upload(as_array(x)[0], slice.id, s) for x, s in zip(leaves, specs, strict=True)]
+        bufs = [self._session.put(as_array(x)[0], slice.id, s) for x, s in zip(leaves, specs, strict=True)]
+        self._session.flush()
+        for b in bufs:
+            if b.error is not None:
+                raise b.error
         return jax.tree_util.tree_unflatten(treedef, bufs)
 
-    def _upload(self, array: np.ndarray, slice_id: str, spec: Spec) -> Buffer:
-        self._flush()
-        params = {"slice_id": slice_id, "dtype": dtype_name(array.dtype),
-                  "shape": ",".join(map(str, array.shape)), "spec": json.dumps(spec.to_json())}
-        record = self._transport.json(
-            "POST", "/v1/buffers", params=params, content=np.ascontiguousarray(array).tobytes(),
-            headers={"Content-Type": "application/octet-stream"},
-        )
-        return Buffer(self, record)
-
-    def _call(self, computation_id: str, inputs: list[str]) -> list[Buffer]:
-        body = {"computation_id": computation_id, "inputs": inputs,
-                "release": self._take_released()}
-        record = self._transport.json("POST", "/v1/calls", json=body)
-        return [Buffer(self, o) for o in record["outputs"]]
-
-    def _run(self, program_id: str, inputs: list[str], dispatch: str | None) -> list[Buffer]:
-        body = {"program_id": program_id, "inputs": inputs, "release": self._take_released(),
-                "dispatch": dispatch}
-        record = self._transport.json("POST", "/v1/runs", json=body)
-        return [Buffer(self, o) for o in record["outputs"]]
+    def flush(self) -> None:
+        """Send what is queued now and return once the server has taken it (not run it);
+        raise an error a background send met since the last blocking call."""
+        self._session.flush()
 
     def program(self, fn: Callable[..., Any] | None = None, *, dispatch: str | None = None,
                 fuse: bool | None = None, name: str | None = None) -> Any:
@@ -194,15 +149,15 @@ class Client:
         server's setting). See `client.program`.
         """
         if fn is None:
-            return lambda f: ProgramFunction(self, f, dispatch, name, fuse)
-        return ProgramFunction(self, fn, dispatch, name, fuse)
+            return lambda f: ProgramFunction(self._session, f, dispatch, name, fuse)
+        return ProgramFunction(self._session, fn, dispatch, name, fuse)
 
     def jit(self, fn: Callable[..., Any] | None = None, *, slice: Slice, in_specs: Any = None,
             out_specs: Any = None, name: str | None = None) -> Any:
         """Compile `fn` for `slice`; use directly or as a decorator. See `client.jit`."""
         if fn is None:
-            return lambda f: Function(self, f, slice, in_specs, out_specs, name)
-        return Function(self, fn, slice, in_specs, out_specs, name)
+            return lambda f: Function(self._session, f, slice, in_specs, out_specs, name)
+        return Function(self._session, fn, slice, in_specs, out_specs, name)
 
     def buffers(self) -> list[dict[str, Any]]:
         """The server's records of this client's live buffers."""
@@ -213,11 +168,14 @@ class Client:
         if self._closed:
             return
         self._lease.stop()
+        with contextlib.suppress(IsthmusError):  # closing frees it all, whatever became of it
+            self._session.flush()  # what was queued is submitted (and then freed), in order
+        self._session.close()
         try:
-            self._transport.request("DELETE", f"/v1/clients/{self.id}")
+            self._session.transport.request("DELETE", f"/v1/clients/{self.id}")
         finally:
             self._closed = True
-            self._transport.close()
+            self._session.transport.close()
 
     def __enter__(self) -> Client:
         return self

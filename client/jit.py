@@ -17,41 +17,17 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from client.arrays import as_array, leaf_specs
 from client.buffer import Buffer
 from client.trace import current_trace
-from ir import Aval, InvalidArgument, Spec, dtype_name, parse_dtype
+from ir import Aval, Spec, dtype_name, parse_dtype
 
 if TYPE_CHECKING:
-    from client.connection import Client, Slice
+    from client.session import Session, Slice
+
+__all__ = ["Export", "Function", "as_array", "leaf_specs"]
 
 Signature = tuple[Any, tuple[tuple[tuple[int, ...], str, bool], ...]]
-
-
-def _is_spec(x: Any) -> bool:
-    return x is None or isinstance(x, PartitionSpec)
-
-
-def leaf_specs(specs: Any, tree: Any, what: str) -> list[Spec]:
-    """One `Spec` per leaf of `tree`, from one spec or a pytree prefix of specs."""
-    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
-    if _is_spec(specs):
-        return [Spec.of(specs)] * len(paths)
-    spec_leaves, spec_tree = jax.tree_util.tree_flatten(specs, is_leaf=_is_spec)
-    try:
-        subtrees = spec_tree.flatten_up_to(tree)
-    except (ValueError, TypeError) as e:
-        raise InvalidArgument(f"{what}: not a prefix of the structure {what[:-6]}: {e}") from None
-    out: list[Spec] = []
-    for spec, sub in zip(spec_leaves, subtrees, strict=True):
-        out += [Spec.of(spec)] * len(jax.tree_util.tree_leaves(sub))
-    return out
-
-
-def as_array(x: Any) -> tuple[np.ndarray, bool]:
-    """A leaf as a numpy array of JAX's canonical dtype, and whether it is weakly typed."""
-    weak = type(x) in (int, float, complex)  # np.float64 subclasses float but is not weak
-    array = np.asarray(x)
-    return array.astype(jax.dtypes.canonicalize_dtype(array.dtype), copy=False), weak
 
 
 @dataclass(frozen=True)
@@ -64,12 +40,13 @@ class Export:
     out_avals: list[Aval]
     out_weak: list[bool]
     out_tree: Any
+    outputs: list[tuple[str, Aval, Spec]]  # per output leaf: its slice, aval and spec
 
 
 class Function:
-    def __init__(self, client: Client, fn: Callable[..., Any], slice: Slice,
+    def __init__(self, session: Session | None, fn: Callable[..., Any], slice: Slice,
                  in_specs: Any = None, out_specs: Any = None, name: str | None = None) -> None:
-        self._client = client
+        self._session = session  # None: traced inside programs only (the tests of the tracer)
         self.fn = fn
         self.slice = slice
         self.in_specs = in_specs
@@ -92,12 +69,14 @@ class Function:
             for a in arrays
         ))
         exported = self.export(args, sig)
+        session = self._session
+        assert session is not None, "a Function made without a session can only be traced"
         if sig not in self._registered:
-            self._registered[sig] = self._register(exported)
-        # Uploads stay referenced until the call is sent, so their release comes after it.
-        inputs = [x if isinstance(x, Buffer) else self._client._upload(x[0], self.slice.id, spec)
+            self._registered[sig] = self._register(session, exported)
+        # Uploads are queued before the call; their release (when dropped) comes after it.
+        inputs = [x if isinstance(x, Buffer) else session.put(x[0], self.slice.id, spec)
                   for x, spec in zip(arrays, exported.in_specs, strict=True)]
-        outs = self._client._call(self._registered[sig], [b.id for b in inputs])
+        outs = session.call(self._registered[sig], [b.id for b in inputs], exported.outputs)
         return jax.tree_util.tree_unflatten(exported.out_tree, outs)
 
     def export(self, args: Any, sig: Signature) -> Export:
@@ -139,10 +118,11 @@ class Function:
                          out_shardings=tuple(map(sharding, out_specs)))
         exported = jax.export.export(jitted, platforms=[s.export_platform])(*avals)
         return Export(bytes(exported.serialize()), in_specs, out_specs, out_avals,
-                      [bool(getattr(a, "weak_type", False)) for a in shapes], out_tree)
+                      [bool(getattr(a, "weak_type", False)) for a in shapes], out_tree,
+                      [(s.id, a, sp) for a, sp in zip(out_avals, out_specs, strict=True)])
 
-    def _register(self, exported: Export) -> str:
-        record = self._client._transport.json("POST", "/v1/computations", json={
+    def _register(self, session: Session, exported: Export) -> str:
+        record = session.json("POST", "/v1/computations", json={
             "slice_id": self.slice.id,
             "artifact": base64.b64encode(exported.artifact).decode(),
             "in_specs": [sp.to_json() for sp in exported.in_specs],

@@ -2,8 +2,9 @@
 
 Calling a `ProgramFunction` traces it once per input signature (the tree, and per leaf its
 shape, dtype and weak type, or for a `Buffer` its slice and spec too), registers the program
-with the server, and then submits one run per call: one request when every argument is a
-`Buffer`. The outputs come back at once as `Buffer` futures, in the function's pytree.
+with the server, and then queues one run per call (`client.session`): nothing waits for
+the server. The outputs come back at once as `Buffer` futures, in the function's pytree,
+typed as the server registered the program's results.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
+from client.arrays import as_array
 from client.buffer import Buffer
-from client.jit import as_array
 from client.trace import Trace, tracing
-from ir import Program, Type, print_program, to_wire
+from ir import Aval, Program, Spec, Type, print_program, to_wire
 
 if TYPE_CHECKING:
-    from client.connection import Client
+    from client.session import Session
 
 DISPATCH = ("parallel", "sequential")
 
@@ -35,14 +36,15 @@ class Registered:
     arg_types: list[Type]
     bound: list[Buffer]  # closed-over inputs, uploaded once, passed with every run
     out_tree: Any
+    outputs: list[tuple[str, Aval, Spec]]  # per result: its slice, aval and spec
 
 
 class ProgramFunction:
-    def __init__(self, client: Client, fn: Callable[..., Any], dispatch: str | None = None,
+    def __init__(self, session: Session, fn: Callable[..., Any], dispatch: str | None = None,
                  name: str | None = None, fuse: bool | None = None) -> None:
         if dispatch is not None and dispatch not in DISPATCH:
             raise ValueError(f"dispatch: expected one of {DISPATCH} or None, got {dispatch!r}")
-        self._client = client
+        self._session = session
         self.fn = fn
         self.dispatch = dispatch
         self.fuse = fuse
@@ -53,10 +55,10 @@ class ProgramFunction:
         items, traced = self._signature(args)
         inputs = [
             x if isinstance(x, Buffer)
-            else self._client._upload(x[0], t.slice, t.spec)
+            else self._session.put(x[0], t.slice, t.spec)
             for x, t in zip(items, traced.arg_types[:len(items)], strict=True)
         ] + traced.bound
-        outs = self._client._run(traced.program_id, [b.id for b in inputs], self.dispatch)
+        outs = self._session.run(traced.program_id, [b.id for b in inputs], self.dispatch, traced.outputs)
         return jax.tree_util.tree_unflatten(traced.out_tree, outs)
 
     def _signature(self, args: tuple[Any, ...]) -> tuple[list[Buffer | tuple[np.ndarray, bool]], Registered]:
@@ -81,19 +83,21 @@ class ProgramFunction:
         return print_program(self.trace(*args))
 
     def _trace(self, items: list[Buffer | tuple[np.ndarray, bool]], in_tree: Any) -> Registered:
-        trace = Trace(self._client._slices)
+        trace = Trace(self._session.slices)
         traced_args = [trace.argument(x) if isinstance(x, Buffer) else trace.argument(*x) for x in items]
         with tracing(trace):
             out = self.fn(*jax.tree_util.tree_unflatten(in_tree, traced_args))
         out_leaves, out_tree = jax.tree_util.tree_flatten(out)
         program, arg_types = trace.finish(out_leaves)
         bound = [
-            x if isinstance(x, Buffer) else self._client._upload(x, t.slice, t.spec)
+            x if isinstance(x, Buffer) else self._session.put(x, t.slice, t.spec)
             for x, t in zip(trace.bound, arg_types[len(items):], strict=True)
         ]
-        record = self._client._json("POST", "/v1/programs",
+        record = self._session.json("POST", "/v1/programs",
                                     json={"program": to_wire(program), "name": self.name, "fuse": self.fuse})
-        return Registered(record["id"], program, arg_types, bound, out_tree)
+        outputs = [(r["slice_id"], Aval(tuple(r["shape"]), r["dtype"]), Spec.from_json(r["spec"]))
+                   for r in record["results"]]
+        return Registered(record["id"], program, arg_types, bound, out_tree, outputs)
 
     def __repr__(self) -> str:
         return f"isthmus.ProgramFunction({self.name})"

@@ -25,12 +25,13 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
+from client.arrays import as_array
 from client.buffer import Buffer, Shaped
 from ir import Aval, InvalidArgument, MeshAxes, Program, ProgramBuilder, Spec, Type, dtype_name
 
 if TYPE_CHECKING:
-    from client.connection import Slice
     from client.jit import Function
+    from client.session import Slice
 
 _CURRENT: contextvars.ContextVar[Trace | None] = contextvars.ContextVar("isthmus_trace", default=None)
 
@@ -130,8 +131,6 @@ class Trace:
             return x._id
         if id(x) in self._bound_ids:
             return self._bound_ids[id(x)]
-        from client.jit import as_array
-
         if isinstance(x, Buffer):
             obj: Buffer | np.ndarray = x
             value = self._buffer(x)

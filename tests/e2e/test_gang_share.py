@@ -54,10 +54,12 @@ def test_clients_get_the_island_in_proportion_to_their_weights(shared):
         spin = lambda v: jax.lax.fori_loop(0, 1500, lambda _, a: jnp.tanh(a @ a), v)  # noqa: E731
         long = blocker_client.jit(spin, slice=s)
         blocker = long(blocker_client.put(np.eye(256, dtype=np.float32), s))
+        blocker_client.flush()  # on the island before any client's runs (calls do not wait)
         outs: list[list] = [[] for _ in WEIGHTS]
 
         def submit(k: int) -> None:
             outs[k] = [progs[k](xs[k]) for _ in range(RUNS)]
+            clients[k].flush()  # every run on the server's queue before it is counted
 
         threads = [threading.Thread(target=submit, args=(k,)) for k in range(len(WEIGHTS))]
         for t in threads:

@@ -1,0 +1,297 @@
+"""The session: one client's link to the server, shared by its slices, functions and buffers.
+
+Contract:
+- `call`, `run` and `put` (of an array up to `INLINE_BYTES`) return `Buffer`s at once. Their
+  ids are chosen here ("b-" and 128 random bits in hex), so nothing waits for the server;
+  the operation joins one queue. A background sender takes everything queued and sends it
+  as one `POST /v1/batch` (at most `MAX_BATCH` operations, `MAX_BATCH_BYTES` of inline
+  data), one batch at a time: the server submits the operations in queue order.
+- A dropped buffer's release joins the same queue. A buffer cannot be dropped while a
+  queued call still names it (the caller held it to make the call), so its release comes
+  after every use. Releases do not wake the sender: they ride with the next batch.
+- Everything else that talks to the server (`json`, `request`, `wait`, `ready`, `fetch`)
+  first sends what is queued, so the server sees the session's requests in the order they
+  were made. `wait` sends the queued operations and waits in the same request.
+- Errors: an operation the server refuses fails its own buffers with that error (by status:
+  `Conflict`, `OverQuota`, `InvalidArgument`, ...); the server then refuses whatever reads
+  them with the same cause (`RemoteError`). A batch that could not be sent or was refused
+  whole (the server unreachable, say) fails every buffer in it, and the next blocking call
+  raises that error too, once.
+
+Thread-safety: any thread may queue, release or block. The queue is a `deque` (appends are
+atomic, so a release from a finalizer cannot deadlock); `_sending` is held while a batch is
+in flight, and the queue is drained only under it, so batches leave in queue order.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import threading
+import weakref
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from jax.sharding import AbstractMesh
+
+from client.buffer import Buffer
+from client.transport import ERRORS, Transport
+from ir import Aval, IsthmusError, MeshAxes, Spec, Unavailable, dtype_name
+
+MAX_BATCH = 1000  # operations in one batch (the server takes up to 10 000)
+MAX_BATCH_BYTES = 16 << 20  # inline array bytes in one batch (the server's JSON limit is 64 MiB)
+MAX_RELEASES = 10_000  # ids in one release operation (the server takes up to 100 000)
+INLINE_BYTES = 64 << 10  # arrays up to this size are uploaded inside a batch, base64
+
+
+def new_id() -> str:
+    """A buffer id: random, so no two clients (or sessions) ever choose the same one."""
+    return "b-" + os.urandom(16).hex()
+
+
+def refusal(status: int, error: str, detail: str) -> IsthmusError:
+    """The error an operation the server refused raises, by its status, named as the
+    transport names a refused request."""
+    return ERRORS.get(status, IsthmusError)(f"POST /v1/batch: {detail}")
+
+
+@dataclass
+class Pending:
+    """One queued operation: its body as sent, and the buffers it makes. They are held
+    weakly: one dropped while its operation waits in the queue is released at once (its
+    release is queued after the operation), and no one is left to see it fail."""
+
+    body: dict[str, Any]
+    outputs: list[weakref.ref[Buffer]]
+    size: int = 0  # inline bytes it carries
+
+    def fail(self, error: IsthmusError) -> None:
+        for ref in self.outputs:
+            b = ref()
+            if b is not None and b.error is None:
+                b.error = error
+
+
+class Slice:
+    """A virtual slice: named mesh axes mapped by the server onto physical devices."""
+
+    def __init__(self, session: Session | None, record: dict[str, Any]) -> None:
+        self._session = session
+        self.id: str = record["id"]
+        self.mesh: dict[str, int] = dict(record["mesh"])
+        self.island: str = record["island"]
+        self.hosts: list[str] = record["hosts"]
+        self.device_ids: list[int] = record["device_ids"]
+        self.platform: str = record["platform"]
+
+    @property
+    def mesh_axes(self) -> MeshAxes:
+        return MeshAxes.of(self.mesh)
+
+    @property
+    def abstract_mesh(self) -> AbstractMesh:
+        """The slice's mesh without devices: what `shard_map` inside a jitted function names."""
+        return AbstractMesh(tuple(self.mesh.values()), tuple(self.mesh))
+
+    @property
+    def size(self) -> int:
+        return self.mesh_axes.size
+
+    @property
+    def export_platform(self) -> str:
+        return {"gpu": "cuda"}.get(self.platform, self.platform)
+
+    def delete(self) -> None:
+        assert self._session is not None, "a slice made without a session is a description only"
+        self._session.request("DELETE", f"/v1/slices/{self.id}")
+        self._session.slices.pop(self.id, None)
+
+    def __repr__(self) -> str:
+        return f"Slice({self.id}, {self.mesh}, island={self.island}, devices={self.device_ids})"
+
+
+class Session:
+    def __init__(self, transport: Transport, background: bool = True) -> None:
+        """`background` False: no sender thread; what is queued leaves with the next
+        blocking call (the tests of the queue say when with it)."""
+        self.transport = transport
+        self.slices: dict[str, Slice] = {}  # the slices this client created, by id
+        self._queue: deque[Pending | str] = deque()  # operations, and released ids
+        self._sending = threading.Lock()
+        self._wake = threading.Event()
+        self._stopped = False
+        self._deferred: IsthmusError | None = None  # a background send's failure, for the next blocking call
+        if background:
+            threading.Thread(target=self._send_forever, name="isthmus-sender", daemon=True).start()
+
+    # -- queueing ---------------------------------------------------------------------------
+
+    def call(self, computation_id: str, inputs: list[str],
+             outputs: list[tuple[str, Aval, Spec]]) -> list[Buffer]:
+        """Queue a call; `outputs` are each output's slice, aval and spec."""
+        outs = [Buffer(self, new_id(), s, a, sp) for s, a, sp in outputs]
+        self._enqueue(Pending({"op": "call", "computation_id": computation_id, "inputs": inputs,
+                               "ids": [b.id for b in outs]}, [weakref.ref(b) for b in outs]))
+        return outs
+
+    def run(self, program_id: str, inputs: list[str], dispatch: str | None,
+            outputs: list[tuple[str, Aval, Spec]]) -> list[Buffer]:
+        """Queue a program run; `outputs` as for `call`."""
+        outs = [Buffer(self, new_id(), s, a, sp) for s, a, sp in outputs]
+        self._enqueue(Pending({"op": "run", "program_id": program_id, "inputs": inputs,
+                               "ids": [b.id for b in outs], "dispatch": dispatch},
+                              [weakref.ref(b) for b in outs]))
+        return outs
+
+    def put(self, array: np.ndarray, slice_id: str, spec: Spec) -> Buffer:
+        """Upload an array: queued when small, else sent now (after what is queued)."""
+        aval = Aval(tuple(array.shape), dtype_name(array.dtype))
+        buf = Buffer(self, new_id(), slice_id, aval, spec)
+        data = array.tobytes()  # C order, whatever the array's layout
+        if len(data) <= INLINE_BYTES:
+            self._enqueue(Pending({"op": "put", "id": buf.id, "slice_id": slice_id, "dtype": aval.dtype,
+                                   "shape": list(aval.shape), "spec": spec.to_json(),
+                                   "data": base64.b64encode(data).decode()}, [weakref.ref(buf)], len(data)))
+            return buf
+        params = {"slice_id": slice_id, "dtype": aval.dtype, "shape": ",".join(map(str, aval.shape)),
+                  "spec": json.dumps(spec.to_json()), "id": buf.id}
+        self.request("POST", "/v1/buffers", params=params, content=data,
+                     headers={"Content-Type": "application/octet-stream"})
+        return buf
+
+    def release(self, buffer_id: str) -> None:
+        if not self._stopped:
+            self._queue.append(buffer_id)
+
+    def _enqueue(self, op: Pending) -> None:
+        self._queue.append(op)
+        self._wake.set()
+
+    # -- sending ----------------------------------------------------------------------------
+
+    def _take(self) -> tuple[list[dict[str, Any]], list[Pending | None]]:
+        """The next batch from the queue (under `_sending`): bodies, and whose each is."""
+        ops: list[dict[str, Any]] = []
+        owners: list[Pending | None] = []
+        released: list[str] = []
+        size = 0
+        while self._queue and len(ops) < MAX_BATCH and size <= MAX_BATCH_BYTES:
+            item = self._queue.popleft()
+            if isinstance(item, str):
+                released.append(item)
+                if len(released) == MAX_RELEASES:
+                    ops.append({"op": "release", "ids": released})
+                    owners.append(None)
+                    released = []
+                continue
+            if released:  # the releases queued before this operation go before it
+                ops.append({"op": "release", "ids": released})
+                owners.append(None)
+                released = []
+            ops.append(item.body)
+            owners.append(item)
+            size += item.size
+        if released:
+            ops.append({"op": "release", "ids": released})
+            owners.append(None)
+        return ops, owners
+
+    def _send(self, wait: Buffer | None = None, releases: bool = True) -> dict[str, Any] | None:
+        """Send what is queued, in batches; `wait` rides on the last one. Returns the answer
+        about `wait` (None: nothing was queued, so nothing waited). `releases` False: a
+        queue of releases only stays queued. Hold `_sending`."""
+        while True:
+            ops, owners = self._take()
+            if not ops:
+                return None
+            if not releases and not any(owners):  # they wait for the next batch
+                self._queue.extendleft(reversed([b for op in ops for b in op["ids"]]))
+                return None
+            last = not self._queue
+            body = {"ops": ops, "wait": wait.id if wait is not None and last else None}
+            try:
+                answer = self.transport.json("POST", "/v1/batch", json=body)
+                failed = [(owners[f["index"]], refusal(f["status"], f["error"], f["detail"]))
+                          for f in answer["failed"]]
+            except Exception as e:  # sent or not, none of these can be trusted to exist
+                error = e if isinstance(e, IsthmusError) else Unavailable(
+                    f"POST /v1/batch: an answer the client cannot read: {type(e).__name__}: {e}")
+                failed = [(p, error) for p in owners]
+                answer = None
+            for p, error in failed:
+                if p is not None:
+                    p.fail(error)
+            if answer is None:
+                raise error
+            if last:
+                return answer
+
+    def _send_forever(self) -> None:
+        while True:
+            self._wake.wait()
+            if self._stopped:
+                return
+            self._wake.clear()
+            with self._sending:
+                try:
+                    self._send(releases=False)  # a blocking call may have sent the operations
+                except IsthmusError as e:
+                    self._deferred = e
+
+    def _raise_deferred(self) -> None:
+        error, self._deferred = self._deferred, None
+        if error is not None:
+            raise error
+
+    def flush(self) -> None:
+        """Send what is queued now; return once the server has taken it (not run it)."""
+        with self._sending:
+            self._send()
+        self._raise_deferred()
+
+    # -- blocking ---------------------------------------------------------------------------
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One request to the server, after what is queued."""
+        self.flush()
+        return self.transport.request(method, path, **kwargs)
+
+    def json(self, method: str, path: str, **kwargs: Any) -> Any:
+        self.flush()
+        return self.transport.json(method, path, **kwargs)
+
+    def wait(self, buffer: Buffer) -> None:
+        """Block until `buffer` exists; raise why it does not. What is queued is sent with
+        the wait, in one request."""
+        if buffer.error is None:
+            with self._sending:
+                answer = self._send(wait=buffer)
+            self._raise_deferred()
+            if buffer.error is None and answer is None:
+                self.transport.json("GET", f"/v1/buffers/{buffer.id}", params={"wait": True})
+            elif buffer.error is None and answer["wait"] is not None:
+                raise refusal(**answer["wait"])
+        if buffer.error is not None:
+            raise buffer.error
+
+    def ready(self, buffer: Buffer) -> bool:
+        self.flush()
+        if buffer.error is not None:
+            return True
+        return self.transport.json("GET", f"/v1/buffers/{buffer.id}")["state"] in ("ready", "failed")
+
+    def fetch(self, buffer: Buffer) -> bytes:
+        if buffer.error is None:
+            self.flush()
+        if buffer.error is not None:
+            raise buffer.error
+        return self.transport.request("GET", f"/v1/buffers/{buffer.id}/data").content
+
+    def close(self) -> None:
+        """Stop the sender; what is still queued is dropped (closing frees it all anyway)."""
+        self._stopped = True
+        self._wake.set()
+        self._queue.clear()

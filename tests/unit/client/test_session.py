@@ -1,0 +1,225 @@
+"""The session's queue without a server: what travels in which batch, in what order, and
+where a refusal or a lost connection lands. The transport is a fake that answers batches as
+the server's contract says (the one place a fake stands in: the logic here is pure)."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from client.session import MAX_BATCH, Session
+from client.transport import OverQuota
+from ir import Aval, Conflict, RemoteError, Spec, Unavailable
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
+
+F32 = Aval((4,), "float32")
+OUT = [("s-1", F32, Spec(()))]
+
+
+class FakeServer:
+    """Answers `POST /v1/batch` by the contract of `server.routes.batch`: ops in order, a
+    refused op's ids remembered as failed, what reads one refused with the same cause."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, Any]] = []
+        self.live: set[str] = set()
+        self.failed: dict[str, str] = {}
+        self.down = False
+        self.sent = threading.Event()  # set at every request
+
+    def json(self, method: str, path: str, json: Any = None, **_: Any) -> Any:
+        self.requests.append((method, path, json))
+        self.sent.set()
+        if self.down:
+            raise Unavailable("cannot reach the Isthmus server")
+        if path != "/v1/batch":
+            return {"state": "ready", "path": path}
+        failures = []
+        for i, op in enumerate(json["ops"]):
+            refused = self._refusal(op)
+            if refused is None:
+                self.live.update(op.get("ids", [op.get("id")]) if op["op"] != "release" else ())
+                self.live.difference_update(op["ids"] if op["op"] == "release" else ())
+            else:
+                status, detail = refused
+                failures.append({"index": i, "status": status, "error": "E", "detail": detail})
+                for b in op.get("ids", [op.get("id")]):
+                    self.failed[b] = detail
+        wait = json["wait"]
+        waited = None
+        if wait in self.failed:
+            waited = {"status": 424, "error": "RemoteError", "detail": f"never made: {self.failed[wait]}"}
+        return {"failed": failures, "wait": waited}
+
+    def _refusal(self, op: dict[str, Any]) -> tuple[int, str] | None:
+        for b in op.get("inputs", ()):
+            if b in self.failed:
+                return 424, f"buffer {b} was never made: {self.failed[b]}"
+        if op.get("computation_id") == "c-broken":
+            return 409, "computation c-broken failed to compile: no kernel"
+        if op.get("computation_id") == "c-greedy":
+            return 429, "buffer bytes: over the limit"
+        return None
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self.json(method, path, **kwargs)
+
+    def batches(self) -> list[dict[str, Any]]:
+        return [body for _, path, body in self.requests if path == "/v1/batch"]
+
+
+def quiet_session(server: FakeServer) -> Session:
+    """A session without a background sender: what is queued leaves only when a blocking
+    call sends it, so each test says exactly when."""
+    return Session(server, background=False)  # type: ignore[arg-type]
+
+
+def test_calls_issued_back_to_back_travel_in_one_batch_in_order():
+    server = FakeServer()
+    s = quiet_session(server)
+    x = s.put(np.zeros(4, np.float32), "s-1", Spec(()))
+    ys = [x]
+    for _ in range(5):
+        ys += s.call("c-inc", [ys[-1].id], OUT)
+    assert server.requests == []  # nothing waited for the server
+    s.wait(ys[-1])
+    [batch] = server.batches()
+    assert [op["op"] for op in batch["ops"]] == ["put"] + ["call"] * 5
+    assert batch["ops"][0]["id"] == x.id
+    assert [op["inputs"] for op in batch["ops"][1:]] == [[b.id] for b in ys[:-1]]
+    assert [op["ids"] for op in batch["ops"][1:]] == [[b.id] for b in ys[1:]]
+    assert batch["wait"] == ys[-1].id  # the wait rode on the batch: one request in all
+    assert len(server.requests) == 1
+
+
+def test_ids_are_random_distinct_and_well_formed():
+    s = quiet_session(FakeServer())
+    ids = [b.id for _ in range(1000) for b in s.call("c-inc", [], OUT)]
+    assert len(set(ids)) == 1000
+    assert all(i.startswith("b-") and len(i) == 34 for i in ids)
+
+
+def test_a_release_rides_after_every_call_that_read_the_buffer_and_wakes_nothing():
+    server = FakeServer()
+    s = quiet_session(server)
+    [x] = s.call("c-inc", [], OUT)
+    [y] = s.call("c-inc", [x.id], OUT)
+    x_id = x.id
+    del x
+    gc.collect()
+    [z] = s.call("c-inc", [y.id], OUT)
+    s.flush()
+    ops = server.batches()[0]["ops"]
+    assert [op["op"] for op in ops] == ["call", "call", "release", "call"]
+    assert ops[2]["ids"] == [x_id]
+    del y, z  # two drops in a row: one release op, sent with the next request
+    gc.collect()
+    s.flush()
+    assert [op["op"] for op in server.batches()[1]["ops"]] == ["release"]
+    assert len(server.batches()[1]["ops"][0]["ids"]) == 2
+
+
+def test_an_output_dropped_while_its_call_is_queued_is_released_after_it():
+    server = FakeServer()
+    s = quiet_session(server)
+    s.call("c-inc", [], OUT)  # the result is dropped at once
+    gc.collect()
+    s.flush()
+    ops = server.batches()[0]["ops"]
+    assert [op["op"] for op in ops] == ["call", "release"] and ops[1]["ids"] == ops[0]["ids"]
+
+
+def test_a_refused_call_fails_its_future_and_dependents_while_independents_go_on():
+    server = FakeServer()
+    s = quiet_session(server)
+    [ok1] = s.call("c-inc", [], OUT)
+    [bad] = s.call("c-broken", [ok1.id], OUT)
+    [dep] = s.call("c-inc", [bad.id], OUT)
+    [dep2] = s.call("c-inc", [dep.id], OUT)
+    [ok2] = s.call("c-inc", [ok1.id], OUT)
+    s.wait(ok2)  # no error: independents are untouched
+    with pytest.raises(Conflict, match="c-broken failed to compile: no kernel"):
+        s.wait(bad)
+    for d in (dep, dep2):
+        with pytest.raises(RemoteError, match=r"never made: .*no kernel"):
+            s.wait(d)
+    with pytest.raises(Conflict):
+        s.fetch(bad)
+    assert s.ready(bad)  # failed counts as settled
+    s.wait(ok1)
+    assert ok1.error is None and ok2.error is None
+
+
+def test_the_refusal_keeps_its_kind():
+    s = quiet_session(FakeServer())
+    [y] = s.call("c-greedy", [], OUT)
+    with pytest.raises(OverQuota, match="buffer bytes"):
+        s.wait(y)
+
+
+def test_a_lost_connection_fails_the_batch_and_the_next_blocking_call_once():
+    server = FakeServer()
+    s = Session(server)  # type: ignore[arg-type]  # its sender sends in the background
+    try:
+        server.down = True
+        [y] = s.call("c-inc", [], OUT)
+        assert server.sent.wait(10)  # the sender tried (and holds the batch until it is done)
+        server.down = False
+        with pytest.raises(Unavailable):  # the next blocking call, whatever it is about
+            s.json("GET", "/v1/buffers")
+        assert isinstance(y.error, Unavailable)
+        assert s.json("GET", "/v1/buffers")["path"] == "/v1/buffers"  # once only
+        with pytest.raises(Unavailable):
+            y.result()
+    finally:
+        s.close()
+
+
+def test_a_lost_connection_in_the_foreground_raises_there_and_fails_the_futures():
+    server = FakeServer()
+    s = quiet_session(server)
+    [y] = s.call("c-inc", [], OUT)
+    [z] = s.call("c-inc", [y.id], OUT)
+    server.down = True
+    with pytest.raises(Unavailable):
+        s.wait(z)
+    assert isinstance(y.error, Unavailable) and isinstance(z.error, Unavailable)
+    server.down = False
+    s.flush()  # nothing deferred: the error was raised where it happened
+
+
+def test_a_long_queue_goes_in_bounded_batches_in_order_with_the_wait_on_the_last():
+    server = FakeServer()
+    s = quiet_session(server)
+    outs = [b for _ in range(2 * MAX_BATCH + 5) for b in s.call("c-inc", [], OUT)]
+    s.wait(outs[0])
+    batches = server.batches()
+    assert [len(b["ops"]) for b in batches] == [MAX_BATCH, MAX_BATCH, 5]
+    assert [b["wait"] for b in batches] == [None, None, outs[0].id]
+    sent = [op["ids"][0] for b in batches for op in b["ops"]]
+    assert sent == [b.id for b in outs]
+
+
+def test_the_background_sender_sends_what_is_queued_without_a_blocking_call():
+    server = FakeServer()
+    s = Session(server)  # type: ignore[arg-type]
+    try:
+        [y] = s.call("c-inc", [], OUT)
+        assert server.sent.wait(10)  # no blocking call made it send
+        assert server.batches()[0]["ops"][0]["ids"] == [y.id]
+    finally:
+        s.close()
+
+
+def test_a_blocking_call_with_nothing_queued_waits_directly():
+    server = FakeServer()
+    s = quiet_session(server)
+    [y] = s.call("c-inc", [], OUT)
+    s.flush()
+    s.wait(y)
+    assert [p for _, p, _ in server.requests] == ["/v1/batch", f"/v1/buffers/{y.id}"]
