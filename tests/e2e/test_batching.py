@@ -1,0 +1,83 @@
+"""The client does not wait: calls issued back to back are queued and travel together, in
+order, and compute what `jax.jit` computes here."""
+
+import gc
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+
+def test_back_to_back_calls_travel_in_a_few_requests_and_equal_jax(c):
+    s = c.slice({"x": 2})
+
+    def step(v, k):
+        return jnp.sin(v) * k + 1.0
+
+    f = c.jit(step, slice=s, in_specs=(P("x"), P()), out_specs=P("x"))
+    x = c.put(np.linspace(0, 1, 8, dtype=np.float32), s, P("x"))
+    f(x, np.float32(2)).result()  # registered and compiled: from here on, only calls
+    sent = c._transport.requests
+    y = x
+    for k in range(200):
+        y = f(y, np.float32(k % 3))  # an array argument: its upload is queued too
+    want = np.linspace(0, 1, 8, dtype=np.float32)
+    local = jax.jit(step)
+    for k in range(200):
+        want = local(want, np.float32(k % 3))
+    np.testing.assert_array_equal(y.numpy(), np.asarray(want))
+    # 200 calls and 200 uploads: a handful of batches and the fetch, never one per call.
+    assert c._transport.requests - sent < 40, c._transport.requests - sent
+
+
+def test_a_chain_waited_for_is_one_request(c):
+    s = c.slice({"x": 1})
+    inc = c.jit(lambda v: v + 1, slice=s)
+    y = inc(c.put(np.zeros(4, np.float32), s)).result()
+    for _ in range(5):
+        sent = c._transport.requests
+        y = inc(y).result()  # the call rides on the wait's request, unless the sender took it first
+        assert c._transport.requests - sent in (1, 2)
+    np.testing.assert_array_equal(y.numpy(), np.full(4, 6, np.float32))
+
+
+def test_order_is_kept_across_calls_releases_and_functions(c):
+    s = c.slice({"x": 2})
+    double = c.jit(lambda a: a * 2, slice=s, in_specs=P("x"), out_specs=P("x"))
+    shift = c.jit(lambda a: a - 1, slice=s, in_specs=P("x"), out_specs=P("x"))
+    x = np.arange(4, dtype=np.float32)
+    y, want = c.put(x, s, P("x")), x
+    for i in range(60):
+        fn, local = (double, lambda a: a * 2) if i % 3 else (shift, lambda a: a - 1)
+        y, want = fn(y), local(want)  # each intermediate dropped: released after its reader
+    gc.collect()
+    np.testing.assert_array_equal(y.numpy(), want)
+    live = {b["id"] for b in c.buffers()}  # a blocking call: every release has been sent
+    assert y.id in live and len(live) <= 3, live
+
+
+def test_programs_and_calls_queue_together(c):
+    sa, sb = c.slice({"x": 1}, island="a"), c.slice({"x": 1}, island="b")
+    f = c.jit(lambda v: v * 3, slice=sa)
+    g = c.jit(lambda v: v + 2, slice=sb)
+
+    @c.program
+    def both(v):
+        return g(f(v))
+
+    x = c.put(np.arange(4, dtype=np.float32), sa)
+    outs = []
+    y = x
+    for _ in range(10):
+        y = both(y)  # a run
+        y = f(y)  # a call reading the run's output, on the other island
+        outs.append(y)
+    want = np.arange(4, dtype=np.float32)
+    for _ in range(10):
+        want = (want * 3 + 2) * 3
+    np.testing.assert_array_equal(outs[-1].numpy(), want)
+    assert outs[0].shape == (4,) and outs[0].slice_id == sa.id  # known before anything ran
