@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from jax.sharding import AbstractMesh
+from jax.sharding import AbstractMesh, AxisType
 
 from client.buffer import Buffer
 from client.transport import ERRORS, Transport
@@ -93,8 +93,10 @@ class Slice:
 
     @property
     def abstract_mesh(self) -> AbstractMesh:
-        """The slice's mesh without devices: what `shard_map` inside a jitted function names."""
-        return AbstractMesh(tuple(self.mesh.values()), tuple(self.mesh))
+        """The slice's mesh without devices: what `shard_map` inside a jitted function names.
+        Its axes are Auto, as the executors' meshes are (newer JAX defaults to Explicit)."""
+        return AbstractMesh(tuple(self.mesh.values()), tuple(self.mesh),
+                            axis_types=(AxisType.Auto,) * len(self.mesh))
 
     @property
     def size(self) -> int:
