@@ -3,7 +3,9 @@
 The child runs `python -m server` in its own process group; it is ready when it prints its
 ready line, read from its output with a deadline (no polling, no sleeps). Stopping sends
 SIGTERM to the group, so the server shuts down its executors and Ray, then SIGKILL to any
-process of the group still there after the grace period.
+process of the group still there after the grace period. The child's standard input is a
+pipe from this process (`--stop-with-stdin`): if this process dies without stopping it (a
+test run killed, say), the pipe closes and the server stops itself all the same.
 """
 
 from __future__ import annotations
@@ -34,10 +36,10 @@ class EmbeddedServer:
     def start(cls, state_dir: Path, port: int = 0, extra: Sequence[str] = (),
               env: dict[str, str] | None = None, timeout: float = 180.0) -> EmbeddedServer:
         cmd = [sys.executable, "-m", "server", "--port", str(port), "--state-dir", str(state_dir),
-               *extra]
+               "--stop-with-stdin", *extra]
         child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=child_env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=child_env, start_new_session=True)
         lines: queue.Queue[str | None] = queue.Queue()
         log: list[str] = []
 

@@ -195,7 +195,8 @@ class Host:
     # -- compile (not sequenced: a call waits for its executable) -----------------------------
 
     def _executable(self, key: str) -> Future[Any]:
-        return self._executables.setdefault(key, Future())
+        fut = self._executables.get(key)
+        return fut if fut is not None else self._executables.setdefault(key, Future())
 
     def _usable(self, key: str) -> Future[Any]:
         """The executable a step runs: a forgotten one fails at once (a call queued before its

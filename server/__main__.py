@@ -2,6 +2,8 @@
 
 Prints one line, `isthmus: serving on http://HOST:PORT`, once every executor is up and the
 socket accepts connections; SIGINT and SIGTERM stop the executors and the Ray it started.
+With `--stop-with-stdin`, the end of standard input stops it the same way: a process that
+starts a server with a pipe there takes it down with itself, however it dies.
 """
 
 from __future__ import annotations
@@ -9,8 +11,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import socket
 import sys
+import threading
 from pathlib import Path
 
 import uvicorn
@@ -42,7 +46,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ray-address", help="join this Ray cluster instead of starting one")
     p.add_argument("--insecure-ray", action="store_true", default=None,
                    help="allow joining a Ray cluster without token authentication (env ISTHMUS_INSECURE_RAY)")
+    p.add_argument("--stop-with-stdin", action="store_true",
+                   help="stop when standard input ends (the process that started this one is gone)")
     return p.parse_args(argv)
+
+
+def stop_with_stdin() -> None:
+    """SIGTERM this process once standard input ends (the server stops as on Ctrl-C)."""
+    def watch() -> None:
+        while sys.stdin.buffer.read(1 << 12):
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="stop-with-stdin", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -64,6 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, IsthmusError) as e:  # IsthmusError: an unsafe state dir or token
         sys.exit(f"isthmus serve: {e}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if args.stop_with_stdin:
+        stop_with_stdin()
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
                             log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
     ReadyServer(config).run()

@@ -1,0 +1,37 @@
+"""A server started by `EmbeddedServer` goes down with the process that started it, even when
+that process is killed without a chance to stop it (a test run aborted, say)."""
+
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+STARTER = """
+import os, pathlib, sys
+from client.embedded import EmbeddedServer
+server = EmbeddedServer.start(pathlib.Path(sys.argv[1]))
+print(server.pid, flush=True)
+sys.stdin.read()  # until the test kills this process
+"""
+
+
+def test_a_killed_starter_takes_its_server_down(tmp_path):
+    starter = subprocess.Popen([sys.executable, "-c", STARTER, str(tmp_path / "state")],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    group: list[psutil.Process] = []
+    try:
+        assert starter.stdout is not None
+        server = psutil.Process(int(starter.stdout.readline()))
+        group = [server, *server.children(recursive=True)]  # Ray's processes and the executors
+        starter.kill()  # SIGKILL: nothing of the starter runs after this
+        starter.wait(30)
+        _, alive = psutil.wait_procs(group, timeout=120)
+        assert not alive, [p.pid for p in alive]
+    finally:
+        starter.kill()
+        for p in group:  # never leave a server behind, whatever failed
+            if p.is_running():
+                p.kill()
