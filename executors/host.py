@@ -22,6 +22,7 @@ The class is plain Python (no Ray); `executors.pool` wraps it in a Ray actor.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import threading
@@ -43,6 +44,7 @@ from ir import DeviceMesh, HostPlan, Spec, parse_dtype
 
 log = logging.getLogger("isthmus.executors")
 QUICK_BYTES = 1 << 16  # a computed buffer this small is read on the event loop
+SOON_S = 0.002  # how long the event loop checks whether a computation is done before a thread waits
 FORGOTTEN_KEPT = 65_536  # forgotten executable keys remembered (a late call on one fails at once)
 
 
@@ -71,6 +73,7 @@ class Host:
         self.collective_error: str | None = None  # the first failed cross-host collective
         self._closed = False
         self._requests = 0
+        self._frozen = False  # start-up's objects frozen out of garbage collection (`info`)
         self.runner = Runner(host, self.store, self._usable, self._deliver, self._failed, in_flight)
         self._thread = threading.Thread(target=self._dispatch, name=f"dispatch-{host}", daemon=True)
         self._thread.start()
@@ -99,10 +102,18 @@ class Host:
     # -- inventory -------------------------------------------------------------------------
 
     def info(self) -> list[dict[str, Any]]:
+        """The host's devices. The pool asks first once JAX's backend may exist (after the
+        island's group formed): what exists then lives as long as the process, so it is
+        frozen out of every later full garbage collection (a large cost per request)."""
         import jax
 
+        devices = jax.local_devices()
+        if not self._frozen:
+            gc.freeze()
+            self._frozen = True
+
         out = []
-        for d in jax.local_devices():
+        for d in devices:
             stats = d.memory_stats() if hasattr(d, "memory_stats") else None
             memory = (stats or {}).get("bytes_limit")
             out.append({"platform": d.platform, "kind": d.device_kind, "memory_bytes": memory})
@@ -266,7 +277,7 @@ class Host:
         self._submit(seq, op, f"read {buffer_id}")
         try:
             value = await asyncio.wrap_future(await asyncio.wrap_future(taken))
-            if _quick(value):  # computed and small: reading it costs less than a thread hop
+            if await _soon_ready(value) and _small(value):  # reading costs less than a thread hop
                 return Ready(read(value))
             return Ready(await asyncio.to_thread(read, value))
         except Failure as f:
@@ -303,7 +314,7 @@ class Host:
         taken = [self._submit(seq, self.runner.accept(message, plan), f"run {message.run_id}")
                  for seq, message, plan in items]
         issued = [arrays for fut in taken for arrays in (await asyncio.wrap_future(fut) or [])]
-        if issued:
+        if issued and not await _soon_ready(issued):
             await asyncio.to_thread(_finished_quietly, issued)
         return [Ran(self.collective_error)] * len(items)
 
@@ -345,9 +356,23 @@ class Host:
         return [State.PENDING if (s := self.store.state(b)) is State.MISSING else s for b in buffer_ids]
 
 
-def _quick(array: Any) -> bool:
-    is_ready = getattr(array, "is_ready", None)
-    return is_ready is not None and getattr(array, "nbytes", QUICK_BYTES) < QUICK_BYTES and is_ready()
+def _small(array: Any) -> bool:
+    return getattr(array, "nbytes", QUICK_BYTES) < QUICK_BYTES
+
+
+async def _soon_ready(arrays: Any) -> bool:
+    """Whether the arrays are computed within about `SOON_S`: checked between turns of the
+    event loop, which meanwhile serves everything else. A short computation is done by
+    then, and answering it costs no thread hop; a longer one is waited for in a thread."""
+    import jax
+
+    leaves = [a for a in jax.tree_util.tree_leaves(arrays) if hasattr(a, "is_ready")]
+    deadline = time.perf_counter() + SOON_S
+    while not all(a.is_ready() for a in leaves):
+        if time.perf_counter() > deadline:
+            return False
+        await asyncio.sleep(0)
+    return True
 
 
 def _finished(array: Any) -> None:
