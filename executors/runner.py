@@ -96,7 +96,7 @@ class Runner:
         self.in_flight = max(1, in_flight)
         # issued computations, oldest first: (label, when issued, outputs)
         self._issued: deque[tuple[str, float, Any]] = deque()
-        self._latest: list[Any] = []  # those the message now running issued
+        self._dead: dict[str, tuple[tuple[str, ...], ...]] = {}  # plan key -> values dead after each step
         self._executables: dict[str, _Executable] = {}  # by key: what each step needs of it
 
     # -- on arrival (actor thread) ---------------------------------------------------------
@@ -138,6 +138,7 @@ class Runner:
         the next run that needs it), and what is known of forgotten executables."""
         for key in plan_keys:
             self._plans.pop(key, None)
+            self._dead.pop(key, None)
         for key in executables:
             self._executables.pop(key, None)
 
@@ -151,18 +152,20 @@ class Runner:
         if carried is not None:
             self._plans[message.plan_key] = carried
         plan = carried or self._plans.get(message.plan_key)
-        self._latest = []
         if plan is None:
             cause = f"host {self.host} has no plan {message.plan_key} (the server must send it first)"
             self._fail_results(message, Failure(cause))
-            return self._latest
+            return self.unfinished_outputs()
         with self._lock:
             run = self._runs.setdefault(message.run_id, _Run())
         for value, buffer_id in message.args:
             if value not in run.env:
                 run.env[value] = self._argument(buffer_id, message.timeout)
-        for step in plan.steps[message.lo:message.hi]:
-            self._step(message, step, run.env)
+        dead = self._dead_after(plan)
+        for i in range(message.lo, message.hi):
+            self._step(message, plan.steps[i], run.env)
+            for value in dead[i]:  # no later step reads it, and it is no result: free it now
+                run.env.pop(value, None)
         if message.final:
             for value, buffer_id in message.results:
                 outcome = run.env.get(value, Failure(f"run {message.run_id}: {value} was never produced"))
@@ -171,7 +174,31 @@ class Runner:
                 else:
                     self.store.set(buffer_id, outcome)
             self._finish(message.run_id)
-        return self._latest
+        return self.unfinished_outputs()
+
+    def _dead_after(self, plan: HostPlan) -> tuple[tuple[str, ...], ...]:
+        """Per step, the values no later step reads and no result names (worked out once per
+        plan): a long chain then holds a few values at a time, not all of them."""
+        dead = self._dead.get(plan.key)
+        if dead is None:
+            last: dict[str, int] = {}
+            for i, step in enumerate(plan.steps):
+                for value in _defines(step):
+                    last.setdefault(value, i)  # never read: dead once defined
+                for value in _reads(step):
+                    last[value] = i
+            kept = {value for _, value in plan.results}
+            by_step: list[list[str]] = [[] for _ in plan.steps]
+            for value, i in last.items():
+                if value not in kept:
+                    by_step[i].append(value)
+            dead = self._dead[plan.key] = tuple(tuple(values) for values in by_step)
+        return dead
+
+    def unfinished_outputs(self) -> list[Any]:
+        """The outputs of issued computations not known to have finished: every older one has
+        (issuing past the bound waits for the oldest), so these are all a caller waits for."""
+        return [outputs for _, _, outputs in self._issued]
 
     def _argument(self, buffer_id: str, timeout: float) -> Any:
         try:
@@ -264,7 +291,6 @@ class Runner:
     def _issue(self, label: str, results: Sequence[Any]) -> None:
         """Track an issued computation; past the bound, wait for the oldest to finish."""
         self._issued.append((label, time.perf_counter(), results))
-        self._latest.append(results)
         while len(self._issued) > self.in_flight:
             self._finish_oldest()
 
@@ -342,6 +368,14 @@ def _full(array: np.ndarray) -> list[tuple[int, int]]:
 
 def _first_failure(values: Sequence[Any]) -> Failure | None:
     return next((v for v in values if isinstance(v, Failure)), None)
+
+
+def _reads(step: Step) -> tuple[str, ...]:
+    if isinstance(step, Compute):
+        return step.inputs
+    if isinstance(step, Reshard | Send):
+        return (step.input,)
+    return ()
 
 
 def _defines(step: Step) -> tuple[str, ...]:
