@@ -44,7 +44,6 @@ from ir import DeviceMesh, HostPlan, Spec, parse_dtype
 
 log = logging.getLogger("isthmus.executors")
 QUICK_BYTES = 1 << 16  # a computed buffer this small is read on the event loop
-SOON_S = 0.002  # how long the event loop checks whether a computation is done before a thread waits
 FORGOTTEN_KEPT = 65_536  # forgotten executable keys remembered (a late call on one fails at once)
 
 
@@ -277,7 +276,7 @@ class Host:
         self._submit(seq, op, f"read {buffer_id}")
         try:
             value = await asyncio.wrap_future(await asyncio.wrap_future(taken))
-            if await _soon_ready(value) and _small(value):  # reading costs less than a thread hop
+            if _quick(value):  # computed and small: reading it costs less than a thread hop
                 return Ready(read(value))
             return Ready(await asyncio.to_thread(read, value))
         except Failure as f:
@@ -314,7 +313,7 @@ class Host:
         taken = [self._submit(seq, self.runner.accept(message, plan), f"run {message.run_id}")
                  for seq, message, plan in items]
         issued = [arrays for fut in taken for arrays in (await asyncio.wrap_future(fut) or [])]
-        if issued and not await _soon_ready(issued):
+        if issued and not _computed(issued):
             await asyncio.to_thread(_finished_quietly, issued)
         return [Ran(self.collective_error)] * len(items)
 
@@ -356,23 +355,14 @@ class Host:
         return [State.PENDING if (s := self.store.state(b)) is State.MISSING else s for b in buffer_ids]
 
 
-def _small(array: Any) -> bool:
-    return getattr(array, "nbytes", QUICK_BYTES) < QUICK_BYTES
-
-
-async def _soon_ready(arrays: Any) -> bool:
-    """Whether the arrays are computed within about `SOON_S`: checked between turns of the
-    event loop, which meanwhile serves everything else. A short computation is done by
-    then, and answering it costs no thread hop; a longer one is waited for in a thread."""
+def _computed(arrays: Any) -> bool:
     import jax
 
-    leaves = [a for a in jax.tree_util.tree_leaves(arrays) if hasattr(a, "is_ready")]
-    deadline = time.perf_counter() + SOON_S
-    while not all(a.is_ready() for a in leaves):
-        if time.perf_counter() > deadline:
-            return False
-        await asyncio.sleep(0)
-    return True
+    return all(a.is_ready() for a in jax.tree_util.tree_leaves(arrays) if hasattr(a, "is_ready"))
+
+
+def _quick(array: Any) -> bool:
+    return getattr(array, "nbytes", QUICK_BYTES) < QUICK_BYTES and _computed(array)
 
 
 def _finished(array: Any) -> None:
