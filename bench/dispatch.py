@@ -105,6 +105,7 @@ RATIOS: dict[str, tuple[str, str]] = {
     "parallel_vs_sequential_dispatch": ("isthmus_chain16_parallel", "isthmus_chain16_sequential"),
     "opbyop_vs_jax_opbyop": ("isthmus_opbyop", "jax_opbyop"),
     "opbyop_vs_ray_opbyop": ("isthmus_opbyop", "ray_opbyop"),
+    "opbyop_vs_ray_chained": ("isthmus_opbyop", "ray_chained"),
     "chained_vs_opbyop": ("isthmus_chained", "isthmus_opbyop"),
     "fused_vs_jax_fused": ("isthmus_fused", "jax_fused"),
     "chained_fused_vs_fused": ("isthmus_chained_fused", "isthmus_fused"),
