@@ -216,13 +216,15 @@ class Programs:
                   dispatch: Dispatch | None = None, ids: Sequence[str] | None = None) -> list[BufferRecord]:
         """Submit one run; its outputs come back at once as futures, named `ids` (the
         client's choice) or by the server."""
-        return self.submit(owner, self.get(owner, program_id), inputs, dispatch, ids)
+        rec = self._runnable(self.get(owner, program_id))
+        self._check_inputs(owner, rec, inputs)
+        return self.submit(owner, rec, inputs, dispatch, ids)
 
     def submit(self, owner: ClientRecord, rec: ProgramRecord, inputs: Sequence[str],
                dispatch: Dispatch | None = None, ids: Sequence[str] | None = None) -> list[BufferRecord]:
-        if rec.status == "failed":
-            raise Conflict(f"program {rec.id} failed to compile: {rec.message}")
-        self._check_inputs(owner, rec, inputs)
+        """Submit a run of `rec` on inputs the caller has checked against its argument types
+        (`run` checks them; `call` chose the program by the inputs' types)."""
+        self._runnable(rec)
         self.service.check_room(owner, [t.aval for t in rec.result_types], submits=1)
         new = self.service.output_ids(owner, ids, len(rec.result_types), "ids")
         _, plans = self._lowered(owner, rec)
@@ -303,6 +305,12 @@ class Programs:
         """At admission: one message per host, numbered at once; then wait until all have run."""
         refs = self.service.pool.run([(plan.host, m, plan) for plan, m in messages], notify=True)
         return self.service.settled(refs, [plan.host for plan, _ in messages])
+
+    @staticmethod
+    def _runnable(rec: ProgramRecord) -> ProgramRecord:
+        if rec.status == "failed":
+            raise Conflict(f"program {rec.id} failed to compile: {rec.message}")
+        return rec
 
     def _check_inputs(self, owner: ClientRecord, rec: ProgramRecord, inputs: Sequence[str]) -> None:
         if len(inputs) != len(rec.arg_types):
