@@ -215,6 +215,20 @@ class Host:
             raise Failure(f"executable {key} was deleted with its computation on host {self.host}")
         return self._executable(key)
 
+    def expect(self, key: str, number: int) -> bool:
+        """A compile request numbered `number` for `key` is on its way: runs that need the
+        executable wait for it rather than fail as deleted. The pool says so over the fast
+        channel before it sends the (large) request through Ray, which may come after runs
+        sent later. False, and nothing changes, for a request older than a forget of the key."""
+        forgotten_at = self._forgotten.get(key)
+        if forgotten_at is not None:
+            if number <= forgotten_at:
+                return False
+            del self._forgotten[key]
+        self._compiles[key] = max(number, self._compiles.get(key, 0))
+        self._executable(key)
+        return True
+
     async def compile(
         self, key: str, artifact: bytes, mesh: DeviceMesh,
         in_specs: list[Any], out_specs: list[Any], number: int = 0,
@@ -223,12 +237,8 @@ class Host:
 
         `number` counts the server's compile requests for the key on this host: one older
         than a `forget` of the key arrives late for a deleted computation and is refused."""
-        forgotten_at = self._forgotten.get(key)
-        if forgotten_at is not None:
-            if number <= forgotten_at:
-                return f"executable {key} was deleted on host {self.host}"
-            del self._forgotten[key]
-        self._compiles[key] = max(number, self._compiles.get(key, 0))
+        if not self.expect(key, number):
+            return f"executable {key} was deleted on host {self.host}"
         fut = self._executable(key)
         if not fut.done() and key not in self._building:
             self._building.add(key)
@@ -308,14 +318,22 @@ class Host:
     async def run_batch(self, items: Sequence[tuple[int, RunMessage, HostPlan | None]]) -> list[Ran]:
         """Run messages the server wants told of once they have run (`executors.outbox`
         brings those of one turn together): each answers `Ran`, with this host's failed
-        collective if any, once its steps are issued and the computations they issued have
-        finished; the answers come together. The dispatch thread meanwhile goes on."""
+        collective if any and the results it closed that are computed without error, once
+        its steps are issued and the computations they issued have finished; the answers
+        come together. The dispatch thread meanwhile goes on."""
         taken = [self._submit(seq, self.runner.accept(message, plan), f"run {message.run_id}")
                  for seq, message, plan in items]
         issued = [arrays for fut in taken for arrays in (await asyncio.wrap_future(fut) or [])]
         if issued and not _computed(issued):
             await asyncio.to_thread(_finished_quietly, issued)
-        return [Ran(self.collective_error)] * len(items)
+        closed = [[b for _, b in message.results] if message.final else [] for _, message, _ in items]
+        return [Ran(self.collective_error, self._ready(ids)) for ids in closed]
+
+    def _ready(self, buffer_ids: Sequence[str]) -> tuple[str, ...]:
+        """Those of the buffers this host holds computed without error (the server then
+        answers a wait for them without asking)."""
+        return tuple(b for b in buffer_ids
+                     if self.store.state(b) is State.READY and _sound(self.store.value(b)))
 
     def deliver(self, run_id: str, tag: str, payload: Payload) -> None:
         """A peer host's `Send` for one of this host's `Recv`s (unsequenced)."""
@@ -359,6 +377,15 @@ def _computed(arrays: Any) -> bool:
     import jax
 
     return all(a.is_ready() for a in jax.tree_util.tree_leaves(arrays) if hasattr(a, "is_ready"))
+
+
+def _sound(array: Any) -> bool:
+    """A computed array holds no error (reading it would not raise)."""
+    try:
+        _finished(array)
+    except Exception:
+        return False
+    return True
 
 
 def _quick(array: Any) -> bool:

@@ -5,15 +5,18 @@
 - A host hands a value to a peer host as `Whole(array)` (from a slice on one host),
   `Shards(shards)` (its distinct shards, from a slice spanning hosts) or `Failed(cause)`.
 - A buffer's state on a host is a `State`.
-- A run message, once its steps are issued, answers `Ran(collective_error)`: the host's
-  first failed cross-host collective, if any (its island's group must be formed again).
+- A run message, once its steps are issued, answers `Ran(collective_error, ready)`: the
+  host's first failed cross-host collective, if any (its island's group must be formed
+  again), and the results it closed that this host holds computed without error.
+- The pool sums a run's answers into a `Settlement`.
 """
 
 from __future__ import annotations
 
 import enum
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from executors.shards import Index
@@ -47,6 +50,13 @@ class Shards:
 @dataclass(frozen=True, slots=True)
 class Ran:
     collective_error: str | None = None
+    ready: tuple[str, ...] = ()  # buffer ids
+
+
+@dataclass(frozen=True)
+class Settlement:
+    broken: dict[str, str] = field(default_factory=dict)  # host -> its failed collective
+    ready: Counter[str] = field(default_factory=Counter)  # buffer id -> hosts holding it computed
 
 
 class State(enum.Enum):

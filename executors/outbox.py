@@ -6,9 +6,10 @@ Contract:
   of once it has run) and returns a future of its `Ran` reply. The first `add` of a turn
   schedules `flush` for the loop's next turn (at once where no loop runs).
 - `flush` sends each host's queued messages, in the order they were numbered, as one
-  `run_batch` call, and settles each future from its element of the answer, or with the
-  call's error (a dead host's `RayActorError`). A call that cannot even be sent fills the
-  messages' sequence numbers (`skip`), so the host never waits on a gap.
+  `run_batch` request (through the pool's `call`: its channel, else Ray), and settles each
+  future from its element of the answer, or with the request's error (a dead host's
+  `Unavailable` or `RayActorError`). A request that cannot even be sent fills the messages'
+  sequence numbers (`skip`), so the host never waits on a gap.
 - Coalescing changes nothing of the order: a host takes every request by its number,
   whichever call brought it. It saves an actor call per message: a batch of calls from a
   client (or a window of admissions) costs one call per host.
@@ -19,6 +20,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -28,11 +30,12 @@ from executors.runner import RunMessage
 from ir import HostPlan
 
 Item = tuple[int, RunMessage, HostPlan | None, "Future[Any]"]
+Call = Callable[..., Any]  # (host, method, *args) -> a future of the answer, or a Ray ObjectRef
 
 
 class Outbox:
-    def __init__(self, handle: Callable[[str], Any]) -> None:
-        self._handle = handle  # host -> its actor now
+    def __init__(self, call: Call) -> None:
+        self._call = call
         self._lock = threading.Lock()
         self._queued: dict[str, list[Item]] = {}
         self._scheduled = False
@@ -63,12 +66,12 @@ class Outbox:
             reply.set_exception(error)
 
     def _send(self, host: str, items: list[Item]) -> None:
-        handle = self._handle(host)
         try:
-            ref = handle.run_batch.remote([(seq, message, plan) for seq, message, plan, _ in items])
+            ref = self._call(host, "run_batch", [(seq, message, plan) for seq, message, plan, _ in items])
         except Exception as e:
             for seq, *_, reply in items:
-                handle.skip.remote(seq)
+                with contextlib.suppress(Exception):  # a host gone has no gap to fill
+                    self._call(host, "skip", seq, direct=False)
                 reply.set_exception(e)
             return
         self.calls += 1
@@ -83,4 +86,4 @@ class Outbox:
             for (*_, reply), r in zip(items, replies, strict=True):
                 reply.set_result(r)
 
-        ref.future().add_done_callback(settle)
+        (ref if isinstance(ref, Future) else ref.future()).add_done_callback(settle)

@@ -14,7 +14,9 @@ import asyncio
 import itertools
 import logging
 import random
+import secrets
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -24,8 +26,9 @@ from typing import Any
 import ray
 
 from executors import ray_start
+from executors.channel import SECRET_BYTES, Channel, serve
 from executors.host import Host
-from executors.messages import Failed, Lost, Payload, Ran, Settled, State
+from executors.messages import Failed, Lost, Payload, Ran, Settled, Settlement, State
 from executors.outbox import Outbox
 from executors.runner import IN_FLIGHT, RunMessage
 from ir import DeviceMesh, HostPlan, RemoteError, Unavailable
@@ -40,6 +43,12 @@ log = logging.getLogger("isthmus.executors")
 # a host, the gang window bounds the runs reporting back, and a host serves far more.
 HOST_CONCURRENCY = 10_000
 READS_PER_HOST = 1024
+# The requests on every call's path go over each executor's channel (`executors.channel`);
+# the rest, and uploads too large for a frame or bound for several hosts, through Ray.
+DIRECT = frozenset({"run", "run_batch", "wait", "fetch", "fetch_shards", "put", "delete", "forget", "skip",
+                    "states", "stats", "expect"})
+TOLD = frozenset({"put", "delete", "forget", "skip", "expect"})  # nobody reads their answer
+DIRECT_PUT_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,10 @@ class RayHost(Host):
             sock.bind(("", 0))
             port = sock.getsockname()[1]
         return f"{ray.util.get_node_ip_address()}:{port}"
+
+    async def open_channel(self, secret: bytes) -> tuple[str, int]:
+        """Listen for the server's direct requests (`executors.channel`); the address and port."""
+        return await serve(self, secret, ray.util.get_node_ip_address(), DIRECT)
 
     def set_peers(self, peers: Mapping[str, Any]) -> None:
         """Use these actors for these hosts from now on (after an island's hosts restarted)."""
@@ -146,29 +159,59 @@ class ExecutorPool:
         self._options = RayOptions()
         self._generation = 0  # of replaced executors (their actor names carry it)
         self._reads = {h: asyncio.Semaphore(READS_PER_HOST) for h in handles}  # see HOST_CONCURRENCY
-        self.outbox = Outbox(lambda host: self._handles[host])
+        self._secret = secrets.token_bytes(SECRET_BYTES)  # what an executor's channel asks first
+        self._channels: dict[str, Channel] = {}
+        self.outbox = Outbox(self._call)
+
+    def _call(self, host: str, method: str, *args: Any, direct: bool = True) -> Any:
+        """Send one request to a host: over its channel where it has one and the method is
+        served there, else as an actor call. Returns the answer's future or ObjectRef (None
+        for a request nobody reads the answer of, sent over the channel)."""
+        channel = self._channels.get(host)
+        if channel is None or not direct or method not in DIRECT:
+            return getattr(self._handles[host], method).remote(*args)
+        if method in TOLD:
+            channel.tell(method, *args)
+            return None
+        return channel.call(method, *args)
+
+    async def _open_channels(self, handles: Mapping[str, Any]) -> dict[str, Channel]:
+        timeout = self._options.group_timeout_s
+
+        async def one(host: str, handle: Any) -> Channel:
+            address, port = await self._await(handle.open_channel.remote(self._secret), host, timeout,
+                                              "open its channel")
+            return await Channel.connect(host, address, port, self._secret, timeout)
+
+        opened = await asyncio.gather(*(one(h, a) for h, a in handles.items()), return_exceptions=True)
+        channels = {h: c for h, c in zip(handles, opened, strict=True) if isinstance(c, Channel)}
+        failed = next((c for c in opened if isinstance(c, BaseException)), None)
+        if failed is not None:
+            for c in channels.values():
+                c.close()
+            raise failed
+        return channels
 
     def _send(self, host: str, method: str, *args: Any) -> Any:
         """Number the request in this host's order and send it; never leave a gap."""
         return self._send_all((host,), method, *args)[0]
 
-    def _send_all(self, hosts: Sequence[str], method: str, *args: Any) -> list[Any]:
+    def _send_all(self, hosts: Sequence[str], method: str, *args: Any, direct: bool = True) -> list[Any]:
         """The same request to several hosts, numbered in one atomic step: every host of a
         slice spanning hosts sees it at the same place relative to everything else (the
         island order that keeps their collectives from waiting on each other in a cycle)."""
         if not self.ordered and len(hosts) > 1:
             return [self._later(lambda h=h: self._send(h, method, *args)) for h in hosts]
         with self._lock:
-            return [self._numbered(host, method, *args) for host in hosts]
+            return [self._numbered(host, method, *args, direct=direct) for host in hosts]
 
-    def _numbered(self, host: str, method: str, *args: Any) -> Any:
+    def _numbered(self, host: str, method: str, *args: Any, direct: bool = True) -> Any:
         """Number one request in the host's order and send it (under `self._lock`)."""
-        handle = self._handles[host]
         seq = next(self._seq[host])
         try:
-            return getattr(handle, method).remote(seq, *args)
+            return self._call(host, method, seq, *args, direct=direct)
         except Exception:
-            handle.skip.remote(seq)
+            self._handles[host].skip.remote(seq)
             raise
 
     @classmethod
@@ -190,6 +233,7 @@ class ExecutorPool:
         pool.islands = {i.name: tuple(h.name for h in i.hosts) for i in spec.islands}
         try:
             await asyncio.gather(*(pool._form_group(pool._handles, hosts) for hosts in groups.values()))
+            pool._channels = await pool._open_channels(pool._handles)
             if owns:  # its agents are surely up once executors, started through them, answer
                 await pool.reports(options.group_timeout_s)
                 ray_start.check_own()
@@ -217,6 +261,8 @@ class ExecutorPool:
         self._generation += 1
         for h in hosts:
             ray.kill(self._handles[h])
+            if (channel := self._channels.pop(h, None)) is not None:
+                channel.close()
         fresh = {h: _new_actor(self._specs[h], self._options, self._generation) for h in hosts}
         try:
             if island in self.groups:
@@ -232,6 +278,7 @@ class ExecutorPool:
                     if h in hosts:
                         raise outcome
                     log.warning("host %s did not take island %s's new executors: %s", h, island, outcome)
+            channels = await self._open_channels(fresh)
         except BaseException:
             for a in fresh.values():
                 ray.kill(a)
@@ -239,6 +286,7 @@ class ExecutorPool:
         with self._lock:
             self.outbox.drop(hosts, Unavailable(f"island {island} was restarted before this was sent"))
             self._handles.update(fresh)
+            self._channels.update(channels)
             for h in hosts:
                 self._seq[h] = itertools.count()
             self._plans = {(h, k) for h, k in self._plans if h not in hosts}
@@ -278,6 +326,8 @@ class ExecutorPool:
         with self._lock:
             self._compiles += 1
             number = self._compiles
+            if host in self._channels:  # ahead of any run sent after this (see `Host.expect`)
+                self._call(host, "expect", key, number)
         ref = self._handles[host].compile.remote(key, artifact, mesh, in_specs, out_specs, number)
         return await self._await(ref, host, timeout, f"compile {key}")
 
@@ -296,8 +346,9 @@ class ExecutorPool:
             mesh: DeviceMesh, spec: Any) -> None:
         """Upload onto a slice's hosts; each keeps the shards on its own devices. The bytes
         go into the object store once, however many hosts read them."""
+        direct = len(hosts) == 1 and len(data) <= DIRECT_PUT_BYTES
         body = ray.put(data) if len(hosts) > 1 else data
-        self._send_all(hosts, "put", buffer_id, body, dtype, list(shape), mesh, spec)
+        self._send_all(hosts, "put", buffer_id, body, dtype, list(shape), mesh, spec, direct=direct)
 
     def _run(self, host: str, message: RunMessage, plan: HostPlan, notify: bool = False) -> Any:
         """Send one run message (under `self._lock`); the plan travels once per host. With
@@ -307,11 +358,10 @@ class ExecutorPool:
         if notify:
             ref = self.outbox.add(host, seq, message, carried)
         else:
-            handle = self._handles[host]
             try:
-                ref = handle.run.remote(seq, message, carried)
+                ref = self._call(host, "run", seq, message, carried)
             except Exception:
-                handle.skip.remote(seq)
+                self._handles[host].skip.remote(seq)
                 raise
         self._plans.add((host, message.plan_key))
         self.messages[host] += 1
@@ -349,11 +399,11 @@ class ExecutorPool:
         asyncio.get_running_loop().call_later(random.uniform(0, 0.005), fire)
         return box
 
-    async def settle(self, refs: Sequence[Any], hosts: Sequence[str], timeout: float) -> dict[str, str]:
+    async def settle(self, refs: Sequence[Any], hosts: Sequence[str], timeout: float) -> Settlement:
         """Wait until every host has taken what `refs` were sent for; a dead or silent host
         counts as settled (`Lost`: its outputs fail or are unreachable, never a hang).
         Returns the hosts that report a failed collective (their group is broken), with its
-        cause."""
+        cause, and how many hosts reported each result computed."""
         async def one(ref: Any, host: str) -> Settled:
             try:
                 reply = await self._watched(ref, host, timeout)
@@ -363,8 +413,9 @@ class ExecutorPool:
                 return Lost(str(e))
 
         replies = await asyncio.gather(*(one(r, h) for r, h in zip(refs, hosts, strict=True)))
-        return {h: r.collective_error for h, r in zip(hosts, replies, strict=True)
-                if isinstance(r, Ran) and r.collective_error is not None}
+        ran = [(h, r) for h, r in zip(hosts, replies, strict=True) if isinstance(r, Ran)]
+        return Settlement({h: r.collective_error for h, r in ran if r.collective_error is not None},
+                          Counter(b for _, r in ran for b in r.ready))
 
     async def _watched(self, ref: Any, host: str, timeout: float, every: float = 60.0) -> Any:
         """Await a settle reply; while it is late, log what the host is doing every `every`
@@ -403,17 +454,22 @@ class ExecutorPool:
         return reply.value
 
     async def states(self, host: str, buffer_ids: Sequence[str], timeout: float) -> list[State]:
-        ref = self._handles[host].states.remote(list(buffer_ids))
-        return await self._await(ref, host, timeout, "states")
+        return await self._await(self._call(host, "states", list(buffer_ids)), host, timeout, "states")
 
     async def stats(self, host: str, timeout: float) -> dict[str, Any]:
-        return await self._await(self._handles[host].stats.remote(), host, timeout, "stats")
+        return await self._await(self._call(host, "stats"), host, timeout, "stats")
 
     def delete(self, host: str, buffer_ids: Sequence[str]) -> None:
         if buffer_ids:
             self._send(host, "delete", list(buffer_ids))
 
     def shutdown(self) -> None:
+        for channel in self._channels.values():
+            try:
+                channel.close()
+            except RuntimeError as e:  # its event loop has ended: nothing is left to close
+                log.debug("channel: %s", e)
+        self._channels.clear()
         for h in self._handles.values():
             try:
                 ray.kill(h)

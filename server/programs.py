@@ -304,7 +304,7 @@ class Programs:
     def _parallel(self, messages: list[tuple[HostPlan, RunMessage]]) -> Awaitable[None]:
         """At admission: one message per host, numbered at once; then wait until all have run."""
         refs = self.service.pool.run([(plan.host, m, plan) for plan, m in messages], notify=True)
-        return self.service.settled(refs, [plan.host for plan, _ in messages])
+        return self.service.settled(refs, [plan.host for plan, _ in messages], _results(messages))
 
     @staticmethod
     def _runnable(rec: ProgramRecord) -> ProgramRecord:
@@ -346,7 +346,13 @@ class Programs:
         except BaseException:
             pool.run(ends)
             raise
-        await self.service.settled(pool.run(ends, notify=True), [host for host, _, _ in ends])
+        await self.service.settled(pool.run(ends, notify=True), [host for host, _, _ in ends],
+                                   _results([(plan, m) for _, m, plan in ends]))
+
+
+def _results(messages: Sequence[tuple[HostPlan, RunMessage]]) -> list[str]:
+    """The buffers a run's messages close (each once, however many hosts hold it)."""
+    return list(dict.fromkeys(b for _, m in messages for _, b in m.results))
 
 
 def _parse(doc: Any) -> Program:

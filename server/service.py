@@ -12,7 +12,7 @@ import base64
 import binascii
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from executors import ExecutorPool, RayOptions, State
@@ -41,6 +41,7 @@ from server.programs import Programs
 from server.quotas import Quotas
 from server.records import BufferRecord, ClientRecord, ComputationRecord, new_id, output_ids
 from server.settings import Settings
+from server.settling import Settling
 from server.state import read_secret, secret
 from server.tasks import Tasks
 
@@ -66,6 +67,7 @@ class Service:
         window = settings.gang_window if settings.gang_order else 1 << 30
         self.gangs = Gangs(rm.islands(), settings.gang_policy, window)
         self.lost: dict[str, str] = {}  # buffer id -> why its value is gone (its island restarted)
+        self.settling = Settling()  # results known ready from the hosts' answers
         self._restarting: set[str] = set()
         self._tasks = Tasks()
 
@@ -238,6 +240,7 @@ class Service:
             coming = self.gangs.queued_outputs(island)  # numbered for the new executors
             lost = [b for b, rec in self.buffers.items() if hosts & set(rec.hosts) and b not in coming]
             self.lost.update(dict.fromkeys(lost, why))
+            self.settling.forget(lost)
             self.programs.compile_again(hosts)  # computations too: their call programs
         finally:
             self._restarting.discard(island)
@@ -300,6 +303,8 @@ class Service:
             return "pending"
         if rec.id in self.lost:
             return "failed"
+        if self.settling.known(rec.id):
+            return "ready"
         timeout = self.settings.rpc_timeout_s
         try:
             states = await asyncio.gather(*(self.pool.states(h, [rec.id], timeout) for h in rec.hosts))
@@ -312,6 +317,9 @@ class Service:
         """Wait until the buffer settles on every host; raise its remote cause if it failed."""
         self.not_lost(rec)
         await self._admitted(rec)
+        if await self.settling.ready(rec.id, self.settings.fetch_timeout_s):
+            self.not_lost(rec)  # (its island may have restarted meanwhile)
+            return "ready"
         await asyncio.gather(*(self.pool.wait(h, rec.id, self.settings.fetch_timeout_s) for h in rec.hosts))
         return "ready"
 
@@ -353,6 +361,7 @@ class Service:
                 owner.buffers.discard(b)
                 owner.buffer_bytes -= self.buffers.pop(b).aval.nbytes
             self.lost.pop(b, None)
+        self.settling.forget(buffer_ids)
 
     def not_lost(self, rec: BufferRecord, what: str = "") -> BufferRecord:
         cause = self.lost.get(rec.id)
@@ -418,12 +427,24 @@ class Service:
         the server does."""
         return self.programs.call(owner, self.computation(owner, computation_id), inputs, ids)
 
-    async def settled(self, refs: Sequence[Any], hosts: Sequence[str]) -> None:
-        """Wait until the hosts have run their part; restart the group of any island whose
-        host reports a failed collective."""
-        broken = await self.pool.settle(refs, hosts, self.settings.fetch_timeout_s)
-        for host, cause in broken.items():
-            self.restart_when_broken(self.rm.host_island(host), cause)
+    def settled(self, refs: Sequence[Any], hosts: Sequence[str],
+                outputs: Sequence[str] = ()) -> Awaitable[None]:
+        """What to await until the hosts have run their part (called at admission, so that
+        a wait for `outputs` finds them settling): restart the group of any island whose
+        host reports a failed collective; note the outputs every host holds computed."""
+        return self._settled(refs, hosts, outputs, self.settling.start(outputs))
+
+    async def _settled(self, refs: Sequence[Any], hosts: Sequence[str], outputs: Sequence[str],
+                       done: asyncio.Future[None]) -> None:
+        ready: set[str] = set()
+        try:
+            settlement = await self.pool.settle(refs, hosts, self.settings.fetch_timeout_s)
+            for host, cause in settlement.broken.items():
+                self.restart_when_broken(self.rm.host_island(host), cause)
+            ready = {b for b in outputs if (rec := self.buffers.get(b)) is not None
+                     and settlement.ready[b] == len(rec.hosts) and b not in self.lost}
+        finally:
+            self.settling.finish(done, outputs, ready)
 
 
 def _specs(values: list[Any], avals: Sequence[Aval], s: Slice, field: str) -> tuple[Spec, ...]:

@@ -1,5 +1,6 @@
 """Ray closed to the network (docs/security.md): what the embedded server listens on, and
-that the Ray servers there still refuse a peer without Ray's token; and that the server
+that the Ray servers there still refuse a peer without Ray's token (and each executor's
+channel one without the pool's secret); and that the server
 refuses to join an external Ray without token authentication unless told `--insecure-ray`.
 
 Each test starts its own server (and Ray) in its own process group and stops it by its pid.
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import pickle
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,6 +23,7 @@ import httpx
 import pytest
 
 from client.embedded import EmbeddedServer
+from executors.channel import HEADER, SECRET_BYTES
 from server.state import secret
 
 grpc = pytest.importorskip("grpc")
@@ -86,6 +90,20 @@ def grpc_refusal(port: int, token: str) -> str | None:
     return None
 
 
+def channel_refusal(port: int) -> str | None:
+    """An executor's channel (`executors.channel`): a peer whose first frame is not the
+    pool's secret, asking for the host's stats, is closed unanswered."""
+    wrong = os.urandom(SECRET_BYTES)
+    request = pickle.dumps((1, "stats", ()))
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(HEADER.pack(len(wrong)) + wrong + HEADER.pack(len(request)) + request)
+        try:
+            answer = sock.recv(1)
+        except TimeoutError:
+            return None
+    return "closed unanswered" if answer == b"" else None
+
+
 def _status(call: grpc.UnaryUnaryMultiCallable, metadata: list[tuple[str, str]] | None) -> str:
     try:
         call(b"", timeout=10, metadata=metadata)
@@ -126,11 +144,13 @@ def test_the_embedded_server_listens_on_loopback_and_ray_there_wants_its_token(e
         elif answer is not None and answer.text.startswith("# HELP"):
             metrics.append(s)
         else:
-            refusing[s] = grpc_refusal(s.port, token)
+            refusing[s] = grpc_refusal(s.port, token) or channel_refusal(s.port)
     assert [s for s, how in refusing.items() if how is None] == [], "answers without Ray's token"
     processes = {s.process for s in refusing}
     assert {"gcs_server", "raylet", "ray::RayHost"} <= processes
     assert len([s for s in refusing if s.process == "raylet"]) == 2  # node and object manager
+    channels = [s for s, how in refusing.items() if how == "closed unanswered"]
+    assert {s.process for s in channels} == {"ray::RayHost"} and len(channels) == 4  # one per host
     assert len(metrics) <= 2  # the autoscaler's and the dashboard's, if prometheus_client is there
 
 

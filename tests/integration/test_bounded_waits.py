@@ -26,15 +26,20 @@ READERS = 200  # reads waiting at once on one host, ahead of the upload they wai
 @pytest.fixture(scope="module")
 def pool():
     options = RayOptions(num_cpus=2, object_store_bytes=256 << 20, wait_timeout_s=WAIT_S)
-    p = asyncio.run(ExecutorPool.start(CLUSTER, options))
+    p = run(ExecutorPool.start(CLUSTER, options))
     try:
         yield p
     finally:
         p.shutdown()  # kills the actors and stops the Ray this module started
 
 
+# One event loop for the module: the pool's channels to its executors live on the loop
+# that opened them, as they do on the server's.
+LOOP = asyncio.new_event_loop()
+
+
 def run(coro):
-    return asyncio.run(coro)
+    return LOOP.run_until_complete(coro)
 
 
 def spmd_artifact():
@@ -60,11 +65,15 @@ def test_a_host_left_alone_in_a_collective_fails_instead_of_hanging(pool):
         for host in ("a0", "a1"):
             assert await pool.compile(host, "spmd", art, BOTH, [["x"]], [["x"]], 120) is None
         pool.put(["a0", "a1"], "x", x.tobytes(), "float32", (8,), BOTH, ["x"])
-        call(pool, ["a0", "a1"], "spmd", ["x"], ["ok"], "spmd")  # both take part: it works
+        ok = await pool.settle(call(pool, ["a0", "a1"], "spmd", ["x"], ["ok"], "spmd", notify=True),
+                               ["a0", "a1"], 60)  # both take part: it works
+        assert ok.ready["ok"] == 2 and not ok.broken  # both hosts hold it computed
         assert await pool.fetch_shards("a1", "ok", 60)
         pool.delete("a0", ["x"])  # a0 now fails its part before the all-reduce; a1 enters it
-        broken = await pool.settle(call(pool, ["a0", "a1"], "spmd", ["x"], ["y"], "spmd", notify=True),
-                                   ["a0", "a1"], 60)
+        settled = await pool.settle(call(pool, ["a0", "a1"], "spmd", ["x"], ["y"], "spmd", notify=True),
+                                    ["a0", "a1"], 60)
+        assert not settled.ready  # neither host holds y computed
+        broken = settled.broken
         for host, cause in (("a0", "deleted|x"), ("a1", "Gloo")):
             with pytest.raises(RemoteError, match=cause):
                 await pool.fetch_shards(host, "y", 60)

@@ -25,7 +25,7 @@ PAIR = DeviceMesh((0, 1), (("x", 2),))  # both local devices of a host, mesh {"x
 
 @pytest.fixture(scope="module")
 def pool():
-    p = asyncio.run(ExecutorPool.start(CLUSTER, RayOptions(num_cpus=2, object_store_bytes=256 << 20)))
+    p = run(ExecutorPool.start(CLUSTER, RayOptions(num_cpus=2, object_store_bytes=256 << 20)))
     try:
         yield p
     finally:
@@ -39,8 +39,13 @@ def exported(fn, avals, in_specs, out_specs):
     return jax.export.export(jitted, platforms=["cpu"])(*avals).serialize()
 
 
+# One event loop for the module: the pool's channels to its executors live on the loop
+# that opened them, as they do on the server's.
+LOOP = asyncio.new_event_loop()
+
+
 def run(coro):
-    return asyncio.run(coro)
+    return LOOP.run_until_complete(coro)
 
 
 def test_each_host_has_its_own_devices(pool):

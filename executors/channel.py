@@ -1,0 +1,206 @@
+"""A direct stream from the server to one executor, for the requests on every call's path.
+
+The executors stay Ray actors: Ray starts, places and replaces them, answers the rare
+requests (compile, inventory, stats) and carries large uploads through its object store.
+The requests every call or program run makes (run messages, reads, deletes, small uploads)
+take this stream instead: an actor call costs the server about a millisecond of CPU on a
+small machine, a frame on an open connection a few tens of microseconds (docs/benchmarks.md).
+
+Contract:
+- `serve` (in the executor's event loop) listens on the node's address at a port the OS
+  picks. A connection is taken only if its first frame, within `AUTH_TIMEOUT_S`, is the
+  secret the pool handed the executor through Ray; anything else is closed unanswered.
+  After that a frame is at most `MAX_REQUEST` bytes, and a method outside `methods` is
+  answered with an error, never called.
+- Frames are an 8-byte big-endian length and a pickle. A request is `(id, method, args)`;
+  id 0 wants no answer, any other gets `(id, True, value)` or `(id, False, cause)`, in the
+  order the answers are ready (the host orders sequenced requests by their numbers).
+- `Channel` is the server's end: `call` returns a `concurrent.futures.Future` of the answer,
+  failed with `RemoteError` for a cause. When the connection ends, every pending and later
+  call fails with `Unavailable`: requests may have been lost on the way, so the host's order
+  has a gap, and only a new executor (an island restart) serves its slices again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import pickle
+import struct
+import threading
+import traceback
+from collections.abc import Collection
+from concurrent.futures import Future
+from typing import Any
+
+from ir import RemoteError, Unavailable
+
+log = logging.getLogger("isthmus.executors")
+HEADER = struct.Struct("!Q")
+AUTH_TIMEOUT_S = 10.0
+MAX_REQUEST = 64 << 20  # a request frame, on the executor's side (large uploads go through Ray)
+SECRET_BYTES = 32
+COPY_BYTES = 1 << 16  # a frame smaller than this is copied behind its header and written once
+
+
+async def _frame(reader: asyncio.StreamReader, limit: int) -> bytes:
+    (size,) = HEADER.unpack(await reader.readexactly(HEADER.size))
+    if size > limit:
+        raise ValueError(f"a frame of {size} bytes, over the limit of {limit}")
+    return await reader.readexactly(size)
+
+
+def _write(writer: asyncio.StreamWriter, message: Any) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    if len(data) < COPY_BYTES:  # one write, one system call
+        writer.write(HEADER.pack(len(data)) + data)
+    else:
+        writer.write(HEADER.pack(len(data)))
+        writer.write(data)
+
+
+# -- the executor's end -------------------------------------------------------------------
+
+
+async def serve(target: object, secret: bytes, address: str, methods: Collection[str]) -> tuple[str, int]:
+    """Listen for the server on `address`; answer its requests with `target`'s methods.
+    Returns the address and port listened on."""
+    allowed = frozenset(methods)
+
+    async def session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            first = await asyncio.wait_for(_frame(reader, len(secret)), AUTH_TIMEOUT_S)
+            if not hmac.compare_digest(first, secret):
+                log.warning("channel: a connection from %s without the secret was closed",
+                            writer.get_extra_info("peername"))
+                return
+            await _answer_requests(target, allowed, reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, ValueError) as e:
+            log.info("channel: a connection ended: %s", e or type(e).__name__)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(session, address, 0)
+    port = server.sockets[0].getsockname()[1]
+    return address, port
+
+
+async def _answer_requests(target: object, allowed: frozenset[str], reader: asyncio.StreamReader,
+                           writer: asyncio.StreamWriter) -> None:
+    pending: set[asyncio.Task[None]] = set()  # answers still computing (kept from the collector)
+    while True:
+        call_id, method, args = pickle.loads(await _frame(reader, MAX_REQUEST))
+        if method not in allowed:
+            if call_id:
+                _write(writer, (call_id, False, f"method {method!r} is not served on this channel"))
+            continue
+        try:
+            result = getattr(target, method)(*args)
+        except Exception:
+            if call_id:
+                _write(writer, (call_id, False, traceback.format_exc(limit=8)))
+            else:
+                log.exception("channel: %s failed", method)
+            continue
+        if asyncio.iscoroutine(result):
+            task = asyncio.create_task(_later(writer, call_id, result))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+        elif call_id:
+            _write(writer, (call_id, True, result))
+
+
+async def _later(writer: asyncio.StreamWriter, call_id: int, result: Any) -> None:
+    try:
+        answer = (call_id, True, await result)
+    except Exception:
+        answer = (call_id, False, traceback.format_exc(limit=8))
+    if call_id and not writer.is_closing():
+        _write(writer, answer)
+
+
+# -- the server's end ---------------------------------------------------------------------
+
+
+class Channel:
+    def __init__(self, host: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.host = host
+        self._writer = writer
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.get_ident()
+        self._pending: dict[int, Future[Any]] = {}
+        self._next = 1
+        self._lock = threading.Lock()
+        self._closed: str | None = None  # why, once closed
+        self._reading = asyncio.create_task(self._read(reader))
+
+    @classmethod
+    async def connect(cls, host: str, address: str, port: int, secret: bytes, timeout: float) -> Channel:
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(address, port), timeout)
+        except (OSError, TimeoutError) as e:
+            raise Unavailable(f"host {host}: cannot reach its executor at {address}:{port}: {e}") from None
+        writer.write(HEADER.pack(len(secret)) + secret)
+        return cls(host, reader, writer)
+
+    def call(self, method: str, *args: Any) -> Future[Any]:
+        """Send a request; the future settles with its answer."""
+        answer: Future[Any] = Future()
+        with self._lock:
+            if self._closed is not None:
+                answer.set_exception(Unavailable(self._closed))
+                return answer
+            call_id, self._next = self._next, self._next + 1
+            self._pending[call_id] = answer
+        self._send((call_id, method, args))
+        return answer
+
+    def tell(self, method: str, *args: Any) -> None:
+        """Send a request that wants no answer (its failure is the executor's to log)."""
+        if self._closed is not None:
+            raise Unavailable(self._closed)
+        self._send((0, method, args))
+
+    def _send(self, message: Any) -> None:
+        if threading.get_ident() == self._thread:
+            _write(self._writer, message)
+        else:
+            self._loop.call_soon_threadsafe(_write, self._writer, message)
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        why = "closed"
+        try:
+            while True:
+                call_id, ok, value = pickle.loads(await _frame(reader, 1 << 62))
+                answer = self._pending.pop(call_id, None)
+                if answer is None:
+                    continue
+                if ok:
+                    answer.set_result(value)
+                else:
+                    answer.set_exception(RemoteError(value))
+        except asyncio.CancelledError:
+            why = "closed by the server"
+        except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:
+            why = f"lost: {e or type(e).__name__}"
+        finally:
+            self._fail(f"host {self.host}: the executor's channel was {why}")
+
+    def _fail(self, why: str) -> None:
+        with self._lock:
+            self._closed = why
+            pending, self._pending = self._pending, {}
+        for answer in pending.values():
+            if not answer.done():
+                answer.set_exception(Unavailable(why))
+
+    def close(self) -> None:
+        self._fail(f"host {self.host}: the executor's channel was closed by the server")
+        self._reading.cancel()
+        self._writer.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed is not None
+

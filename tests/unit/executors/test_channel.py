@@ -1,0 +1,135 @@
+"""The server-to-executor channel, both ends in one event loop (no Ray): authentication,
+the method allowlist, answers out of order, and a lost connection failing every call."""
+
+import asyncio
+import pickle
+
+import pytest
+
+from executors.channel import HEADER, MAX_REQUEST, Channel, serve
+from ir import RemoteError, Unavailable
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
+
+SECRET = b"s" * 32
+
+
+class Target:
+    def __init__(self) -> None:
+        self.told: list[int] = []
+        self.release = asyncio.Event()
+
+    def add(self, a: int, b: int) -> int:
+        return a + b
+
+    def note(self, k: int) -> None:
+        self.told.append(k)
+
+    def boom(self) -> None:
+        raise ValueError("no such buffer")
+
+    async def slow(self) -> str:
+        await self.release.wait()
+        return "slow"
+
+    def hidden(self) -> str:
+        return "never served"
+
+
+SERVED = ("add", "note", "boom", "slow")
+
+
+async def opened(target: Target) -> Channel:
+    address, port = await serve(target, SECRET, "127.0.0.1", SERVED)
+    return await Channel.connect("h0", address, port, SECRET, timeout=5)
+
+
+def test_calls_and_tells_reach_the_target_and_answers_come_back():
+    async def scenario():
+        target = Target()
+        channel = await opened(target)
+        channel.tell("note", 1)
+        assert await asyncio.wrap_future(channel.call("add", 2, 3)) == 5
+        assert target.told == [1]  # taken in the order sent
+        channel.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_slow_answer_does_not_hold_back_later_ones():
+    async def scenario():
+        target = Target()
+        channel = await opened(target)
+        slow = asyncio.wrap_future(channel.call("slow"))
+        assert await asyncio.wrap_future(channel.call("add", 1, 1)) == 2
+        assert not slow.done()
+        target.release.set()
+        assert await slow == "slow"
+        channel.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_failing_or_unserved_method_answers_with_its_cause():
+    async def scenario():
+        channel = await opened(Target())
+        with pytest.raises(RemoteError, match="no such buffer"):
+            await asyncio.wrap_future(channel.call("boom"))
+        with pytest.raises(RemoteError, match="'hidden' is not served"):
+            await asyncio.wrap_future(channel.call("hidden"))
+        assert await asyncio.wrap_future(channel.call("add", 1, 2)) == 3  # still serving
+        channel.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_connection_without_the_secret_is_closed_unanswered():
+    async def scenario():
+        target = Target()
+        address, port = await serve(target, SECRET, "127.0.0.1", SERVED)
+        for first in (b"x" * 32, b"s" * 31, b"s" * 33):
+            reader, writer = await asyncio.open_connection(address, port)
+            request = pickle.dumps((1, "note", (7,)))
+            writer.write(HEADER.pack(len(first)) + first + HEADER.pack(len(request)) + request)
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # closed, nothing answered
+            writer.close()
+        assert target.told == []
+
+    asyncio.run(scenario())
+
+
+def test_a_request_over_the_size_limit_ends_the_connection():
+    async def scenario():
+        address, port = await serve(Target(), SECRET, "127.0.0.1", SERVED)
+        reader, writer = await asyncio.open_connection(address, port)
+        writer.write(HEADER.pack(len(SECRET)) + SECRET + HEADER.pack(MAX_REQUEST + 1))
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_lost_connection_fails_pending_and_later_calls_as_unavailable():
+    async def scenario():
+        target = Target()
+        channel = await opened(target)
+        pending = asyncio.wrap_future(channel.call("slow"))
+        await asyncio.wrap_future(channel.call("add", 0, 0))  # the slow call is on the executor now
+        channel._writer.transport.abort()  # the connection drops, as when the executor dies
+        with pytest.raises(Unavailable, match="h0"):
+            await pending
+        with pytest.raises(Unavailable):
+            await asyncio.wrap_future(channel.call("add", 1, 1))
+        with pytest.raises(Unavailable):
+            channel.tell("note", 1)
+        assert channel.closed
+
+    asyncio.run(scenario())
+
+
+def test_connecting_where_nothing_listens_is_unavailable():
+    async def scenario():
+        with pytest.raises(Unavailable, match="cannot reach"):
+            await Channel.connect("h9", "127.0.0.1", 1, SECRET, timeout=5)
+
+    asyncio.run(scenario())
