@@ -28,7 +28,7 @@ import os
 import threading
 import time
 import traceback
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -44,6 +44,9 @@ from ir import DeviceMesh, HostPlan, Spec, parse_dtype
 
 log = logging.getLogger("isthmus.executors")
 QUICK_BYTES = 1 << 16  # a computed buffer this small is read on the event loop
+# How long the idle dispatch thread waits before it looks again whether the computations an
+# answer waits on have finished: from the first, doubling up to the second (seconds).
+NOTE_POLL_S = (20e-6, 250e-6)
 FORGOTTEN_KEPT = 65_536  # forgotten executable keys remembered (a late call on one fails at once)
 
 
@@ -67,6 +70,8 @@ class Host:
         self._cond = threading.Condition()
         self._completed = 0
         self._running: str | None = None
+        # answers waiting for the computations their requests issued: (future, outputs)
+        self._notes: deque[tuple[Future[Any], Any]] = deque()
         self._started = 0.0  # when the op now running started (perf_counter)
         self._busy_s = 0.0
         self.collective_error: str | None = None  # the first failed cross-host collective
@@ -155,9 +160,10 @@ class Host:
 
     # -- the dispatch thread ---------------------------------------------------------------
 
-    def _submit(self, seq: int, op: Callable[[], Any], label: str) -> Future[Any]:
+    def _submit(self, seq: int, op: Callable[[], Any], label: str, settle: bool = False) -> Future[Any]:
         """Queue `op` at its sequence number; the future settles with what it returns once
-        it has run (None if it raised)."""
+        it has run (None if it raised). With `settle`, `op` returns the computations it left
+        unfinished, and the future settles (with None) only once they have finished."""
         finished: Future[Any] = Future()
 
         def run() -> None:
@@ -165,7 +171,10 @@ class Host:
             try:
                 result = op()
             finally:
-                finished.set_result(result)
+                if settle and result:
+                    self._notes.append((finished, result))
+                else:
+                    finished.set_result(None if settle else result)
 
         with self._cond:
             self._requests += 1
@@ -176,9 +185,17 @@ class Host:
     def _dispatch(self) -> None:
         while True:
             with self._cond:
+                pause = NOTE_POLL_S[0]
                 while self._next not in self._ops and not self._closed:
-                    self._cond.wait()
+                    if self._settle_notes():
+                        continue
+                    # Idle with answers waiting on computations: look again after a pause
+                    # that doubles, or at once when a request comes (issued first, so the
+                    # devices never wait for this wait).
+                    self._cond.wait(pause if self._notes else None)
+                    pause = min(2 * pause, NOTE_POLL_S[1])
                 if self._closed:
+                    self._settle_notes(everything=True)
                     return
                 op, label = self._ops.pop(self._next)
                 self._next += 1
@@ -192,6 +209,16 @@ class Host:
                 self._busy_s += time.perf_counter() - start
                 self._completed += 1
                 self._running = None
+            self._settle_notes()
+
+    def _settle_notes(self, everything: bool = False) -> bool:
+        """Settle, oldest first, the answers whose computations have finished (dispatch
+        thread only; never waits). Whether any settled."""
+        settled = False
+        while self._notes and (everything or _computed(self._notes[0][1])):
+            self._notes.popleft()[0].set_result(None)
+            settled = True
+        return settled
 
     def close(self) -> None:
         with self._cond:
@@ -321,11 +348,10 @@ class Host:
         collective if any and the results it closed that are computed without error, once
         its steps are issued and the computations they issued have finished; the answers
         come together. The dispatch thread meanwhile goes on."""
-        taken = [self._submit(seq, self.runner.accept(message, plan), f"run {message.run_id}")
+        taken = [self._submit(seq, self.runner.accept(message, plan), f"run {message.run_id}", settle=True)
                  for seq, message, plan in items]
-        issued = [arrays for fut in taken for arrays in (await asyncio.wrap_future(fut) or [])]
-        if issued and not _computed(issued):
-            await asyncio.to_thread(_finished_quietly, issued)
+        for fut in taken:
+            await asyncio.wrap_future(fut)
         closed = [[b for _, b in message.results] if message.final else [] for _, message, _ in items]
         return [Ran(self.collective_error, self._ready(ids)) for ids in closed]
 
@@ -374,9 +400,13 @@ class Host:
 
 
 def _computed(arrays: Any) -> bool:
+    """Every array has been computed (or has failed: an error counts as finished)."""
     import jax
 
-    return all(a.is_ready() for a in jax.tree_util.tree_leaves(arrays) if hasattr(a, "is_ready"))
+    try:
+        return all(a.is_ready() for a in jax.tree_util.tree_leaves(arrays) if hasattr(a, "is_ready"))
+    except Exception:
+        return True
 
 
 def _sound(array: Any) -> bool:
@@ -396,14 +426,6 @@ def _finished(array: Any) -> None:
     import jax
 
     jax.block_until_ready(array)
-
-
-def _finished_quietly(arrays: Any) -> None:
-    """Wait for arrays to be computed; an error stays in them for their readers."""
-    try:
-        _finished(arrays)
-    except Exception as e:
-        log.debug("a computation failed (its readers get the cause): %s", e)
 
 
 def _raw(array: Any) -> bytes:
