@@ -21,8 +21,9 @@ server starts its own. This baseline imports Ray directly, as a user would; it i
 place outside `executors/` that does.
 
 Beside the modes, two requests isolate parts of an Isthmus call (`components_us`): an HTTP
-round trip the server answers without Ray (`Client.buffers()`), and one that also awaits a
-Ray actor call to the host executor (`Buffer.ready()`).
+round trip the server answers without an executor (`Client.buffers()`), and an upload
+followed by a wait, which the server answers after a round trip to the host executor over
+its channel (`Client.put(small).result()`, two requests).
 
 Output (`--json PATH`): `us_per_call` (mode -> median µs), `ratios` (A µs / baseline µs, so
 1.0 is parity and larger is slower), `ratio_definition`, `components_us`,
@@ -177,25 +178,26 @@ def measure(mode: Mode, iters: int, repeats: int, warmup: int) -> list[float]:
     return samples
 
 
-def isthmus_components(c: isthmus.Client, y: isthmus.Buffer) -> dict[str, Callable[[int], None]]:
+def isthmus_components(c: isthmus.Client, s: isthmus.Slice) -> dict[str, Callable[[int], None]]:
     """Requests that isolate the parts of an Isthmus call, through the public client API."""
+    small = np.zeros(8, np.float32)
 
     def http(n: int) -> None:
         for _ in range(n):
             c.buffers()
 
-    def http_and_actor(n: int) -> None:
+    def http_and_executor(n: int) -> None:
         for _ in range(n):
-            if not y.ready():
-                raise BenchError(f"buffer {y.id} should be ready after its chain was waited for")
+            c.put(small, s).result()
 
-    return {"isthmus_http_roundtrip": http, "isthmus_http_plus_actor_roundtrip": http_and_actor}
+    return {"isthmus_http_roundtrip": http, "isthmus_http_plus_executor_roundtrip": http_and_executor}
 
 
 COMPONENTS_DEFINITION = (
     "isthmus_http_roundtrip: Client.buffers(), an authenticated request the server answers from "
-    "memory (no Ray); isthmus_http_plus_actor_roundtrip: Buffer.ready(), the same plus one Ray "
-    "actor call from the server to the host executor, awaited"
+    "memory (no executor); isthmus_http_plus_executor_roundtrip: Client.put(float32[8]).result(): "
+    "two requests, the upload (answered once the server holds it) and a wait, which is a round "
+    "trip from the server to the host executor over its channel"
 )
 
 
@@ -258,7 +260,7 @@ def run_all(iters: int, repeats: int, warmup: int) -> tuple[dict[str, list[float
         i1, i2 = IsthmusLoop(c, s), IsthmusLoop(c, s)
         time_modes(Mode("isthmus_sync", i1.sync, i1.value),
                    Mode("isthmus_pipelined", i2.pipelined, i2.value))
-        for name, run in isthmus_components(c, i1.last).items():
+        for name, run in isthmus_components(c, s).items():
             components[name] = time_calls(run, iters, repeats, warmup)
             print(f"  {name:<34} {statistics.median(components[name]):10.1f} us/call", file=sys.stderr)
     return samples, components
