@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from executors import ray_start
 from executors.channel import SECRET_BYTES, Channel, serve
@@ -32,7 +33,8 @@ from executors.messages import Failed, Lost, Payload, Ran, Settled, Settlement, 
 from executors.outbox import Outbox
 from executors.runner import IN_FLIGHT, RunMessage
 from ir import DeviceMesh, HostPlan, RemoteError, Unavailable
-from resource_manager import ClusterSpec, DeviceReport, HostSpec
+from resource_manager import ClusterSpec, DeviceReport, HostSpec, cluster_from_nodes, default_cluster
+from resource_manager.discovery import ISLAND_LABEL
 
 log = logging.getLogger("isthmus.executors")
 
@@ -132,13 +134,16 @@ def _actor_options(host: HostSpec, wait_timeout_s: int, generation: int) -> dict
         gpus = host.num_devices
         env["JAX_PLATFORMS"] = ""  # JAX's own choice (its GPU), not the server's cpu
     # num_cpus=0: executors are long-lived and must never wait for a CPU slot.
-    return {
+    options: dict[str, Any] = {
         "num_cpus": 0,
         "num_gpus": gpus,
         "name": _actor_name(host.name, generation),
         "runtime_env": {"env_vars": env},
         "max_concurrency": HOST_CONCURRENCY,
     }
+    if host.node is not None:  # a host discovered from a node's labels runs on that node only
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(host.node, soft=False)
+    return options
 
 
 class ExecutorPool:
@@ -154,6 +159,7 @@ class ExecutorPool:
         self._compiles = 0  # compile requests sent (each carries its number, see `forget`)
         self.ordered = True  # False only to show what the island order prevents (debug)
         self.messages: dict[str, int] = dict.fromkeys(handles, 0)  # run messages sent per host
+        self.spec: ClusterSpec | None = None  # the islands and hosts it runs (`start`)
         self._specs: dict[str, HostSpec] = {}
         self.islands: dict[str, tuple[str, ...]] = {}  # island -> its hosts
         self._options = RayOptions()
@@ -215,21 +221,29 @@ class ExecutorPool:
             raise
 
     @classmethod
-    async def start(cls, spec: ClusterSpec, options: RayOptions) -> ExecutorPool:
+    async def start(cls, spec: ClusterSpec | None, options: RayOptions) -> ExecutorPool:
         """Start one actor per host; each multi-host island of one platform forms one JAX
         distributed group (`RayOptions.groups`), its hosts joining at once, before anything
-        else uses JAX (CPU collectives over gloo; GPU collectives are NCCL's)."""
+        else uses JAX (CPU collectives over gloo; GPU collectives are NCCL's). With no
+        `spec`, the islands are those the Ray nodes' labels name (`cluster_from_nodes`), each
+        executor pinned to its node; with none labelled, the default shape, placed by Ray."""
         # A Ray this process has already joined is used as it is: whoever joined it chose how.
         owns = not ray.is_initialized() and ray_start.connect(
             options.address, namespace=options.namespace, num_cpus=options.num_cpus,
             object_store_bytes=options.object_store_bytes, token_file=options.token_file,
             insecure=options.insecure)
+        if spec is None:
+            spec = cluster_from_nodes(ray.nodes())
+            if spec is None:
+                log.warning("no Ray node is labelled %s: the default islands, placed wherever Ray "
+                            "likes (docs/kubernetes.md, \"Labels\")", ISLAND_LABEL)
+                spec = default_cluster()
         specs = {h.name: h for _, h in spec.hosts()}
         handles = {name: _new_actor(host, options, 0) for name, host in specs.items()}
         groups = spec.groups() if options.groups else {}
         pool = cls(handles, owns, groups)
         pool.ordered = options.ordered
-        pool._specs, pool._options = specs, options
+        pool.spec, pool._specs, pool._options = spec, specs, options
         pool.islands = {i.name: tuple(h.name for h in i.hosts) for i in spec.islands}
         try:
             await asyncio.gather(*(pool._form_group(pool._handles, hosts) for hosts in groups.values()))

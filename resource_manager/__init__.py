@@ -6,6 +6,7 @@ without either. Other packages import only from this module.
 
 - `cluster`: `ClusterSpec` (islands → hosts → device counts), `default_cluster`,
   `load_cluster`.
+- `discovery`: `cluster_from_nodes`, islands and hosts from a Ray cluster's node labels.
 - `inventory`: `Device` (global id, island, host, host-local index), `DeviceReport`.
 - `slices`: `Slice`, a virtual mesh mapped one-to-one onto physical device ids.
 - `placement`: `place`, the pure placement heuristic.
@@ -19,6 +20,7 @@ from resource_manager.cluster import (
     default_cluster,
     load_cluster,
 )
+from resource_manager.discovery import cluster_from_nodes
 from resource_manager.inventory import Device, DeviceReport
 from resource_manager.manager import ResourceManager
 from resource_manager.placement import Choice, place
@@ -33,6 +35,7 @@ __all__ = [
     "IslandSpec",
     "ResourceManager",
     "Slice",
+    "cluster_from_nodes",
     "default_cluster",
     "load_cluster",
     "place",

@@ -47,6 +47,7 @@ class HostSpec:
     name: str
     num_devices: int
     platform: str = "cpu"
+    node: str | None = None  # the Ray node its executor is pinned to (islands from node labels)
 
     def __post_init__(self) -> None:
         _check_name("host name", self.name)

@@ -73,8 +73,10 @@ class Service:
 
     @classmethod
     async def start(cls, settings: Settings, admin_token: str) -> Service:
-        spec: ClusterSpec = (
-            load_cluster(settings.cluster_file) if settings.cluster_file else default_cluster()
+        # Joining a cluster without a cluster file, its nodes' labels name the islands.
+        spec: ClusterSpec | None = (
+            load_cluster(settings.cluster_file) if settings.cluster_file
+            else None if settings.ray_address else default_cluster()
         )
         if settings.ray_address is None:  # the Ray this server starts takes its token from here
             secret(settings.ray_token_file)
@@ -96,7 +98,8 @@ class Service:
             reports = await pool.reports(settings.rpc_timeout_s)
             # Slices may span the hosts of an island that is one JAX group (filled host by host).
             span = max((len(hosts) for hosts in pool.groups.values()), default=1)
-            service = cls(settings, pool, ResourceManager(spec, reports, max_hosts_per_slice=span),
+            assert pool.spec is not None
+            service = cls(settings, pool, ResourceManager(pool.spec, reports, max_hosts_per_slice=span),
                           admin_token)
             service._tasks.spawn(service._expire_clients_forever())
             return service

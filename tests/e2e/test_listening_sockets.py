@@ -11,16 +11,14 @@ from __future__ import annotations
 import ipaddress
 import os
 import pickle
-import signal
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+from external_ray import start_ray_without_auth, stop
 
 from client.embedded import EmbeddedServer
 from executors.channel import HEADER, SECRET_BYTES
@@ -152,37 +150,6 @@ def test_the_embedded_server_listens_on_loopback_and_ray_there_wants_its_token(e
     channels = [s for s, how in refusing.items() if how == "closed unanswered"]
     assert {s.process for s in channels} == {"ray::RayHost"} and len(channels) == 4  # one per host
     assert len(metrics) <= 2  # the autoscaler's and the dashboard's, if prometheus_client is there
-
-
-def start_ray_without_auth() -> tuple[subprocess.Popen[str], str]:
-    """A Ray with token authentication off, on loopback, in its own process group: the kind
-    of cluster the server must refuse to join. Stops when its stdin closes."""
-    script = ("import sys, ray\n"
-              "ray.init(address='local', num_cpus=2, include_dashboard=False,"
-              " object_store_memory=256 << 20, logging_level='WARNING')\n"
-              "print('gcs', ray.get_runtime_context().gcs_address, flush=True)\n"
-              "sys.stdin.read()\n"
-              "ray.shutdown()\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
-    env |= {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()  # the test's timeout bounds this wait
-    if not line.startswith("gcs "):
-        stop(proc)
-        raise RuntimeError(f"Ray without auth did not start: {line!r}")
-    return proc, line.split()[1]
-
-
-def stop(proc: subprocess.Popen[str]) -> None:
-    assert proc.stdin is not None
-    proc.stdin.close()
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
 
 
 @pytest.mark.timeout(420)
