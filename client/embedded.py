@@ -34,8 +34,11 @@ class EmbeddedServer:
 
     @classmethod
     def start(cls, state_dir: Path, port: int = 0, extra: Sequence[str] = (),
-              env: dict[str, str] | None = None, timeout: float = 180.0) -> EmbeddedServer:
-        cmd = [sys.executable, "-m", "server", "--port", str(port), "--state-dir", str(state_dir),
+              env: dict[str, str] | None = None, timeout: float = 180.0,
+              prefix: Sequence[str] = ()) -> EmbeddedServer:
+        """`prefix` runs the server through a command that then runs it (e.g. `ip netns exec
+        NS`, for a server on a node of its own)."""
+        cmd = [*prefix, sys.executable, "-m", "server", "--port", str(port), "--state-dir", str(state_dir),
                "--stop-with-stdin", *extra]
         child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
