@@ -354,7 +354,10 @@ class ExecutorPool:
             return
         with self._lock:  # one step: a run numbered after it carries its plan again
             self._plans -= {(host, k) for k in plans}
-            self._numbered(host, "forget", dict.fromkeys(executables, self._compiles), list(plans))
+            try:
+                self._numbered(host, "forget", dict.fromkeys(executables, self._compiles), list(plans))
+            except Unavailable as e:  # a host that is down has forgotten everything
+                log.info("forget on host %s skipped: %s", host, e)
 
     def put(self, hosts: Sequence[str], buffer_id: str, data: bytes, dtype: str, shape: Sequence[int],
             mesh: DeviceMesh, spec: Any) -> None:
@@ -474,8 +477,12 @@ class ExecutorPool:
         return await self._await(self._call(host, "stats"), host, timeout, "stats")
 
     def delete(self, host: str, buffer_ids: Sequence[str]) -> None:
+        """Free buffers on a host; one that is down has lost them already."""
         if buffer_ids:
-            self._send(host, "delete", list(buffer_ids))
+            try:
+                self._send(host, "delete", list(buffer_ids))
+            except Unavailable as e:
+                log.info("delete on host %s skipped: %s", host, e)
 
     def shutdown(self) -> None:
         for channel in self._channels.values():

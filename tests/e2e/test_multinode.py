@@ -1,8 +1,9 @@
 """A real multi-node Ray on this machine: each node in a network namespace of its own, with its
 own address on a bridge (`ip netns` and veth pairs; needs root). The head's node runs the
 Isthmus server, which joins the cluster and takes its islands from the worker nodes' labels:
-a0 and a1 (island a) and b0 (island b), each executor on its own node. A value moves from
-island a to island b, node to node, and equals local JAX.
+a0 and a1 (island a) and b0 (island b), each executor on its own node. A two-island program
+moves a value from island a to island b, node to node, and equals local JAX; then node b0
+stops, and a call there fails typed in bounded time while island a goes on.
 
 The test stops every process in its namespaces by pid, then removes the namespaces.
 """
@@ -120,6 +121,11 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 def _stop_namespace(ns: str) -> None:
     """Every process in the namespace, by pid (TERM, then KILL), then the namespace."""
+    _stop_namespace_processes(ns)
+    subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30, check=False)
+
+
+def _stop_namespace_processes(ns: str) -> None:
     def pids() -> list[int]:
         out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=30,
                              check=False).stdout
@@ -133,8 +139,7 @@ def _stop_namespace(ns: str) -> None:
                 pass
         deadline = time.monotonic() + 10
         while pids() and time.monotonic() < deadline:
-            time.sleep(0.2)  # (teardown: processes leave in their own time; bounded)
-    subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30, check=False)
+            time.sleep(0.2)  # (processes leave in their own time; bounded)
 
 
 def test_islands_are_nodes_and_values_move_between_them(cluster: Cluster, tmp_path: Path) -> None:
@@ -164,10 +169,20 @@ def test_islands_are_nodes_and_values_move_between_them(cluster: Cluster, tmp_pa
             sa, sb = c.slice({"x": DEVICES}, island="a"), c.slice({"x": DEVICES}, island="b")
             f = c.jit(lambda v: v * 2.0 + 1.0, slice=sa)
             g = c.jit(lambda v: jax.numpy.cumsum(v) - 3.0, slice=sb)
+            two_islands = c.program(lambda v: g(f(v)))  # a -> b: the value crosses node to node
             x = np.arange(8, dtype=np.float32)
-            got = g(f(c.put(x, sa))).numpy()  # a -> b: the value crosses from node to node
-            want = jax.jit(lambda v: jax.numpy.cumsum(v * 2.0 + 1.0) - 3.0)(x)
-            np.testing.assert_array_equal(got, np.asarray(want))
+            want = np.asarray(jax.jit(lambda v: jax.numpy.cumsum(v * 2.0 + 1.0) - 3.0)(x))
+            np.testing.assert_array_equal(two_islands(c.put(x, sa)).numpy(), want)
+            np.testing.assert_array_equal(g(f(c.put(x, sa))).numpy(), want)  # op by op too
+
+            # A worker node stops: its host fails, typed and in bounded time; island a goes on.
+            y = c.put(x, sb)
+            _stop_namespace_processes(cluster.namespaces["b0"])
+            started = time.monotonic()
+            with pytest.raises((isthmus.Unavailable, isthmus.RemoteError)):
+                g(y).numpy()
+            assert time.monotonic() - started < 60
+            np.testing.assert_array_equal(f(c.put(x, sa)).numpy(), x * 2.0 + 1.0)
     finally:
         srv.stop()
     assert sys.platform == "linux"
