@@ -5,7 +5,11 @@ plain values or typed errors out. Requests that produce buffers (uploads, run me
 fire-and-forget; each carries a per-host sequence number that the host takes them in (Ray
 does not order an async actor's calls). These numbers, given under one lock in the order the
 gang schedulers admit work, are the one source of the global order. Reads are awaited with a
-deadline, so a dead host turns into `Unavailable` instead of a hang.
+deadline, so a dead host turns into `Unavailable` instead of a hang. The requests on every
+call's path travel over each executor's channel (`executors.channel`), the rest as actor
+calls; the sequence numbers order them whichever way they came. Joining a cluster without a
+cluster spec, the islands come from the nodes' labels and each executor is pinned to its
+node (`resource_manager.discovery`).
 """
 
 from __future__ import annotations
