@@ -41,11 +41,14 @@ from typing import Any
 
 import numpy as np
 
+from executors import control
 from executors.compile import place
-from executors.messages import Failed, Payload, Shards, Whole
+from executors.control import DEAD, Frames, Layout, blocked
+from executors.messages import Dead, Failed, Payload, Shards, Whole
 from executors.shards import distinct_shards, whole
 from executors.store import BufferStore, Failure
 from ir import Compute, HostPlan, Recv, Reshard, Send, Step
+from ir.plan import Enter, Exit, Merge, NextIteration, Switch
 
 log = logging.getLogger("isthmus.executors")
 FINISHED_RUNS = 4096  # finished run ids remembered, so late deliveries to them are dropped
@@ -75,7 +78,8 @@ class _Executable:
 
 @dataclass
 class _Run:
-    env: dict[str, Any] = field(default_factory=dict)  # value -> jax.Array or Failure
+    env: dict[str, Any] = field(default_factory=dict)  # value -> jax.Array, Failure, DEAD or LIVE
+    frames: Frames = field(default_factory=Frames)  # the open loop frames and their iterations
 
 
 class Runner:
@@ -97,6 +101,7 @@ class Runner:
         # issued computations, oldest first: (label, when issued, outputs)
         self._issued: deque[tuple[str, float, Any]] = deque()
         self._dead: dict[str, tuple[tuple[str, ...], ...]] = {}  # plan key -> values dead after each step
+        self._layouts: dict[str, Layout] = {}  # plan key -> its frames (loop heads)
         self._executables: dict[str, _Executable] = {}  # by key: what each step needs of it
 
     # -- on arrival (actor thread) ---------------------------------------------------------
@@ -112,8 +117,10 @@ class Runner:
             self._plans[message.plan_key] = plan
         known = plan or self._plans.get(message.plan_key)
         if known is not None:
-            for step in known.steps[message.lo:message.hi]:
-                if isinstance(step, Recv):
+            layout = self._layout(known)
+            for i in range(message.lo, message.hi):
+                step = known.steps[i]
+                if isinstance(step, Recv) and layout.inside(i) is None:  # in a loop: keyed per iteration
                     for source in step.sources:
                         self._mailbox(message.run_id, _tag(step.tag, source))
         return lambda: self._execute(message, plan)
@@ -139,12 +146,25 @@ class Runner:
         for key in plan_keys:
             self._plans.pop(key, None)
             self._dead.pop(key, None)
+            self._layouts.pop(key, None)
         for key in executables:
             self._executables.pop(key, None)
 
     @property
     def plans(self) -> int:
         return len(self._plans)
+
+    def open_state(self) -> dict[str, int]:
+        """Runs, loop frames and mailboxes held now (a finished run holds none of them)."""
+        with self._lock:
+            return {"runs": len(self._runs), "frames": sum(len(r.frames) for r in list(self._runs.values())),
+                    "mailboxes": len(self._mail)}
+
+    def _layout(self, plan: HostPlan) -> Layout:
+        layout = self._layouts.get(plan.key)
+        if layout is None:
+            layout = self._layouts[plan.key] = Layout.of(plan)
+        return layout
 
     def _execute(self, message: RunMessage, carried: HostPlan | None = None) -> list[Any]:
         # A plan the message carried is used as is: a `forget` numbered before this message
@@ -162,13 +182,17 @@ class Runner:
             if value not in run.env:
                 run.env[value] = self._argument(buffer_id, message.timeout)
         dead = self._dead_after(plan)
-        for i in range(message.lo, message.hi):
-            self._step(message, plan.steps[i], run.env)
-            for value in dead[i]:  # no later step reads it, and it is no result: free it now
+        i = message.lo
+        while i < message.hi:  # a loop's NextIteration jumps back to its head
+            here = i
+            i = self._step(message, plan, i, run)
+            for value in dead[here]:  # no later step reads it, and it is no result: free it now
                 run.env.pop(value, None)
         if message.final:
             for value, buffer_id in message.results:
-                outcome = run.env.get(value, Failure(f"run {message.run_id}: {value} was never produced"))
+                outcome = run.env.get(value, DEAD)
+                if outcome is DEAD:
+                    outcome = Failure(f"run {message.run_id}: {value} was never produced")
                 if isinstance(outcome, Failure):
                     self.store.fail(buffer_id, outcome)
                 else:
@@ -185,8 +209,13 @@ class Runner:
             for i, step in enumerate(plan.steps):
                 for value in _defines(step):
                     last.setdefault(value, i)  # never read: dead once defined
-                for value in _reads(step):
+                for value in _used(plan, i):
                     last[value] = i
+            layout = self._layout(plan)
+            for first, end in layout.framed:  # used inside a loop: kept until its outermost Exit
+                for j in range(first, end + 1):
+                    for value in (*_used(plan, j), *_defines(plan.steps[j])):
+                        last[value] = max(last.get(value, end), end)
             kept = {value for _, value in plan.results}
             by_step: list[list[str]] = [[] for _ in plan.steps]
             for value, i in last.items():
@@ -223,42 +252,56 @@ class Runner:
         for _, buffer_id in message.results:
             self.store.fail(buffer_id, failure)
 
-    def _step(self, message: RunMessage, step: Step, env: dict[str, Any]) -> None:
+    def _step(self, message: RunMessage, plan: HostPlan, i: int, run: _Run) -> int:
+        """Run step i; the index of the next step (a loop's last step may jump back)."""
+        step, env, frames = plan.steps[i], run.env, run.frames
+        guard = plan.guard(i)
+        guarded = None if guard is None else blocked([env.get(guard, DEAD)])
         try:
-            if isinstance(step, Compute):
-                self._compute(step, env, message.timeout)
+            if isinstance(step, Enter | Merge | Switch | NextIteration | Exit):
+                return control.step(step, i, env, frames, self._layout(plan), guarded)
+            if guarded is not None and not isinstance(step, Recv):  # a dead or failed branch
+                if isinstance(step, Send):
+                    self._send(message.run_id, step, guarded, frames)
+                for value in _defines(step):
+                    env[value] = guarded
+            elif isinstance(step, Compute):
+                self._compute(step, env, message.timeout, frames)
             elif isinstance(step, Reshard):
-                env[step.output] = _first_failure([env[step.input]]) or place(
-                    env[step.input], step.mesh, step.spec)
+                env[step.output] = blocked([env[step.input]]) or place(env[step.input], step.mesh, step.spec)
             elif isinstance(step, Send):
-                self._send(message.run_id, step, env[step.input])
+                self._send(message.run_id, step, env[step.input], frames)
             elif isinstance(step, Recv):
-                env[step.output] = self._receive(message, step)
+                env[step.output] = self._receive(message, step, frames)
         except Exception:
-            failure = Failure(f"{type(step).__name__.lower()} on host {self.host} failed:\n"
+            where = f" in {frames.where()}" if len(frames) else ""
+            failure = Failure(f"{type(step).__name__.lower()} on host {self.host}{where} failed:\n"
                               f"{traceback.format_exc(limit=8)}")
             for value in _defines(step):
                 env[value] = failure
             self._failed(failure.cause)
             if isinstance(step, Send):  # the peers wait for this tag: they get the cause
-                tag = _tag(step.tag, self.host)
+                tag = frames.tag(_tag(step.tag, self.host))
                 for to in step.to:
                     try:
                         self._deliver(to, message.run_id, tag, Failed(failure.cause))
                     except Exception:  # the peer is gone: its own waits are bounded
                         log.exception("host %s: cannot tell host %s why tag %s failed", self.host, to,
                                       step.tag)
+        return i + 1
 
-    def _compute(self, step: Compute, env: dict[str, Any], timeout: float) -> None:
+    def _compute(self, step: Compute, env: dict[str, Any], timeout: float, frames: Frames) -> None:
         import jax
 
         args = [env[v] for v in step.inputs]
-        failure = _first_failure(args)
+        failure = blocked(args)
         if failure is None:
             try:
                 exe = self._executable(step.key).result(timeout)
             except FutureTimeout:
-                failure = Failure(f"{step.label}: executable {step.key} not compiled within {timeout:g}s")
+                where = f" (in {frames.where()})" if len(frames) else ""
+                failure = Failure(f"{step.label}{where}: executable {step.key} not compiled "
+                                  f"within {timeout:g}s")
             except Failure as f:
                 failure = f
         if failure is not None:
@@ -319,24 +362,27 @@ class Runner:
                 return label, issued
         return None
 
-    def _send(self, run_id: str, step: Send, value: Any) -> None:
+    def _send(self, run_id: str, step: Send, value: Any, frames: Frames) -> None:
         payload: Payload
-        if isinstance(value, Failure):
+        if value is DEAD:  # the dead signal crosses hosts, so the peer's branch finishes too
+            payload = Dead()
+        elif isinstance(value, Failure):
             payload = Failed(value.cause)
         elif value.is_fully_addressable:
             payload = Whole(np.asarray(value))
         else:
             payload = Shards(distinct_shards(value))
         for to in step.to:
-            self._deliver(to, run_id, _tag(step.tag, self.host), payload)
+            self._deliver(to, run_id, frames.tag(_tag(step.tag, self.host)), payload)
 
-    def _receive(self, message: RunMessage, step: Recv) -> Any:
+    def _receive(self, message: RunMessage, step: Recv, frames: Frames) -> Any:
         """Every source host's part, within the run's timeout; the whole value, placed."""
         deadline = time.monotonic() + message.timeout
         parts: list[Payload] = []
+        tags = [frames.tag(_tag(step.tag, source)) for source in step.sources]
         try:
-            for source in step.sources:
-                fut = self._mailbox(message.run_id, _tag(step.tag, source))
+            for source, tag in zip(step.sources, tags, strict=True):
+                fut = self._mailbox(message.run_id, tag)
                 try:
                     parts.append(fut.result(max(0.0, deadline - time.monotonic())))
                 except FutureTimeout:
@@ -344,11 +390,13 @@ class Runner:
                                    f"within {message.timeout:g}s")
         finally:
             with self._lock:
-                for source in step.sources:
-                    self._mail.pop((message.run_id, _tag(step.tag, source)), None)
+                for tag in tags:
+                    self._mail.pop((message.run_id, tag), None)
         failed = next((p for p in parts if isinstance(p, Failed)), None)
         if failed is not None:
             return Failure(failed.cause)
+        if any(isinstance(p, Dead) for p in parts):
+            return DEAD
         if len(parts) == 1 and isinstance(parts[0], Whole):
             value = parts[0].array
         else:
@@ -366,21 +414,33 @@ def _full(array: np.ndarray) -> list[tuple[int, int]]:
     return [(0, n) for n in array.shape]
 
 
-def _first_failure(values: Sequence[Any]) -> Failure | None:
-    return next((v for v in values if isinstance(v, Failure)), None)
+def _used(plan: HostPlan, i: int) -> tuple[str, ...]:
+    """What step i reads, its guard (the pivot of its branch) included."""
+    guard = plan.guard(i)
+    return _reads(plan.steps[i]) + ((guard,) if guard else ())
 
 
 def _reads(step: Step) -> tuple[str, ...]:
-    if isinstance(step, Compute):
-        return step.inputs
-    if isinstance(step, Reshard | Send):
-        return (step.input,)
+    match step:
+        case Compute() | Enter() | Exit():
+            return step.inputs
+        case Reshard() | Send():
+            return (step.input,)
+        case Merge():
+            return tuple(v for values in step.inputs for v in values)
+        case Switch():
+            return (step.pred, *step.inputs)
+        case NextIteration():
+            return (step.pred, *step.inputs)
     return ()
 
 
 def _defines(step: Step) -> tuple[str, ...]:
-    if isinstance(step, Compute):
-        return step.outputs
-    if isinstance(step, Reshard | Recv):
-        return (step.output,)
+    match step:
+        case Compute() | Enter() | Exit() | Merge() | NextIteration():
+            return step.outputs
+        case Reshard() | Recv():
+            return (step.output,)
+        case Switch():
+            return (*(v for values in step.outputs for v in values), *step.pivots)
     return ()
