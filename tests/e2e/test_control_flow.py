@@ -2,12 +2,11 @@
 `@c.program`, run on the hosts with no round trip per iteration, equal to a local oracle
 (`jax.lax` or a Python loop over `jax.jit`)."""
 
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hosts_settled import host_rows
 from jax.sharding import PartitionSpec as P
 
 import client as isthmus
@@ -38,16 +37,6 @@ def fns(c):
         "even": c.jit(lambda i: i % 2 == 0, slice=sa),
         "lf": jax.jit(scale), "lg": jax.jit(shift),
     }
-
-
-def host_rows(c):
-    """Every host's row, once no island has a run in flight (each host has reported its part
-    done: the condition itself, polled, within a bound)."""
-    deadline = time.monotonic() + 60
-    while True:
-        islands = c._json("GET", "/v1/islands")
-        if all(isl["in_flight"] == 0 for isl in islands) or time.monotonic() > deadline:
-            return {h["name"]: h for isl in islands for h in isl["hosts"]}
 
 
 def assert_no_state_left(c):

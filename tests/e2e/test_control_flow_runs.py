@@ -3,25 +3,14 @@ executors as many messages as a 1-iteration run, and a failure in iteration k fa
 results with a cause naming the iteration, leaves no state on any host, and the next run
 succeeds."""
 
-import time
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hosts_settled import host_rows
 
 import client as isthmus
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
-
-
-def host_rows(c):
-    """Every host's row, once no island has a run in flight (each host has reported its part
-    done: the condition itself, polled, within a bound)."""
-    deadline = time.monotonic() + 60
-    while True:
-        islands = c._json("GET", "/v1/islands")
-        if all(isl["in_flight"] == 0 for isl in islands) or time.monotonic() > deadline:
-            return {h["name"]: h for isl in islands for h in isl["hosts"]}
 
 
 def counters(c):
