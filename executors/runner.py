@@ -21,6 +21,13 @@ Contract:
   tagged `<tag>@<sending host>`, so a `Recv` from a slice spanning hosts waits for each of
   them, assembles the whole value and places its part. A failed value is sent as its
   `Failed` cause, so the peer's dependents fail with the same cause.
+- Loops and branches (`ir.plan`'s Switch / Merge / Enter / Exit / NextIteration) run as
+  the per-host state machine of `executors.control`: a `NextIteration` may send the step
+  index back to its loop's `Merge`, a run's `Frames` tag every send and receive inside a
+  frame with the frame and iteration, a step under a dead guard (or reading a dead value)
+  defines dead values without running, and a `Send` of a dead value delivers `Dead`, so a
+  host whose branch was not taken finishes. The predicate comes from its host as a value
+  like any other, so no iteration involves the server.
 - A failure never hangs: a `Recv` or an executable that does not arrive within the run's
   timeout fails the value it defines, and every dependent with it; an error XLA reports
   while a computation runs reaches every array computed from it.
@@ -44,10 +51,11 @@ import numpy as np
 from executors import control
 from executors.compile import place
 from executors.control import DEAD, Frames, Layout, blocked
+from executors.liveness import dead_after, defines
 from executors.messages import Dead, Failed, Payload, Shards, Whole
 from executors.shards import distinct_shards, whole
 from executors.store import BufferStore, Failure
-from ir import Compute, HostPlan, Recv, Reshard, Send, Step
+from ir import Compute, HostPlan, Recv, Reshard, Send
 from ir.plan import Enter, Exit, Merge, NextIteration, Switch
 
 log = logging.getLogger("isthmus.executors")
@@ -201,27 +209,10 @@ class Runner:
         return self.unfinished_outputs()
 
     def _dead_after(self, plan: HostPlan) -> tuple[tuple[str, ...], ...]:
-        """Per step, the values no later step reads and no result names (worked out once per
-        plan): a long chain then holds a few values at a time, not all of them."""
+        """Per step, the values to free after it (`executors.liveness`), once per plan."""
         dead = self._dead.get(plan.key)
         if dead is None:
-            last: dict[str, int] = {}
-            for i, step in enumerate(plan.steps):
-                for value in _defines(step):
-                    last.setdefault(value, i)  # never read: dead once defined
-                for value in _used(plan, i):
-                    last[value] = i
-            layout = self._layout(plan)
-            for first, end in layout.framed:  # used inside a loop: kept until its outermost Exit
-                for j in range(first, end + 1):
-                    for value in (*_used(plan, j), *_defines(plan.steps[j])):
-                        last[value] = max(last.get(value, end), end)
-            kept = {value for _, value in plan.results}
-            by_step: list[list[str]] = [[] for _ in plan.steps]
-            for value, i in last.items():
-                if value not in kept:
-                    by_step[i].append(value)
-            dead = self._dead[plan.key] = tuple(tuple(values) for values in by_step)
+            dead = self._dead[plan.key] = dead_after(plan, self._layout(plan))
         return dead
 
     def unfinished_outputs(self) -> list[Any]:
@@ -263,7 +254,7 @@ class Runner:
             if guarded is not None and not isinstance(step, Recv):  # a dead or failed branch
                 if isinstance(step, Send):
                     self._send(message.run_id, step, guarded, frames)
-                for value in _defines(step):
+                for value in defines(step):
                     env[value] = guarded
             elif isinstance(step, Compute):
                 self._compute(step, env, message.timeout, frames)
@@ -277,7 +268,7 @@ class Runner:
             where = f" in {frames.where()}" if len(frames) else ""
             failure = Failure(f"{type(step).__name__.lower()} on host {self.host}{where} failed:\n"
                               f"{traceback.format_exc(limit=8)}")
-            for value in _defines(step):
+            for value in defines(step):
                 env[value] = failure
             self._failed(failure.cause)
             if isinstance(step, Send):  # the peers wait for this tag: they get the cause
@@ -412,35 +403,3 @@ def _tag(tag: str, source: str) -> str:
 
 def _full(array: np.ndarray) -> list[tuple[int, int]]:
     return [(0, n) for n in array.shape]
-
-
-def _used(plan: HostPlan, i: int) -> tuple[str, ...]:
-    """What step i reads, its guard (the pivot of its branch) included."""
-    guard = plan.guard(i)
-    return _reads(plan.steps[i]) + ((guard,) if guard else ())
-
-
-def _reads(step: Step) -> tuple[str, ...]:
-    match step:
-        case Compute() | Enter() | Exit():
-            return step.inputs
-        case Reshard() | Send():
-            return (step.input,)
-        case Merge():
-            return tuple(v for values in step.inputs for v in values)
-        case Switch():
-            return (step.pred, *step.inputs)
-        case NextIteration():
-            return (step.pred, *step.inputs)
-    return ()
-
-
-def _defines(step: Step) -> tuple[str, ...]:
-    match step:
-        case Compute() | Enter() | Exit() | Merge() | NextIteration():
-            return step.outputs
-        case Reshard() | Recv():
-            return (step.output,)
-        case Switch():
-            return (*(v for values in step.outputs for v in values), *step.pivots)
-    return ()
