@@ -13,6 +13,9 @@ is computed on island a. Modes, measured in one run on one machine (median of ro
   predicate), the client fetching the predicate after each run to decide whether to go on.
 - `jax_while`: `jax.lax.while_loop` of f and g in this process on one device (the limit:
   no hosts, no network).
+- `ingraph_one_host` and `client_loop_one_host`: the same two modes with g on f's slice
+  (island a, one host): no value crosses hosts, so what is left per iteration is the cost
+  of driving the loop, in the graph or from the client.
 
 `ratios.ingraph_vs_client_loop` is the paper's comparison (its claim: about 5x). Every
 mode's result is checked against a Python loop of the same float32 arithmetic.
@@ -67,8 +70,10 @@ def timed(run: Callable[[], np.ndarray], n: int, rounds: int) -> float:
     return statistics.median(rates)
 
 
-def measure(c: isthmus.Client, n_graph: int, n_client: int, rounds: int) -> dict[str, float]:
-    sa, sb = c.slice({"x": 1}, island="a"), c.slice({"x": 1}, island="b")
+def measure(c: isthmus.Client, n_graph: int, n_client: int, rounds: int,
+            one_host: bool = False) -> dict[str, float]:
+    sa = c.slice({"x": 1}, island="a")
+    sb = sa if one_host else c.slice({"x": 1}, island="b")
     fa, gb = c.jit(f, slice=sa), c.jit(g, slice=sb)
     inc, less = c.jit(lambda i: i + 1, slice=sa), c.jit(lambda i, n: i < n, slice=sa)
     x = c.put(np.zeros(SIZE, np.float32), sa)
@@ -118,13 +123,18 @@ def main(argv: list[str] | None = None) -> int:
     n_graph, n_client, rounds = (200, 50, 3) if args.quick else (2000, 300, 5)
     with isthmus_client() as c:
         rates = measure(c, n_graph, n_client, rounds)
+        local = measure(c, n_graph * 5, n_client, rounds, one_host=True)
+    rates |= {f"{mode}_one_host": rate for mode, rate in local.items()}
     rates["jax_while"] = jax_while(100_000, rounds)
     result = {
         "iterations_per_s": rates,
         "ratios": {"ingraph_vs_client_loop": rates["ingraph"] / rates["client_loop"],
+                   "ingraph_vs_client_loop_one_host": (rates["ingraph_one_host"]
+                                                       / rates["client_loop_one_host"]),
                    "jax_while_vs_ingraph": rates["jax_while"] / rates["ingraph"]},
         "parallel_iterations": {"1": rates["ingraph"]},
-        "config": {"iterations": {"ingraph": n_graph, "client_loop": n_client, "jax_while": 100_000},
+        "config": {"iterations": {"ingraph": n_graph, "client_loop": n_client, "jax_while": 100_000,
+                                  "ingraph_one_host": n_graph * 5},
                    "rounds": rounds, "size": SIZE},
         "machine": describe(),
     }
