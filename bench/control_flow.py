@@ -1,6 +1,6 @@
 """Iterations/s of a loop in the graph, against the same loop driven by the client (Yu et al. §6).
 
-    python -m bench.control_flow --json /tmp/control_flow.json [--quick]
+    python -m bench.control_flow --json /tmp/control_flow.json [--quick] [--plot docs/control_flow.png]
 
 The loop's body is two small computations on two islands, `f(v) = v * 0.5 + 1` on island a
 and `g(v) = v - 0.25` on island b (float32[16], one device each), and its predicate `i < n`
@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.control_flow", description=__doc__.split("\n")[0])
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--quick", action="store_true", help="fewer iterations and rounds (a smoke run)")
+    p.add_argument("--plot", type=Path, default=None, help="draw the rates into this PNG")
     args = p.parse_args(argv)
     n_graph, n_client, rounds = (200, 50, 3) if args.quick else (2000, 300, 5)
     with isthmus_client() as c:
@@ -142,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.json is not None:
         args.json.write_text(text + "\n")
+    if args.plot is not None:
+        from bench.plot import plot_control_flow
+
+        plot_control_flow(result, args.plot)
     return 0
 
 
