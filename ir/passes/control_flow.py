@@ -52,45 +52,15 @@ class Lowering(Protocol):
 
     def graph(self, graph: Graph, names: dict[str, str], prefix: str, guard: str | None) -> list[str]: ...
 
+    def hosts_of(self, graphs: list[tuple[Graph, dict[str, str], str]], guard: str | None) -> set[str]:
+        """The hosts that `graph(...)` of each of `graphs` would give steps (emitting nothing)."""
+        ...
+
 
 def _participants(walk: Lowering, values: list[str], graphs: list[tuple[Graph, dict[str, str], str]],
                   guard: str | None) -> set[str]:
-    """Hosts of `values` and of every step the sub-graphs would emit (a dry run of the walk)."""
-    hosts = {h for v in values for h in walk.hosts(v)}
-    dry = _DryRun(walk)
-    for graph, names, prefix in graphs:
-        dry.graph(graph, names, prefix, guard)
-    return hosts | dry.hosts_used
-
-
-class _DryRun:
-    """A `Lowering` that records only which hosts get steps (types still registered)."""
-
-    def __init__(self, walk: Lowering) -> None:
-        self._walk = walk
-        self.hosts_used: set[str] = set()
-
-    def emit(self, hosts: tuple[str, ...] | list[str], step: Step, guard: str | None,
-             job: object = None) -> None:
-        self.hosts_used.update(hosts)
-
-    def hosts(self, value: str) -> tuple[str, ...]:
-        return self._walk.hosts(value)
-
-    def mesh_of_host(self, host: str) -> DeviceMesh:
-        return self._walk.mesh_of_host(host)
-
-    def graph(self, graph: Graph, names: dict[str, str], prefix: str, guard: str | None) -> list[str]:
-        real_emit = self._walk.emit
-        try:
-            self._walk.emit = self.emit  # type: ignore[method-assign]
-            position = getattr(self._walk, "position", None)
-            out = self._walk.graph(graph, names, prefix, guard)
-            if position is not None:
-                self._walk.position = position  # type: ignore[attr-defined]
-            return out
-        finally:
-            self._walk.emit = real_emit  # type: ignore[method-assign]
+    """Hosts of `values` and of every step the sub-graphs will emit."""
+    return {h for v in values for h in walk.hosts(v)} | walk.hosts_of(graphs, guard)
 
 
 def _broadcast(walk: Lowering, pred: str, hosts: list[str], frame: str, guard: str | None) -> dict[str, str]:

@@ -152,9 +152,13 @@ class _Walk:
     where: _Where
     drafts: dict[str, _Draft] = field(default_factory=dict)
     position: int = 0
+    recording: set[str] | None = None  # during `hosts_of`: the hosts steps would go to, no steps
 
     def emit(self, hosts: tuple[str, ...] | list[str], step: Step, guard: str | None,
              job: CompileJob | None = None) -> None:
+        if self.recording is not None:
+            self.recording.update(hosts)
+            return
         for host in hosts:
             draft = self.drafts.setdefault(host, _Draft())
             draft.steps.append(step)
@@ -168,7 +172,18 @@ class _Walk:
         return self.where.hosts(self.where.types[value].slice)
 
     def mesh_of_host(self, host: str) -> DeviceMesh:
+        """Where a host places a predicate it receives: its first device."""
         return DeviceMesh((0,), ())
+
+    def hosts_of(self, graphs: list[tuple[Graph, dict[str, str], str]], guard: str | None) -> set[str]:
+        outer, position = self.recording, self.position
+        self.recording = set()
+        try:
+            for graph, names, prefix in graphs:
+                self.graph(graph, names, prefix, guard)
+            return self.recording
+        finally:
+            self.recording, self.position = outer, position
 
     def graph(self, graph: Graph, names: dict[str, str], prefix: str, guard: str | None) -> list[str]:
         """Emit the steps of `graph` (a sub-graph: `names` maps its args, its values get `prefix`);
