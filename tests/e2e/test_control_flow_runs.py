@@ -72,3 +72,31 @@ def test_a_failure_in_iteration_k_names_it_frees_every_frame_and_the_next_run_su
     for _ in range(6):
         want = (want + 1) * 2
     np.testing.assert_array_equal(out, want)
+
+
+def test_sequential_dispatch_and_fusion_still_run_a_loop_whole(c):
+    sa = c.slice({"x": 1}, island="a")
+    f = c.jit(lambda v: v * 2.0, slice=sa)
+    h = c.jit(lambda v: v + 1.0, slice=sa)
+
+    def fn(x):
+        return h(h(isthmus.fori_loop(0, 4, lambda i, v: h(f(v)), f(x))))
+
+    x = np.ones(4, np.float32)
+    want = x * 2
+    for _ in range(4):
+        want = want * 2 + 1
+    for prog in (c.program(fn, dispatch="sequential"), c.program(fn, fuse=True)):
+        np.testing.assert_array_equal(prog(x).numpy(), want + 2)
+
+
+def test_a_malformed_loop_is_a_400_naming_the_node(c):
+    sa = c.slice({"x": 1}, island="a")
+    f = c.jit(lambda v: v * 2.0, slice=sa)
+    small = c.jit(lambda v: v.sum() < 10, slice=sa)
+    prog = c.program(lambda x: isthmus.while_loop(small, f, f(x)))
+    wire = __import__("ir").to_wire(prog.trace(np.ones(4, np.float32)))
+    loop = next(n for n in wire["graph"]["nodes"] if n["op"] == "while")
+    loop["attrs"]["cond"]["nodes"][-1]["inputs"] = [loop["attrs"]["cond"]["nodes"][0]["outputs"][0]]
+    with pytest.raises(isthmus.InvalidArgument, match=r"while cond results: expected one bool\[\] scalar"):
+        c._json("POST", "/v1/programs", json={"program": wire})
