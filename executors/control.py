@@ -13,8 +13,12 @@ Contract:
   failed: a host whose branch is not taken walks the branch's steps with dead values
   (no computation) and finishes; a failure ends every loop it reaches, on every host, since
   the predicate carries it there.
-- `Layout` is worked out once per plan: each frame's loop head, and the steps inside any
-  frame (values used there live until the outermost frame's `Exit`).
+- `Layout` is worked out once per plan: each frame's loop head, the steps inside any frame
+  (values used there live until the outermost frame's `Exit`), each loop's `Switch`, and
+  the peers this host exchanges values with in each frame.
+- A host that leaves a loop on a failed predicate tells those peers (`Abort`): whatever it
+  would still have sent them in that frame fails at once (`aborted`) instead of being waited
+  for. So a failure in receiving the predicate costs no timeout on the predicate's host.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from executors.messages import Abort
 from executors.store import Failure
 from ir import HostPlan
 from ir.plan import ControlStep, Enter, Exit, Merge, NextIteration, Switch, frame_tag
@@ -56,6 +61,10 @@ class Frames:
     def tag(self, tag: str) -> str:
         return frame_tag(tag, tuple((f, k) for f, k in self.stack)) if self.stack else tag
 
+    def prefix(self) -> str:
+        """The key prefix of the innermost frame's every iteration: outer frames, then `/F:`."""
+        return frame_tag("", tuple((f, k) for f, k in self.stack[:-1])) + f"/{self.stack[-1][0]}:"
+
     def where(self) -> str:
         """`iteration k of loop F` for each open frame, outermost first ('' outside loops)."""
         return ", ".join(f"iteration {k} of loop {f}" for f, k in self.stack)
@@ -68,23 +77,37 @@ class Frames:
 class Layout:
     heads: dict[str, int]  # frame -> index of its Merge
     framed: tuple[tuple[int, int], ...]  # (first, last) step index of each outermost frame
+    loops: dict[int, str]  # index of a loop's Switch -> its frame
+    peers: dict[str, frozenset[str]]  # frame -> the hosts this host exchanges values with in it
 
     @classmethod
     def of(cls, plan: HostPlan) -> Layout:
-        heads, opened, framed = {}, [], []
+        heads, opened, framed, loops = {}, [], [], {}
+        peers: dict[str, set[str]] = {}
         for i, s in enumerate(plan.steps):
             if isinstance(s, Merge) and s.frame is not None:
                 heads[s.frame] = i
             elif isinstance(s, Enter):
-                opened.append(i)
+                opened.append((i, s.frame))
+                peers[s.frame] = set()
             elif isinstance(s, Exit):
-                first = opened.pop()
+                first, _ = opened.pop()
                 if not opened:
                     framed.append((first, i))
-        return cls(heads, tuple(framed))
+            elif isinstance(s, Switch) and opened and s.pivots[0] == f"%{opened[-1][1]}.exit":
+                loops[i] = opened[-1][1]
+            for _, frame in opened:
+                peers[frame].update(getattr(s, "to", ()), getattr(s, "sources", ()))
+        return cls(heads, tuple(framed), loops, {f: frozenset(h) for f, h in peers.items()})
 
     def inside(self, i: int) -> tuple[int, int] | None:
         return next(((a, b) for a, b in self.framed if a <= i <= b), None)
+
+
+def aborted(key: str, abort: Abort) -> bool:
+    """Whether a mailbox key (`<tag>@<source><frames>`) is one the aborting host would fill."""
+    source, _, frames = key.rpartition("@")[2].partition("/")
+    return source == abort.host and ("/" + frames).startswith(abort.prefix)
 
 
 def blocked(values: list[Any]) -> Any:

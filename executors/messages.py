@@ -54,6 +54,16 @@ class Dead:
 
 
 @dataclass(frozen=True, slots=True)
+class Abort:
+    """A host left a loop early (its predicate failed): every value it would still have sent
+    in that frame (tags `...@<host><prefix>...`) fails with `cause` rather than being waited for."""
+
+    host: str
+    prefix: str  # the enclosing frames and iterations, then `/<frame>:`
+    cause: str
+
+
+@dataclass(frozen=True, slots=True)
 class Ran:
     collective_error: str | None = None
     ready: tuple[str, ...] = ()  # buffer ids
@@ -73,5 +83,5 @@ class State(enum.Enum):
 
 
 Reply = Ready | Failed
-Payload = Whole | Shards | Failed | Dead
+Payload = Whole | Shards | Failed | Dead | Abort
 Settled = Ran | Lost

@@ -50,9 +50,9 @@ import numpy as np
 
 from executors import control
 from executors.compile import place
-from executors.control import DEAD, Frames, Layout, blocked
+from executors.control import DEAD, Frames, Layout, aborted, blocked
 from executors.liveness import dead_after, defines
-from executors.messages import Dead, Failed, Payload, Shards, Whole
+from executors.messages import Abort, Dead, Failed, Payload, Shards, Whole
 from executors.shards import distinct_shards, whole
 from executors.store import BufferStore, Failure
 from ir import Compute, HostPlan, Recv, Reshard, Send
@@ -110,6 +110,7 @@ class Runner:
         self._issued: deque[tuple[str, float, Any]] = deque()
         self._dead: dict[str, tuple[tuple[str, ...], ...]] = {}  # plan key -> values dead after each step
         self._layouts: dict[str, Layout] = {}  # plan key -> its frames (loop heads)
+        self._aborts: dict[str, list[Abort]] = {}  # run -> peers that left a loop early
         self._executables: dict[str, _Executable] = {}  # by key: what each step needs of it
 
     # -- on arrival (actor thread) ---------------------------------------------------------
@@ -138,13 +139,25 @@ class Runner:
         with self._lock:
             if run_id in self._finished_set:
                 return
+            if isinstance(payload, Abort):  # what that host would still send fails now
+                self._aborts.setdefault(run_id, []).append(payload)
+                for (run, key), fut in self._mail.items():
+                    if run == run_id and aborted(key, payload) and not fut.done():
+                        fut.set_result(Failed(payload.cause))
+                return
         fut = self._mailbox(run_id, tag)
         if not fut.done():
             fut.set_result(payload)
 
     def _mailbox(self, run_id: str, tag: str) -> Future[Payload]:
         with self._lock:
-            return self._mail.setdefault((run_id, tag), Future())
+            fut = self._mail.get((run_id, tag))
+            if fut is None:
+                fut = self._mail[run_id, tag] = Future()
+                abort = next((a for a in self._aborts.get(run_id, ()) if aborted(tag, a)), None)
+                if abort is not None:
+                    fut.set_result(Failed(abort.cause))
+            return fut
 
     # -- in turn (dispatch thread) ---------------------------------------------------------
 
@@ -232,6 +245,7 @@ class Runner:
         """Forget the run: its environment, its mailboxes, and any delivery still to come."""
         with self._lock:
             self._runs.pop(run_id, None)
+            self._aborts.pop(run_id, None)
             for key in [k for k in self._mail if k[0] == run_id]:
                 del self._mail[key]
             if len(self._finished) == self._finished.maxlen:
@@ -250,7 +264,11 @@ class Runner:
         guarded = None if guard is None else blocked([env.get(guard, DEAD)])
         try:
             if isinstance(step, Enter | Merge | Switch | NextIteration | Exit):
-                return control.step(step, i, env, frames, self._layout(plan), guarded)
+                layout = self._layout(plan)
+                after = control.step(step, i, env, frames, layout, guarded)
+                if i in layout.loops and isinstance(env[step.pred], Failure):  # leaving the loop
+                    self._abort(message.run_id, frames, layout.peers[layout.loops[i]], env[step.pred])
+                return after
             if guarded is not None and not isinstance(step, Recv):  # a dead or failed branch
                 if isinstance(step, Send):
                     self._send(message.run_id, step, guarded, frames)
@@ -280,6 +298,16 @@ class Runner:
                         log.exception("host %s: cannot tell host %s why tag %s failed", self.host, to,
                                       step.tag)
         return i + 1
+
+    def _abort(self, run_id: str, frames: Frames, peers: frozenset[str], failure: Failure) -> None:
+        """Tell the loop's peers this host has left it, so none waits for what it would send."""
+        abort = Abort(self.host, frames.prefix(), f"host {self.host} left loop {frames.where()} "
+                                                  f"early: {failure.cause}")
+        for peer in sorted(peers):
+            try:
+                self._deliver(peer, run_id, "abort", abort)
+            except Exception:  # the peer is gone: its own waits are bounded
+                log.exception("host %s: cannot tell host %s it left a loop", self.host, peer)
 
     def _compute(self, step: Compute, env: dict[str, Any], timeout: float, frames: Frames) -> None:
         import jax

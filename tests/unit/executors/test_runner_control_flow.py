@@ -12,10 +12,11 @@ import pytest
 from test_runner import Wired, artifact
 
 from executors.host import Host
-from executors.messages import Ready
+from executors.messages import Failed, Ready, Shards
 from executors.runner import RunMessage
 from ir import Aval, Placement, ProgramBuilder
 from ir.passes import host_plans, lower
+from ir.plan import Enter, Recv
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
@@ -98,6 +99,8 @@ async def run(hosts: dict[str, Host], program, inputs: list[np.ndarray], run_id:
     for k in range(len(program.results)):
         reply = await hosts["a0"].fetch(next(seq["a0"]), f"{run_id}.out{k}")
         outs.append(reply)
+    for h, host in hosts.items():  # a request in turn after the run: the host has finished it
+        await host.fetch(next(seq[h]), f"{run_id}.none")
     return outs, plans
 
 
@@ -130,3 +133,20 @@ async def test_a_cond_whose_branches_run_on_different_hosts(hosts, sign):
         st = host.stats()
         assert (st["runs"], st["frames"], st["mailboxes"]) == (0, 0, 0), st
 
+
+
+async def test_a_host_that_loses_the_predicate_tells_its_peers_and_none_waits(hosts):
+    """b0 cannot read iteration 0's predicate: it leaves the loop and aborts the frame at a0,
+    whose receives from b0 then fail at once with the cause instead of waiting their timeout."""
+    program = loop_program(cross=True)
+    plans = host_plans(lower(program, PLACES, check=True))
+    (pred,) = [s for s in plans["b0"].steps if isinstance(s, Recv) and s.tag.startswith("p.")]
+    (frame,) = [s.frame for s in plans["b0"].steps if isinstance(s, Enter)]
+    broken = Shards([([(0, 1)], np.zeros(3, np.bool_))])  # does not assemble
+    hosts["b0"].deliver("r0", f"{pred.tag}@a0/{frame}:0", broken)
+    (x, n), _ = await run(hosts, program, [np.arange(3, dtype=np.float32), np.int32(0)])
+    assert isinstance(x, Failed) and "left loop iteration 0 of loop" in x.cause, x
+    assert value(n, np.int32, ()) == 5  # the counter never needed b0
+    for host in hosts.values():
+        st = host.stats()
+        assert (st["runs"], st["frames"], st["mailboxes"]) == (0, 0, 0), st
