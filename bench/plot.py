@@ -56,3 +56,24 @@ def plot_dispatch(result: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_control_flow(result: dict[str, Any], path: Path) -> None:
+    """`bench.control_flow`'s iterations per second per mode (log scale)."""
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates: dict[str, float] = result["iterations_per_s"]
+    modes = list(rates)
+    colours = {"ingraph": "tab:green", "client": "tab:orange", "jax": "tab:blue"}
+    fig, ax = plt.subplots(figsize=(9, 3.5))
+    ax.barh(modes, [rates[m] for m in modes], color=[colours.get(m.split("_")[0], "tab:gray") for m in modes])
+    ax.set_xscale("log")
+    ax.set_xlabel("loop iterations per second (log)")
+    ratio = result["ratios"]["ingraph_vs_client_loop"]
+    ax.set_title(f"in-graph vs client-driven loop: {ratio:.1f}x (body on two islands)")
+    for y, m in enumerate(modes):
+        ax.text(rates[m], y, f" {rates[m]:,.0f}", va="center")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -6,10 +6,14 @@
     f = c.jit(layer, slice=s, in_specs=(P(None, "model"), P("data", None)), out_specs=P("data"))
     y = f(w, x)        # a Buffer future
     y.numpy()
+
+Inside `@c.program`, `isthmus.while_loop`, `isthmus.cond` and `isthmus.fori_loop` keep loops
+and branches in the graph (`client.control_flow`).
 """
 
 from client.buffer import Buffer
 from client.connection import Client, Slice, connect
+from client.control_flow import cond, fori_loop, while_loop
 from client.devices import DeviceTable
 from client.jit import Function
 from client.transport import OverQuota, Unauthorized
@@ -29,5 +33,8 @@ __all__ = [
     "Slice",
     "Unauthorized",
     "Unavailable",
+    "cond",
     "connect",
+    "fori_loop",
+    "while_loop",
 ]

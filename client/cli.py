@@ -10,7 +10,8 @@ import tempfile
 from pathlib import Path
 
 import client.connection as connection
-from ir import InvalidArgument, IsthmusError, from_wire, print_program, verify
+from ir import InvalidArgument, IsthmusError, Placement, Program, from_wire, print_program, verify
+from ir.passes import host_plans, lower
 
 
 def _serve(rest: list[str]) -> None:
@@ -32,6 +33,20 @@ def _program_show(args: argparse.Namespace) -> None:
     program = from_wire(doc)
     verify(program)
     print(print_program(program), end="")
+    if args.plans:
+        print(_plans_text(program))
+
+
+def _plans_text(program: Program) -> str:
+    """Each host's plan, with the control-flow primitives (its loop-control state machines).
+    A slice without a placement is shown on host `<island>0` (or `h<k>`), devices 0..n-1."""
+    placements = {
+        s.name: s.placement or Placement(s.island or "a", tuple(
+            (f"{s.island}0" if s.island else f"h{k}", i) for i in range(s.mesh.size)))
+        for k, s in enumerate(program.slices)
+    }
+    plans = host_plans(lower(program, placements))
+    return "\n".join(line for h in sorted(plans) for line in plans[h].text())
 
 
 def _server_running(address: str) -> bool:
@@ -81,6 +96,9 @@ def main(argv: list[str] | None = None) -> None:
     program_sub = program.add_subparsers(dest="action", required=True)
     show = program_sub.add_parser("show", help="print a program (JSON wire form) as text")
     show.add_argument("file", help="a program saved with json.dump(ir.to_wire(program), f)")
+    show.add_argument("--plans", action="store_true",
+                      help="also lower it and print each host's plan (loops as Enter/Merge/Switch/"
+                           "NextIteration/Exit)")
     args = parser.parse_args(argv)
     try:
         {"devices": _devices, "demo": _demo, "program": _program_show}[args.command](args)

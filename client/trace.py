@@ -10,6 +10,10 @@ Contract:
 - A program argument given as an array is placed where its first consumer wants it; a
   `Buffer` argument keeps its slice and spec. Buffers and arrays a traced function closes
   over become extra arguments, held by the traced program and passed with every run.
+- Control flow (`client.control_flow`) traces its functions in *child* traces, one per
+  sub-graph: their own ops and arguments, the same value table. A child that uses a value
+  of an enclosing trace captures it: the enclosing trace moves it where the use wants it
+  (outside the loop, so once) and the child gets it as an extra argument.
 - `finish` builds the program with `ir.ProgramBuilder`, so a traced program is verified.
 """
 
@@ -20,7 +24,7 @@ import contextvars
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import jax
 import numpy as np
@@ -54,6 +58,7 @@ class _Value:
     aval: Aval
     weak: bool
     type: Type | None  # None: an array argument not yet consumed
+    scope: Trace | None = None  # the trace (graph) that defines it
 
 
 class Traced(Shaped):
@@ -79,6 +84,13 @@ class Traced(Shaped):
         return f"Traced({self.aval}{'' if t is None else f' {t.spec} @{t.slice}'})"
 
 
+Names = dict[int, str]  # value -> its name in the builder of its graph
+
+
+class TracedOp(Protocol):
+    def emit(self, trace: Trace, b: ProgramBuilder, names: Names) -> None: ...
+
+
 @dataclass(frozen=True)
 class _Compute:
     name: str
@@ -89,30 +101,91 @@ class _Compute:
     ins: tuple[Spec, ...]
     outs: tuple[Spec, ...]
 
+    def emit(self, trace: Trace, b: ProgramBuilder, names: Names) -> None:
+        ins = [(trace.values[v].aval, spec) for v, spec in zip(self.inputs, self.ins, strict=True)]
+        outs = [(trace.values[v].aval, spec) for v, spec in zip(self.outputs, self.outs, strict=True)]
+        inputs = [names[v] for v in self.inputs]
+        defined = b.compute(self.name, self.artifact, self.slice.id, inputs, outs, ins)
+        names.update(zip(self.outputs, defined, strict=True))
+
 
 @dataclass(frozen=True)
 class _Transfer:
     source: int
     target: int
 
+    def emit(self, trace: Trace, b: ProgramBuilder, names: Names) -> None:
+        t = trace.values[self.target].type
+        assert t is not None
+        names[self.target] = b.transfer(names[self.source], t.spec, t.slice)
+
 
 class Trace:
-    def __init__(self, slices: Mapping[str, Slice] | None = None) -> None:
+    def __init__(self, slices: Mapping[str, Slice] | None = None, parent: Trace | None = None) -> None:
+        self.parent = parent
+        self.root: Trace = self if parent is None else parent.root
         self._known = slices or {}  # the client's slices, for buffers on a slice no call uses
-        self.values: list[_Value] = []
-        self.args: list[int] = []  # program arguments, in order
-        self.bound: list[Buffer | np.ndarray] = []  # closed-over inputs: extra arguments
+        self.values: list[_Value] = [] if parent is None else parent.values
+        self.args: list[int] = []  # program (or sub-graph) arguments, in order
+        self.bound: list[Buffer | np.ndarray] = []  # closed-over inputs: extra arguments (root)
         self._bound_ids: dict[int, int] = {}  # id(object) -> value
         self._originals: list[Any] = []
-        self._ops: list[_Compute | _Transfer] = []
+        self._ops: list[TracedOp] = []
         self._moved: dict[tuple[int, str, Spec], int] = {}
-        self._slices: dict[str, Slice] = {}
+        self._slices: dict[str, Slice] = {} if parent is None else parent._slices
+        self.captures: dict[int, int] = {}  # value of the enclosing trace -> this trace's argument
+
+    def child(self) -> Trace:
+        """A trace for a sub-graph (a loop's cond or body, a branch) of this one."""
+        return Trace(self._known, self)
+
+    @property
+    def slices(self) -> dict[str, Slice]:
+        return self._slices
 
     # -- values ------------------------------------------------------------------------------
 
     def _new(self, aval: Aval, weak: bool, type: Type | None) -> int:
-        self.values.append(_Value(aval, weak, type))
+        self.values.append(_Value(aval, weak, type, self))
         return len(self.values) - 1
+
+    def new_value(self, aval: Aval, weak: bool, type: Type | None) -> int:
+        """A value this trace's next op defines."""
+        return self._new(aval, weak, type)
+
+    def new_arg(self, aval: Aval, weak: bool, type: Type | None) -> int:
+        """An argument of this (sub-)graph."""
+        value = self._new(aval, weak, type)
+        self.args.append(value)
+        return value
+
+    def traced(self, value: int) -> Traced:
+        return Traced(self, value)
+
+    def add(self, op: TracedOp) -> None:
+        self._ops.append(op)
+
+    def mine(self, value: int) -> bool:
+        return self.values[value].scope is self
+
+    def local(self, value: int) -> int:
+        """`value` as this trace sees it: itself, or (from an enclosing trace) a captured
+        argument of the same type; the value must be typed by then."""
+        if self.mine(value):
+            return value
+        assert self.parent is not None
+        outer = self.parent.local(value)
+        if outer not in self.captures:
+            v = self.values[outer]
+            if v.type is None:
+                raise InvalidArgument(
+                    "@program: an array used inside a loop or branch has no slice yet: pass it to a "
+                    "jitted function before the loop, or upload it with c.put")
+            self.captures[outer] = self.new_arg(v.aval, v.weak, v.type)
+        return self.captures[outer]
+
+    def typed(self, value: int) -> Type | None:
+        return self.values[value].type
 
     def argument(self, x: Buffer | np.ndarray, weak: bool = False) -> Traced:
         """A program argument: a `Buffer` (typed already) or an array (typed on first use)."""
@@ -123,12 +196,17 @@ class Trace:
         self.args.append(value)
         return Traced(self, value)
 
-    def _leaf(self, x: Any) -> int:
-        """A value for one leaf passed to a jitted function: traced, or closed over."""
+    def leaf(self, x: Any) -> int:
+        """A value for one leaf passed to a jitted function: traced (here or in an enclosing
+        trace), or closed over (an argument of the whole program)."""
         if isinstance(x, Traced):
-            if x._trace is not self:
+            if x._trace.root is not self.root:
                 raise InvalidArgument("a traced value from another @program was passed to this one")
+            if not self._encloses(x._trace):
+                raise InvalidArgument("a value traced inside a loop or branch was used outside it")
             return x._id
+        if self.parent is not None:
+            return self.root.leaf(x)
         if id(x) in self._bound_ids:
             return self._bound_ids[id(x)]
         if isinstance(x, Buffer):
@@ -147,8 +225,18 @@ class Trace:
             self._slices.setdefault(x.slice_id, self._known[x.slice_id])
         return self._new(x.aval, False, Type(x.aval, x.spec, x.slice_id))
 
-    def _use(self, value: int, slice: Slice, spec: Spec) -> int:
-        """`value` as `slice` and `spec` want it: itself, or a (shared) transfer of it."""
+    def _encloses(self, trace: Trace) -> bool:
+        t: Trace | None = self
+        while t is not None and t is not trace:
+            t = t.parent
+        return t is trace
+
+    def use(self, value: int, slice: Slice, spec: Spec) -> int:
+        """`value` as `slice` and `spec` want it: itself, or a (shared) transfer of it. A value
+        of an enclosing trace is moved there (once, outside the loop) and captured."""
+        if not self.mine(value):
+            assert self.parent is not None
+            return self.local(self.parent.use(value, slice, spec))
         v = self.values[value]
         want = Type(v.aval, spec, slice.id)
         if v.type is None:
@@ -165,14 +253,15 @@ class Trace:
 
     def apply(self, fn: Function, args: tuple[Any, ...]) -> Any:
         leaves, in_tree = jax.tree_util.tree_flatten(args, is_leaf=lambda x: isinstance(x, Traced))
-        values = [self._leaf(x) for x in leaves]
+        values = [self.leaf(x) for x in leaves]
         sig = (in_tree, tuple(
             (self.values[v].aval.shape, self.values[v].aval.dtype, self.values[v].weak) for v in values
         ))
         exported = fn.export(args, sig)
         self._slices[fn.slice.id] = fn.slice
+        self.root._slices[fn.slice.id] = fn.slice
         e = exported  # short, for the lines below
-        inputs = tuple(self._use(v, fn.slice, spec) for v, spec in zip(values, e.in_specs, strict=True))
+        inputs = tuple(self.use(v, fn.slice, spec) for v, spec in zip(values, e.in_specs, strict=True))
         outputs = tuple(
             self._new(aval, weak, Type(aval, spec, fn.slice.id))
             for aval, weak, spec in zip(e.out_avals, e.out_weak, e.out_specs, strict=True)
@@ -196,7 +285,7 @@ class Trace:
         b = ProgramBuilder()
         for s in self._slices.values():
             b.slice(s.id, MeshAxes.of(s.mesh), s.island)
-        names: dict[int, str] = {}
+        names: Names = {}
         arguments = self.args + list(self._bound_ids.values())
         for v in arguments:
             t = self.values[v].type
@@ -205,26 +294,20 @@ class Trace:
                 raise InvalidArgument(f"@program: an argument lives on slice {t.slice}, which this "
                                       "client did not create (pass buffers of this client's slices)")
             names[v] = b.arg(t.aval, t.spec, t.slice)
-        for op in self._ops:
-            if isinstance(op, _Transfer):
-                t = self.values[op.target].type
-                assert t is not None
-                names[op.target] = b.transfer(names[op.source], t.spec, t.slice)
-                continue
-            ins = [(self.values[v].aval, spec) for v, spec in zip(op.inputs, op.ins, strict=True)]
-            outs_sig = [(self.values[v].aval, spec) for v, spec in zip(op.outputs, op.outs, strict=True)]
-            defined = b.compute(op.name, op.artifact, op.slice.id, [names[v] for v in op.inputs],
-                                outs_sig, ins)
-            names.update(zip(op.outputs, defined, strict=True))
+        self.emit_ops(b, names)
         b.result(*(names[v] for v in outs))
         types = [self.values[v].type for v in arguments]
         return b.build(), [t for t in types if t is not None]  # all typed above: the filter is for mypy
+
+    def emit_ops(self, b: ProgramBuilder, names: Names) -> None:
+        for op in self._ops:
+            op.emit(self, b, names)
 
     def _result(self, x: Any) -> int:
         if isinstance(x, Traced) and x._trace is self:
             return x._id
         if isinstance(x, Buffer):
-            return self._leaf(x)
+            return self.leaf(x)
         raise InvalidArgument(
             f"@program: a result must come from a jitted function or be an argument; found {type(x).__name__}"
         )

@@ -144,6 +144,7 @@ class Host:
             "buffers": len(self.store),
             "executables": len(self._executables),
             "plans": self.runner.plans,
+            **self.runner.open_state(),  # runs, loop frames and mailboxes still open
             "busy_s": self._busy_s,
             "unfinished": self.runner.unfinished,  # computations issued, not known finished
             "in_flight": self.runner.in_flight,

@@ -3,7 +3,8 @@
 - A read of a buffer answers `Ready(value)` or `Failed(cause)`; the pool turns a host that
   is gone into `Lost(cause)` where it settles runs, and into `Unavailable` where it reads.
 - A host hands a value to a peer host as `Whole(array)` (from a slice on one host),
-  `Shards(shards)` (its distinct shards, from a slice spanning hosts) or `Failed(cause)`.
+  `Shards(shards)` (its distinct shards, from a slice spanning hosts), `Failed(cause)`, or
+  `Dead()` from a branch not taken.
 - A buffer's state on a host is a `State`.
 - A run message, once its steps are issued, answers `Ran(collective_error, ready)`: the
   host's first failed cross-host collective, if any (its island's group must be formed
@@ -48,6 +49,21 @@ class Shards:
 
 
 @dataclass(frozen=True, slots=True)
+class Dead:
+    """The dead signal of an untaken branch or a finished loop (Yu et al.): no data."""
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """A host left a loop early (its predicate failed): every value it would still have sent
+    in that frame (tags `...@<host><prefix>...`) fails with `cause` rather than being waited for."""
+
+    host: str
+    prefix: str  # the enclosing frames and iterations, then `/<frame>:`
+    cause: str
+
+
+@dataclass(frozen=True, slots=True)
 class Ran:
     collective_error: str | None = None
     ready: tuple[str, ...] = ()  # buffer ids
@@ -67,5 +83,5 @@ class State(enum.Enum):
 
 
 Reply = Ready | Failed
-Payload = Whole | Shards | Failed
+Payload = Whole | Shards | Failed | Dead | Abort
 Settled = Ran | Lost

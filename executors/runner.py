@@ -21,6 +21,13 @@ Contract:
   tagged `<tag>@<sending host>`, so a `Recv` from a slice spanning hosts waits for each of
   them, assembles the whole value and places its part. A failed value is sent as its
   `Failed` cause, so the peer's dependents fail with the same cause.
+- Loops and branches (`ir.plan`'s Switch / Merge / Enter / Exit / NextIteration) run as
+  the per-host state machine of `executors.control`: a `NextIteration` may send the step
+  index back to its loop's `Merge`, a run's `Frames` tag every send and receive inside a
+  frame with the frame and iteration, a step under a dead guard (or reading a dead value)
+  defines dead values without running, and a `Send` of a dead value delivers `Dead`, so a
+  host whose branch was not taken finishes. The predicate comes from its host as a value
+  like any other, so no iteration involves the server.
 - A failure never hangs: a `Recv` or an executable that does not arrive within the run's
   timeout fails the value it defines, and every dependent with it; an error XLA reports
   while a computation runs reaches every array computed from it.
@@ -41,11 +48,15 @@ from typing import Any
 
 import numpy as np
 
+from executors import control
 from executors.compile import place
-from executors.messages import Failed, Payload, Shards, Whole
+from executors.control import DEAD, Frames, Layout, aborted, blocked
+from executors.liveness import dead_after, defines
+from executors.messages import Abort, Dead, Failed, Payload, Shards, Whole
 from executors.shards import distinct_shards, whole
 from executors.store import BufferStore, Failure
-from ir import Compute, HostPlan, Recv, Reshard, Send, Step
+from ir import Compute, HostPlan, Recv, Reshard, Send
+from ir.plan import Enter, Exit, Merge, NextIteration, Switch
 
 log = logging.getLogger("isthmus.executors")
 FINISHED_RUNS = 4096  # finished run ids remembered, so late deliveries to them are dropped
@@ -75,7 +86,8 @@ class _Executable:
 
 @dataclass
 class _Run:
-    env: dict[str, Any] = field(default_factory=dict)  # value -> jax.Array or Failure
+    env: dict[str, Any] = field(default_factory=dict)  # value -> jax.Array, Failure, DEAD or LIVE
+    frames: Frames = field(default_factory=Frames)  # the open loop frames and their iterations
 
 
 class Runner:
@@ -97,6 +109,8 @@ class Runner:
         # issued computations, oldest first: (label, when issued, outputs)
         self._issued: deque[tuple[str, float, Any]] = deque()
         self._dead: dict[str, tuple[tuple[str, ...], ...]] = {}  # plan key -> values dead after each step
+        self._layouts: dict[str, Layout] = {}  # plan key -> its frames (loop heads)
+        self._aborts: dict[str, list[Abort]] = {}  # run -> peers that left a loop early
         self._executables: dict[str, _Executable] = {}  # by key: what each step needs of it
 
     # -- on arrival (actor thread) ---------------------------------------------------------
@@ -112,8 +126,10 @@ class Runner:
             self._plans[message.plan_key] = plan
         known = plan or self._plans.get(message.plan_key)
         if known is not None:
-            for step in known.steps[message.lo:message.hi]:
-                if isinstance(step, Recv):
+            layout = self._layout(known)
+            for i in range(message.lo, message.hi):
+                step = known.steps[i]
+                if isinstance(step, Recv) and layout.inside(i) is None:  # in a loop: keyed per iteration
                     for source in step.sources:
                         self._mailbox(message.run_id, _tag(step.tag, source))
         return lambda: self._execute(message, plan)
@@ -123,13 +139,25 @@ class Runner:
         with self._lock:
             if run_id in self._finished_set:
                 return
+            if isinstance(payload, Abort):  # what that host would still send fails now
+                self._aborts.setdefault(run_id, []).append(payload)
+                for (run, key), fut in self._mail.items():
+                    if run == run_id and aborted(key, payload) and not fut.done():
+                        fut.set_result(Failed(payload.cause))
+                return
         fut = self._mailbox(run_id, tag)
         if not fut.done():
             fut.set_result(payload)
 
     def _mailbox(self, run_id: str, tag: str) -> Future[Payload]:
         with self._lock:
-            return self._mail.setdefault((run_id, tag), Future())
+            fut = self._mail.get((run_id, tag))
+            if fut is None:
+                fut = self._mail[run_id, tag] = Future()
+                abort = next((a for a in self._aborts.get(run_id, ()) if aborted(tag, a)), None)
+                if abort is not None:
+                    fut.set_result(Failed(abort.cause))
+            return fut
 
     # -- in turn (dispatch thread) ---------------------------------------------------------
 
@@ -139,12 +167,25 @@ class Runner:
         for key in plan_keys:
             self._plans.pop(key, None)
             self._dead.pop(key, None)
+            self._layouts.pop(key, None)
         for key in executables:
             self._executables.pop(key, None)
 
     @property
     def plans(self) -> int:
         return len(self._plans)
+
+    def open_state(self) -> dict[str, int]:
+        """Runs, loop frames and mailboxes held now (a finished run holds none of them)."""
+        with self._lock:
+            return {"runs": len(self._runs), "frames": sum(len(r.frames) for r in list(self._runs.values())),
+                    "mailboxes": len(self._mail)}
+
+    def _layout(self, plan: HostPlan) -> Layout:
+        layout = self._layouts.get(plan.key)
+        if layout is None:
+            layout = self._layouts[plan.key] = Layout.of(plan)
+        return layout
 
     def _execute(self, message: RunMessage, carried: HostPlan | None = None) -> list[Any]:
         # A plan the message carried is used as is: a `forget` numbered before this message
@@ -162,13 +203,17 @@ class Runner:
             if value not in run.env:
                 run.env[value] = self._argument(buffer_id, message.timeout)
         dead = self._dead_after(plan)
-        for i in range(message.lo, message.hi):
-            self._step(message, plan.steps[i], run.env)
-            for value in dead[i]:  # no later step reads it, and it is no result: free it now
+        i = message.lo
+        while i < message.hi:  # a loop's NextIteration jumps back to its head
+            here = i
+            i = self._step(message, plan, i, run)
+            for value in dead[here]:  # no later step reads it, and it is no result: free it now
                 run.env.pop(value, None)
         if message.final:
             for value, buffer_id in message.results:
-                outcome = run.env.get(value, Failure(f"run {message.run_id}: {value} was never produced"))
+                outcome = run.env.get(value, DEAD)
+                if outcome is DEAD:
+                    outcome = Failure(f"run {message.run_id}: {value} was never produced")
                 if isinstance(outcome, Failure):
                     self.store.fail(buffer_id, outcome)
                 else:
@@ -177,22 +222,10 @@ class Runner:
         return self.unfinished_outputs()
 
     def _dead_after(self, plan: HostPlan) -> tuple[tuple[str, ...], ...]:
-        """Per step, the values no later step reads and no result names (worked out once per
-        plan): a long chain then holds a few values at a time, not all of them."""
+        """Per step, the values to free after it (`executors.liveness`), once per plan."""
         dead = self._dead.get(plan.key)
         if dead is None:
-            last: dict[str, int] = {}
-            for i, step in enumerate(plan.steps):
-                for value in _defines(step):
-                    last.setdefault(value, i)  # never read: dead once defined
-                for value in _reads(step):
-                    last[value] = i
-            kept = {value for _, value in plan.results}
-            by_step: list[list[str]] = [[] for _ in plan.steps]
-            for value, i in last.items():
-                if value not in kept:
-                    by_step[i].append(value)
-            dead = self._dead[plan.key] = tuple(tuple(values) for values in by_step)
+            dead = self._dead[plan.key] = dead_after(plan, self._layout(plan))
         return dead
 
     def unfinished_outputs(self) -> list[Any]:
@@ -212,6 +245,7 @@ class Runner:
         """Forget the run: its environment, its mailboxes, and any delivery still to come."""
         with self._lock:
             self._runs.pop(run_id, None)
+            self._aborts.pop(run_id, None)
             for key in [k for k in self._mail if k[0] == run_id]:
                 del self._mail[key]
             if len(self._finished) == self._finished.maxlen:
@@ -223,42 +257,70 @@ class Runner:
         for _, buffer_id in message.results:
             self.store.fail(buffer_id, failure)
 
-    def _step(self, message: RunMessage, step: Step, env: dict[str, Any]) -> None:
+    def _step(self, message: RunMessage, plan: HostPlan, i: int, run: _Run) -> int:
+        """Run step i; the index of the next step (a loop's last step may jump back)."""
+        step, env, frames = plan.steps[i], run.env, run.frames
+        guard = plan.guard(i)
+        guarded = None if guard is None else blocked([env.get(guard, DEAD)])
         try:
-            if isinstance(step, Compute):
-                self._compute(step, env, message.timeout)
+            if isinstance(step, Enter | Merge | Switch | NextIteration | Exit):
+                layout = self._layout(plan)
+                after = control.step(step, i, env, frames, layout, guarded)
+                if i in layout.loops and isinstance(env[step.pred], Failure):  # leaving the loop
+                    self._abort(message.run_id, frames, layout.peers[layout.loops[i]], env[step.pred])
+                return after
+            if guarded is not None and not isinstance(step, Recv):  # a dead or failed branch
+                if isinstance(step, Send):
+                    self._send(message.run_id, step, guarded, frames)
+                for value in defines(step):
+                    env[value] = guarded
+            elif isinstance(step, Compute):
+                self._compute(step, env, message.timeout, frames)
             elif isinstance(step, Reshard):
-                env[step.output] = _first_failure([env[step.input]]) or place(
-                    env[step.input], step.mesh, step.spec)
+                env[step.output] = blocked([env[step.input]]) or place(env[step.input], step.mesh, step.spec)
             elif isinstance(step, Send):
-                self._send(message.run_id, step, env[step.input])
+                self._send(message.run_id, step, env[step.input], frames)
             elif isinstance(step, Recv):
-                env[step.output] = self._receive(message, step)
+                env[step.output] = self._receive(message, step, frames)
         except Exception:
-            failure = Failure(f"{type(step).__name__.lower()} on host {self.host} failed:\n"
+            where = f" in {frames.where()}" if len(frames) else ""
+            failure = Failure(f"{type(step).__name__.lower()} on host {self.host}{where} failed:\n"
                               f"{traceback.format_exc(limit=8)}")
-            for value in _defines(step):
+            for value in defines(step):
                 env[value] = failure
             self._failed(failure.cause)
             if isinstance(step, Send):  # the peers wait for this tag: they get the cause
-                tag = _tag(step.tag, self.host)
+                tag = frames.tag(_tag(step.tag, self.host))
                 for to in step.to:
                     try:
                         self._deliver(to, message.run_id, tag, Failed(failure.cause))
                     except Exception:  # the peer is gone: its own waits are bounded
                         log.exception("host %s: cannot tell host %s why tag %s failed", self.host, to,
                                       step.tag)
+        return i + 1
 
-    def _compute(self, step: Compute, env: dict[str, Any], timeout: float) -> None:
+    def _abort(self, run_id: str, frames: Frames, peers: frozenset[str], failure: Failure) -> None:
+        """Tell the loop's peers this host has left it, so none waits for what it would send."""
+        abort = Abort(self.host, frames.prefix(), f"host {self.host} left loop {frames.where()} "
+                                                  f"early: {failure.cause}")
+        for peer in sorted(peers):
+            try:
+                self._deliver(peer, run_id, "abort", abort)
+            except Exception:  # the peer is gone: its own waits are bounded
+                log.exception("host %s: cannot tell host %s it left a loop", self.host, peer)
+
+    def _compute(self, step: Compute, env: dict[str, Any], timeout: float, frames: Frames) -> None:
         import jax
 
         args = [env[v] for v in step.inputs]
-        failure = _first_failure(args)
+        failure = blocked(args)
         if failure is None:
             try:
                 exe = self._executable(step.key).result(timeout)
             except FutureTimeout:
-                failure = Failure(f"{step.label}: executable {step.key} not compiled within {timeout:g}s")
+                where = f" (in {frames.where()})" if len(frames) else ""
+                failure = Failure(f"{step.label}{where}: executable {step.key} not compiled "
+                                  f"within {timeout:g}s")
             except Failure as f:
                 failure = f
         if failure is not None:
@@ -319,24 +381,27 @@ class Runner:
                 return label, issued
         return None
 
-    def _send(self, run_id: str, step: Send, value: Any) -> None:
+    def _send(self, run_id: str, step: Send, value: Any, frames: Frames) -> None:
         payload: Payload
-        if isinstance(value, Failure):
+        if value is DEAD:  # the dead signal crosses hosts, so the peer's branch finishes too
+            payload = Dead()
+        elif isinstance(value, Failure):
             payload = Failed(value.cause)
         elif value.is_fully_addressable:
             payload = Whole(np.asarray(value))
         else:
             payload = Shards(distinct_shards(value))
         for to in step.to:
-            self._deliver(to, run_id, _tag(step.tag, self.host), payload)
+            self._deliver(to, run_id, frames.tag(_tag(step.tag, self.host)), payload)
 
-    def _receive(self, message: RunMessage, step: Recv) -> Any:
+    def _receive(self, message: RunMessage, step: Recv, frames: Frames) -> Any:
         """Every source host's part, within the run's timeout; the whole value, placed."""
         deadline = time.monotonic() + message.timeout
         parts: list[Payload] = []
+        tags = [frames.tag(_tag(step.tag, source)) for source in step.sources]
         try:
-            for source in step.sources:
-                fut = self._mailbox(message.run_id, _tag(step.tag, source))
+            for source, tag in zip(step.sources, tags, strict=True):
+                fut = self._mailbox(message.run_id, tag)
                 try:
                     parts.append(fut.result(max(0.0, deadline - time.monotonic())))
                 except FutureTimeout:
@@ -344,11 +409,13 @@ class Runner:
                                    f"within {message.timeout:g}s")
         finally:
             with self._lock:
-                for source in step.sources:
-                    self._mail.pop((message.run_id, _tag(step.tag, source)), None)
+                for tag in tags:
+                    self._mail.pop((message.run_id, tag), None)
         failed = next((p for p in parts if isinstance(p, Failed)), None)
         if failed is not None:
             return Failure(failed.cause)
+        if any(isinstance(p, Dead) for p in parts):
+            return DEAD
         if len(parts) == 1 and isinstance(parts[0], Whole):
             value = parts[0].array
         else:
@@ -364,23 +431,3 @@ def _tag(tag: str, source: str) -> str:
 
 def _full(array: np.ndarray) -> list[tuple[int, int]]:
     return [(0, n) for n in array.shape]
-
-
-def _first_failure(values: Sequence[Any]) -> Failure | None:
-    return next((v for v in values if isinstance(v, Failure)), None)
-
-
-def _reads(step: Step) -> tuple[str, ...]:
-    if isinstance(step, Compute):
-        return step.inputs
-    if isinstance(step, Reshard | Send):
-        return (step.input,)
-    return ()
-
-
-def _defines(step: Step) -> tuple[str, ...]:
-    if isinstance(step, Compute):
-        return step.outputs
-    if isinstance(step, Reshard | Recv):
-        return (step.output,)
-    return ()

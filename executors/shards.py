@@ -22,8 +22,9 @@ def distinct_shards(array: Any) -> list[tuple[list[tuple[int, int]], np.ndarray]
     out: dict[tuple[tuple[int, int], ...], np.ndarray] = {}
     for shard in array.addressable_shards:
         index = tuple(sl.indices(n)[:2] for sl, n in zip(shard.index, array.shape, strict=True))
-        if index not in out:
-            out[index] = np.ascontiguousarray(np.asarray(shard.data))
+        if index not in out:  # (np.ascontiguousarray would make a scalar 1-d)
+            data = np.asarray(shard.data)
+            out[index] = data if data.flags.c_contiguous else np.ascontiguousarray(data)
     return [(list(k), v) for k, v in out.items()]
 
 

@@ -7,6 +7,15 @@ Contract:
 - Steps are plain frozen values (no Ray, no JAX): `Compute` runs a compiled executable,
   `Reshard` moves a value between device sets or shardings of this host, `Send` hands a
   value to another host, `Recv` takes one from another host (paired by `tag`).
+- In-graph control flow lowers to the five primitives of TensorFlow's dynamic control flow
+  (Yu et al., EuroSys 2018), each applied to a tuple of values at once: `Enter` a frame,
+  `Merge` (a loop head: the entered values in iteration 0, the `NextIteration` values
+  after; after a conditional: the one live input), `Switch` (the inputs go to the branch
+  the predicate names, every other branch gets dead values), `NextIteration` (the carry of
+  the next iteration; the frame jumps back to its `Merge` while the predicate is true) and
+  `Exit` (leave the frame). Values carry `(is_dead, tag)`: a step whose `guards` entry
+  names a dead value, or that reads one, defines dead values without running. Inside a
+  frame, send and receive keys carry the frame and iteration (`ir.plan.frame_tag`).
 - `order[i]` is the position of `steps[i]` in the program's one global schedule: every
   host's steps are a subsequence of it, which is what makes runs deadlock-free, and what
   sequential dispatch walks.
@@ -77,7 +86,66 @@ class Recv:
     spec: Spec
 
 
-Step = Compute | Reshard | Send | Recv
+@dataclass(frozen=True)
+class Enter:
+    """Values into `frame`; the first step of this host's part of the frame (its iteration 0)."""
+
+    frame: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Merge:
+    """`frame` set: a loop head, `outputs[i]` is `inputs[i][0]` (entered) in iteration 0 and
+    `inputs[i][1]` (the previous `NextIteration`) after. `frame` None: the end of a
+    conditional, `outputs[i]` is the live one of `inputs[i]` (one per branch), or dead."""
+
+    frame: str | None
+    inputs: tuple[tuple[str, ...], ...]
+    outputs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Switch:
+    """`outputs[b]` (one tuple per branch) get `inputs` for the branch `b` the predicate names
+    (a bool: 0 false, 1 true; an int32: clamped to the branches), and `pivots[b]` a live
+    token; the other branches get dead values. A dead or failed predicate makes every branch
+    dead or failed."""
+
+    pred: str
+    inputs: tuple[str, ...]
+    outputs: tuple[tuple[str, ...], ...]
+    pivots: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class NextIteration:
+    """`outputs` := `inputs` for the next iteration of `frame`; while `pred` is live and
+    true, the frame goes on at its `Merge` with the iteration tag increased."""
+
+    frame: str
+    pred: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Exit:
+    """Values out of `frame`; the frame's last step on this host (its state is freed)."""
+
+    frame: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+Step = Compute | Reshard | Send | Recv | Enter | Merge | Switch | NextIteration | Exit
+ControlStep = Enter | Merge | Switch | NextIteration | Exit
+
+
+def frame_tag(tag: str, frames: tuple[tuple[str, int], ...]) -> str:
+    """A send/receive key inside frames: the tag, then each enclosing frame and iteration."""
+    return tag + "".join(f"/{frame}:{k}" for frame, k in frames)
 
 
 @dataclass(frozen=True)
@@ -99,6 +167,10 @@ class HostPlan:
     order: tuple[int, ...]  # global schedule position of each step
     results: tuple[tuple[int, str], ...]  # (program result position, value)
     compiles: tuple[CompileJob, ...]
+    guards: tuple[str | None, ...] = ()  # per step: a pivot that must be live, or None; () none
+
+    def guard(self, i: int) -> str | None:
+        return self.guards[i] if self.guards else None
 
     @cached_property
     def key(self) -> str:
@@ -114,5 +186,50 @@ class HostPlan:
 
         return json.loads(json.dumps({
             "host": self.host, "args": self.args, "results": self.results,
-            "steps": [step(s) | {"order": o} for s, o in zip(self.steps, self.order, strict=True)],
+            "steps": [step(s) | {"order": o} | ({"guard": g} if g else {})
+                      for s, o, g in zip(self.steps, self.order, self.guards or (None,) * len(self.steps),
+                                         strict=True)],
+            "text": self.text(),
         }))
+
+    def text(self) -> list[str]:
+        """The plan as lines, one step a line, frames indented: the per-host state machines."""
+        lines, depth = [], 1
+        for i, s in enumerate(self.steps):
+            if isinstance(s, Exit):
+                depth -= 1
+            guard = self.guard(i)
+            lines.append("  " * depth + step_line(s) + (f"  if {guard}" if guard else ""))
+            if isinstance(s, Enter):
+                depth += 1
+        return [f"host {self.host}:", *lines]
+
+
+def _values(names: tuple[str, ...]) -> str:
+    return "(" + ", ".join(names) + ")"
+
+
+def step_line(s: Step) -> str:
+    """One step as text."""
+    match s:
+        case Compute():
+            return f"{_values(s.outputs)} = compute {s.label} {_values(s.inputs)}"
+        case Reshard():
+            return f"{s.output} = reshard {s.input} {s.spec}"
+        case Send():
+            return f"send {s.input} to {','.join(s.to)} tag {s.tag}"
+        case Recv():
+            return f"{s.output} = recv from {','.join(s.sources)} tag {s.tag}"
+        case Enter():
+            return f"{_values(s.outputs)} = enter {s.frame} {_values(s.inputs)}"
+        case Merge():
+            what = f"merge {s.frame}" if s.frame else "merge"
+            return f"{_values(s.outputs)} = {what} " + " ".join(_values(i) for i in s.inputs)
+        case Switch():
+            outs = " | ".join(f"{p}: {_values(o)}" for p, o in zip(s.pivots, s.outputs, strict=True))
+            return f"switch {s.pred} {_values(s.inputs)} -> {outs}"
+        case NextIteration():
+            return f"{_values(s.outputs)} = next_iteration {s.frame} {_values(s.inputs)} while {s.pred}"
+        case Exit():
+            return f"{_values(s.outputs)} = exit {s.frame} {_values(s.inputs)}"
+    raise AssertionError(s)

@@ -14,7 +14,7 @@ Contract:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from ir.errors import InvalidArgument
@@ -140,6 +140,13 @@ class Graph:
     @property
     def results(self) -> tuple[str, ...]:
         return self.nodes[-1].inputs
+
+    def walk(self) -> Iterator[Node]:
+        """Every node, those of sub-graphs included (each sub-graph's after its node)."""
+        for node in self.nodes:
+            yield node
+            for sub in subgraphs(node):
+                yield from sub.walk()
 
     def stats(self) -> dict[str, int]:
         """Nodes and edges (operand uses), sub-graphs included."""

@@ -51,6 +51,12 @@ def graph_signature(graph: Graph, slices: Mapping[str, SliceDef], artifacts: fro
     return _Checker(slices, artifacts).graph(graph)
 
 
+def graph_types(graph: Graph, slices: Mapping[str, SliceDef], artifacts: frozenset[str]) -> dict[str, Type]:
+    """Verify a graph against the given tables; return the type of every value it defines
+    (its own scope: not those of its sub-graphs)."""
+    return _Checker(slices, artifacts).values(graph)
+
+
 def infer_node(
     node: Node, types: Mapping[str, Type], slices: Mapping[str, SliceDef], artifacts: frozenset[str]
 ) -> list[Type]:

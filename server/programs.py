@@ -42,6 +42,7 @@ from ir import (
     verify,
 )
 from ir.passes import host_plans, lower
+from ir.plan import ControlStep
 from resource_manager import Slice
 from scheduler import Submission
 from server.artifacts import ArtifactInfo
@@ -242,7 +243,10 @@ class Programs:
         island = self.service.slice(owner, rec.program.slices[0].name).island
         cost = float(max(1, sum(n.op is Op.COMPUTE for n in rec.program.nodes)))
         sub = Submission(run_id, owner.id, tuple(sorted(plans)), cost)
-        sequential = (dispatch or self.service.settings.dispatch) == "sequential"
+        # A loop's steps run many times on their host: programs with loops or branches always
+        # travel whole (one message per host), whatever the dispatch asked for.
+        looping = any(plan.guards or _has_control(plan) for plan in plans.values())
+        sequential = (dispatch or self.service.settings.dispatch) == "sequential" and not looping
         start = (lambda: self._sequential(messages)) if sequential else (lambda: self._parallel(messages))
         # Sequential dispatch writes the results with its closing messages: they wait until then.
         outputs = [o.id for o in outs]
@@ -355,6 +359,10 @@ def _results(messages: Sequence[tuple[HostPlan, RunMessage]]) -> list[str]:
     return list(dict.fromkeys(b for _, m in messages for _, b in m.results))
 
 
+def _has_control(plan: HostPlan) -> bool:
+    return any(isinstance(s, ControlStep) for s in plan.steps)
+
+
 def _parse(doc: Any) -> Program:
     program = from_wire(doc)
     verify(program)
@@ -366,7 +374,7 @@ def _read_artifacts(program: Program, slices: dict[str, Slice],
     """Each computation's artifact read once per slice (runs off the event loop)."""
     infos: dict[tuple[str, str], ArtifactInfo] = {}
     table = program.artifact_table
-    for node in program.nodes:
+    for node in program.graph.walk():  # the computations of loops and branches too
         if node.op is Op.COMPUTE and (node.attrs.artifact, node.attrs.slice) not in infos:
             infos[node.attrs.artifact, node.attrs.slice] = inspect(
                 table[node.attrs.artifact].data, slices[node.attrs.slice])
@@ -374,7 +382,7 @@ def _read_artifacts(program: Program, slices: dict[str, Slice],
 
 
 def _check_artifacts(program: Program, infos: dict[tuple[str, str], ArtifactInfo]) -> None:
-    for i, node in enumerate(program.nodes):
+    for i, node in enumerate(program.graph.walk()):
         if node.op is not Op.COMPUTE:
             continue
         a = node.attrs

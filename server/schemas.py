@@ -103,6 +103,9 @@ class HostPublic(BaseModel):
     buffers: int = Field(0, description="buffers (every client's) held on the host")
     executables: int = Field(0, description="compiled executables cached on the host")
     plans: int = Field(0, description="program plans cached on the host")
+    runs: int = Field(0, description="program runs open on the host (started, not finished)")
+    frames: int = Field(0, description="loop frames open on the host (in-graph while loops running)")
+    mailboxes: int = Field(0, description="mailboxes for values from peer hosts, open on the host")
     dispatch_messages: int = Field(0, description="program run messages the server has sent it")
 
 

@@ -5,9 +5,9 @@ in the order listed there and nowhere else: place -> route_transfers -> partitio
 schedule, then, with `fuse=True`, fuse. Each pass is a pure `Program -> Program` in its
 own file, whose docstring states its contract; with `check=True` (tests always) the
 verifier runs after every pass and an error names the pass. `host_plans(lowered)` then
-cuts the lowered program into one `ir.plan.HostPlan` per host. `WHILE` and `COND` are
-refused (their distributed lowering is a later issue) with an `InvalidArgument` naming the
-node, rather than lowered wrongly.
+cuts the lowered program into one `ir.plan.HostPlan` per host. The node-by-node passes
+work inside the sub-graphs of `WHILE` and `COND` too (`ir.passes.subgraphs`); `host_plans`
+lowers those nodes to the control-flow primitives (`ir.passes.control_flow`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from functools import partial
 
-from ir.errors import InvalidArgument
-from ir.node import SUBGRAPHS
 from ir.passes.fuse import fuse as fuse_pass
 from ir.passes.partition import partition
 from ir.passes.place import place
@@ -24,7 +22,6 @@ from ir.passes.plans import device_mesh, host_plans
 from ir.passes.route_transfers import route_transfers
 from ir.passes.schedule import schedule
 from ir.program import Placement, Program
-from ir.text import node_line
 from ir.verify import VerifyError, verify
 
 Pass = Callable[[Program], Program]
@@ -49,12 +46,6 @@ def pipeline(placements: Mapping[str, Placement], fuse: bool = False) -> tuple[t
 def lower(program: Program, placements: Mapping[str, Placement], *, check: bool = False,
           fuse: bool = False) -> Program:
     verify(program)
-    for i, node in enumerate(program.nodes):
-        if node.op in SUBGRAPHS:
-            raise InvalidArgument(
-                f"lower: node {i} `{node_line(node)}`: expected no {node.op.value} (the distributed "
-                f"lowering of while and cond is a later issue), found one"
-            )
     for name, run in pipeline(placements, fuse):
         program = run(program)
         if check:

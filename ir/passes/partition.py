@@ -15,22 +15,23 @@ becomes, at the same place,
 (each host of %v's slice sends its shards to every host of T's slice, each of which takes
 them all and places its part).
 
-with the same output name, so later nodes are unchanged. Tags are t0, t1, ... in graph
-order, skipping tags the graph already uses. A logical transfer (no route) is an
+with the same output name, so later nodes are unchanged; sub-graphs (`WHILE`, `COND`)
+are cut the same way. Tags are t0, t1, ... program-wide, innermost graphs first, skipping
+tags the program already uses. A logical transfer (no route) is an
 `InvalidArgument` (run `route_transfers` first). Input: a verified program.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
+from collections.abc import Iterator, Mapping
 
 from ir.errors import InvalidArgument
-from ir.node import Node, Op
+from ir.node import Node, Op, Type
 from ir.ops import RecvAttrs, SendAttrs, TransferAttrs
+from ir.passes.subgraphs import rewrite_graphs
 from ir.program import Graph, Program
 from ir.text import node_line
-from ir.verify import value_types
 
 
 def partition(program: Program) -> Program:
@@ -38,11 +39,19 @@ def partition(program: Program) -> Program:
     for name, placed in hosts.items():
         if not placed:
             raise InvalidArgument(f"partition: slice {name}: expected a placement, found none (run place)")
-    types = value_types(program)
-    used = {n.attrs.tag for n in program.nodes if isinstance(n.attrs, SendAttrs | RecvAttrs)}
+    used = {n.attrs.tag for n in program.graph.walk() if isinstance(n.attrs, SendAttrs | RecvAttrs)}
     tags = (t for t in (f"t{k}" for k in itertools.count()) if t not in used)
+
+    def graph(g: Graph, types: Mapping[str, Type]) -> Graph:
+        return Graph(tuple(_cut(g, types, hosts, tags)))
+
+    return rewrite_graphs(program, graph)
+
+
+def _cut(g: Graph, types: Mapping[str, Type], hosts: Mapping[str, tuple[str, ...]],
+         tags: Iterator[str]) -> list[Node]:
     nodes: list[Node] = []
-    for node in program.nodes:
+    for node in g.nodes:
         if node.op is not Op.TRANSFER:
             nodes.append(node)
             continue
@@ -60,4 +69,4 @@ def partition(program: Program) -> Program:
         source, target = types[value].slice, a.type.slice
         nodes.append(Node(Op.SEND, (value,), (), SendAttrs(hosts[target], tag)))
         nodes.append(Node(Op.RECV, (), node.outputs, RecvAttrs(a.type, hosts[source], tag)))
-    return replace(program, graph=Graph(tuple(nodes)))
+    return nodes

@@ -20,23 +20,27 @@ position (`HostPlan.order`) counts the nodes that are neither `ARG` nor `RESULT`
 - `RESULT` position k: `(k, value)` in `results` of each host of that value's slice (a
   value may be an argument, and may appear at several positions).
 
-Anything else (a routed transfer between hosts, `WHILE`, `COND`) is an `InvalidArgument`
-naming the node.
+- `WHILE` and `COND`: the control-flow primitives on every participating host
+  (`ir.passes.control_flow`); the values of a sub-graph are renamed `%<frame>.<name>`, and
+  `HostPlan.guards` names, per step inside a branch or loop body, the pivot it runs under.
+
+Anything else (a routed transfer between hosts) is an `InvalidArgument` naming the node.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ir.errors import InvalidArgument
 from ir.node import Node, Op, Type
 from ir.ops import ArgAttrs, ComputeAttrs, RecvAttrs, SendAttrs, TransferAttrs
+from ir.passes.control_flow import lower_cond, lower_while
 from ir.plan import CompileJob, Compute, DeviceMesh, HostPlan, Recv, Reshard, Send, Step, executable_key
-from ir.program import Placement, Program, SliceDef
+from ir.program import Graph, Placement, Program, SliceDef
 from ir.text import node_line
 from ir.types import MeshAxes
-from ir.verify import value_types
+from ir.verify import graph_types
 
 
 def device_mesh(placement: Placement, mesh: MeshAxes, ranks: Mapping[str, int],
@@ -56,9 +60,10 @@ def device_mesh(placement: Placement, mesh: MeshAxes, ranks: Mapping[str, int],
 class _Where:
     """Where values live: their types, and the placed slices those name."""
 
-    types: Mapping[str, Type]
+    types: dict[str, Type]
     slices: Mapping[str, SliceDef]
     ranks: Mapping[str, int]
+    artifacts: frozenset[str] = frozenset()
 
     def hosts(self, slice_name: str) -> tuple[str, ...]:
         placement = self.slices[slice_name].placement
@@ -135,36 +140,94 @@ class _Draft:
     args: list[tuple[int, str]] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
     order: list[int] = field(default_factory=list)
+    guards: list[str | None] = field(default_factory=list)
     results: list[tuple[int, str]] = field(default_factory=list)
     compiles: dict[str, CompileJob] = field(default_factory=dict)
 
 
+@dataclass
+class _Walk:
+    """The walk over the program and its sub-graphs (the `control_flow.Lowering` it needs)."""
+
+    where: _Where
+    drafts: dict[str, _Draft] = field(default_factory=dict)
+    position: int = 0
+    recording: set[str] | None = None  # during `hosts_of`: the hosts steps would go to, no steps
+
+    def emit(self, hosts: tuple[str, ...] | list[str], step: Step, guard: str | None,
+             job: CompileJob | None = None) -> None:
+        if self.recording is not None:
+            self.recording.update(hosts)
+            return
+        for host in hosts:
+            draft = self.drafts.setdefault(host, _Draft())
+            draft.steps.append(step)
+            draft.order.append(self.position)
+            draft.guards.append(guard)
+            if job is not None:
+                draft.compiles.setdefault(job.key, job)
+        self.position += 1
+
+    def hosts(self, value: str) -> tuple[str, ...]:
+        return self.where.hosts(self.where.types[value].slice)
+
+    def mesh_of_host(self, host: str) -> DeviceMesh:
+        """Where a host places a predicate it receives: its first device."""
+        return DeviceMesh((0,), ())
+
+    def hosts_of(self, graphs: list[tuple[Graph, dict[str, str], str]], guard: str | None) -> set[str]:
+        outer, position = self.recording, self.position
+        self.recording = set()
+        try:
+            for graph, names, prefix in graphs:
+                self.graph(graph, names, prefix, guard)
+            return self.recording
+        finally:
+            self.recording, self.position = outer, position
+
+    def graph(self, graph: Graph, names: dict[str, str], prefix: str, guard: str | None) -> list[str]:
+        """Emit the steps of `graph` (a sub-graph: `names` maps its args, its values get `prefix`);
+        returns the env names of its results."""
+        types = graph_types(graph, self.where.slices, self.where.artifacts)
+        rename = lambda v: names.get(v) or ("%" + prefix + v[1:] if prefix else v)  # noqa: E731
+        for value, t in types.items():
+            self.where.types[rename(value)] = t
+        for node in graph.nodes[:-1]:
+            if node.op is Op.ARG:
+                continue
+            named = replace(node, inputs=tuple(map(rename, node.inputs)),
+                            outputs=tuple(map(rename, node.outputs)))
+            if node.op is Op.WHILE:
+                lower_while(self, named, node.attrs, f"{prefix}w{self.position}", guard)
+            elif node.op is Op.COND:
+                lower_cond(self, named, node.attrs, f"{prefix}c{self.position}", guard)
+            elif node.op in _STEPS:
+                hosts, step, job = _STEPS[node.op](named, self.where)
+                self.emit(hosts, step, guard, job)
+            else:
+                raise InvalidArgument(
+                    f"host_plans: `{node_line(node)}`: expected one of "
+                    f"{', '.join(o.value for o in (*_STEPS, Op.WHILE, Op.COND))}, "
+                    f"found {node.op.value} (lower the program first)"
+                )
+        return [rename(v) for v in graph.results]
+
+
 def host_plans(lowered: Program, ranks: Mapping[str, int] | None = None) -> dict[str, HostPlan]:
-    where = _Where(value_types(lowered), lowered.slice_table, ranks or {})
-    drafts: dict[str, _Draft] = {}
+    where = _Where({}, lowered.slice_table, ranks or {}, frozenset(lowered.artifact_table))
+    walk = _Walk(where)
     args = [n for n in lowered.nodes if n.op is Op.ARG]
     for k, node in enumerate(args):
         assert isinstance(node.attrs, ArgAttrs)
         for host in where.hosts(node.attrs.type.slice):
-            drafts.setdefault(host, _Draft()).args.append((k, node.outputs[0]))
-    for position, node in enumerate(n for n in lowered.nodes[:-1] if n.op is not Op.ARG):
-        if node.op not in _STEPS:
-            raise InvalidArgument(
-                f"host_plans: `{node_line(node)}`: expected one of {', '.join(o.value for o in _STEPS)}, "
-                f"found {node.op.value} (lower the program first)"
-            )
-        hosts, step, job = _STEPS[node.op](node, where)
-        for host in hosts:
-            draft = drafts.setdefault(host, _Draft())
-            draft.steps.append(step)
-            draft.order.append(position)
-            if job is not None:
-                draft.compiles.setdefault(job.key, job)
+            walk.drafts.setdefault(host, _Draft()).args.append((k, node.outputs[0]))
+    walk.graph(lowered.graph, {}, "", None)
     for k, value in enumerate(lowered.results):
         for host in where.hosts(where.types[value].slice):
-            drafts.setdefault(host, _Draft()).results.append((k, value))
+            walk.drafts.setdefault(host, _Draft()).results.append((k, value))
     return {
         host: HostPlan(host, tuple(d.args), tuple(d.steps), tuple(d.order), tuple(d.results),
-                       tuple(d.compiles.values()))
-        for host, d in sorted(drafts.items())
+                       tuple(d.compiles.values()),
+                       tuple(d.guards) if any(g is not None for g in d.guards) else ())
+        for host, d in sorted(walk.drafts.items())
     }

@@ -2,29 +2,34 @@
 
 Contract: the tracer inserts a *logical* `TRANSFER` (route None) wherever a value meets a
 computation on another slice or spec, so every edge of the IR is exactly typed. Once the
-slices are placed, this pass sets each top-level transfer's route from the placements of its
-source and target slices (`ir.ops.transfer_route`): `local` when both lie on one and the same
-host, `island` between hosts of one island, `dcn` between islands. Routes already set are
-recomputed. Nothing else changes. A transfer whose source or target slice is unplaced is an
-`InvalidArgument` naming the transfer and the slice. Input: a verified program.
+slices are placed, this pass sets each transfer's route from the placements of its
+source and target slices (`ir.ops.transfer_route`), in sub-graphs too: `local` when both
+lie on one and the same host, `island` between hosts of one island, `dcn` between
+islands. Routes already set are recomputed. Nothing else changes. A transfer whose source
+or target slice is unplaced is an `InvalidArgument` naming the transfer and the slice.
+Input: a verified program.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 from ir.errors import InvalidArgument
-from ir.node import Node, Op
+from ir.node import Node, Op, Type
 from ir.ops import TransferAttrs, transfer_route
+from ir.passes.subgraphs import rewrite_graphs
 from ir.program import Graph, Program
 from ir.text import node_line
-from ir.verify import value_types
 
 
 def route_transfers(program: Program) -> Program:
-    types, slices = value_types(program), program.slice_table
+    slices = program.slice_table
 
-    def routed(node: Node) -> Node:
+    def graph(g: Graph, types: Mapping[str, Type]) -> Graph:
+        return Graph(tuple(routed(n, types) for n in g.nodes))
+
+    def routed(node: Node, types: Mapping[str, Type]) -> Node:
         if node.op is not Op.TRANSFER:
             return node
         assert isinstance(node.attrs, TransferAttrs)
@@ -38,4 +43,4 @@ def route_transfers(program: Program) -> Program:
             )
         return replace(node, attrs=replace(node.attrs, route=route))
 
-    return replace(program, graph=Graph(tuple(routed(n) for n in program.nodes)))
+    return rewrite_graphs(program, graph)

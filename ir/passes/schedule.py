@@ -1,6 +1,6 @@
 """`schedule`: put the graph in the one global order its hosts run it in.
 
-Contract: returns the program with the same nodes in a deterministic topological order:
+Contract: returns the program with the same nodes (and each sub-graph's) in a deterministic topological order:
 the `ARG` nodes first, in their original order; the `RESULT` last; in between, list
 scheduling: of the nodes whose operands are all defined (and, for a `RECV`, whose `SEND`
 has been placed), the one with the longest path, counted in nodes, to the end of the graph
@@ -13,15 +13,19 @@ recv).
 from __future__ import annotations
 
 import heapq
-from dataclasses import replace
 
 from ir.node import Op
 from ir.ops import RecvAttrs, SendAttrs
+from ir.passes.subgraphs import rewrite_graphs
 from ir.program import Graph, Program
 
 
 def schedule(program: Program) -> Program:
-    nodes = program.nodes
+    return rewrite_graphs(program, lambda g, _types: _scheduled(g))
+
+
+def _scheduled(graph: Graph) -> Graph:
+    nodes = graph.nodes
     args = [n for n in nodes if n.op is Op.ARG]
     body = [n for n in nodes if n.op not in (Op.ARG, Op.RESULT)]
     producer = {v: i for i, n in enumerate(body) for v in n.outputs}
@@ -50,4 +54,4 @@ def schedule(program: Program) -> Program:
             if not waiting[u]:
                 heapq.heappush(ready, (-height[u], u))
     assert len(order) == len(body), "schedule: the graph has a cycle; verify it first"
-    return replace(program, graph=Graph((*args, *(body[i] for i in order), nodes[-1])))
+    return Graph((*args, *(body[i] for i in order), nodes[-1]))

@@ -58,6 +58,8 @@ async def list_islands(caller: CallerDep, service: ServiceDep) -> list[IslandPub
                 requests=(st or {}).get("requests", 0),
                 buffers=(st or {}).get("buffers", 0),
                 executables=(st or {}).get("executables", 0), plans=(st or {}).get("plans", 0),
+                runs=(st or {}).get("runs", 0), frames=(st or {}).get("frames", 0),
+                mailboxes=(st or {}).get("mailboxes", 0),
                 dispatch_messages=service.pool.messages.get(h, 0),
             ))
         queued, in_flight = service.gangs.stats(summary["name"])

@@ -214,3 +214,32 @@ def test_clients_running_collective_programs_on_overlapping_cross_host_slices_al
     for got, x in results.values():
         y = step(step(x))
         np.testing.assert_array_equal(got, np.concatenate([y, y]))
+
+
+def test_a_loop_whose_carry_spans_two_hosts_and_whose_body_crosses_islands(c):
+    """The predicate is computed by both hosts of island a's slice; a0 sends it to island b."""
+    import client as isthmus
+
+    s, t = c.slice({"x": 8}, island="a"), c.slice({"y": 2}, island="b")
+    assert sorted(s.hosts) == ["a0", "a1"]
+
+    def collect(v):  # integer-valued floats: exact under any reduction order
+        return (v + jnp.sum(v)) % 1024.0
+
+    f = c.jit(collect, slice=s, in_specs=P("x"), out_specs=P("x"))
+    g = c.jit(lambda v: v + 1.0, slice=t, in_specs=P("y"), out_specs=P("y"))
+    lt = c.jit(lambda i, n: i < n, slice=s)
+    inc = c.jit(lambda i: i + 1, slice=s)
+    zero = c.put(np.int32(0), s)
+
+    @c.program
+    def loop(x, n):
+        return isthmus.while_loop(lambda st: lt(st[0], n), lambda st: (inc(st[0]), g(f(st[1]))),
+                                  (zero, f(x)))[1]
+
+    x = np.arange(64, dtype=np.float32)
+    local = local_jit(collect, (8,), ("x",), (P("x"),), P("x"))
+    want = np.asarray(local(x))
+    for _ in range(5):
+        want = np.asarray(local(want)) + 1.0
+    np.testing.assert_array_equal(loop(x, np.int32(5)).numpy(), want)

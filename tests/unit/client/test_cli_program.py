@@ -30,3 +30,16 @@ def test_show_names_a_bad_file(tmp_path):
         main(["program", "show", str(path)])
     with pytest.raises(SystemExit, match="not a readable JSON file"):
         main(["program", "show", str(tmp_path / "missing.json")])
+
+
+def test_program_show_plans_prints_each_hosts_state_machine(tmp_path, capsys):
+    from test_trace_control_flow import SMALL, F, X, trace
+
+    import client as isthmus
+
+    program, _ = trace(lambda x: isthmus.while_loop(SMALL, F, F(x)), X)
+    path = tmp_path / "loop.json"
+    path.write_text(json.dumps(to_wire(program)))
+    main(["program", "show", str(path), "--plans"])
+    out = capsys.readouterr().out
+    assert "host a0:" in out and "next_iteration" in out and "switch" in out

@@ -23,3 +23,13 @@ def test_raw_bytes_and_replicas_assemble_the_same():
 
 def test_a_scalar_is_one_shard_with_no_dimensions():
     assert whole([([], np.float32(3.5))]) == np.float32(3.5)
+
+
+def test_a_scalar_jax_array_keeps_no_dimensions_on_its_way():
+    import jax.numpy as jnp
+
+    from executors.shards import distinct_shards
+
+    ((index, data),) = distinct_shards(jnp.bool_(True))
+    assert index == [] and data.ndim == 0  # (a loop's predicate, sent from a slice spanning hosts)
+    assert bool(whole([(index, data)])) is True

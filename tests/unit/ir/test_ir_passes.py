@@ -15,12 +15,10 @@ from ir_placed import (
 )
 
 from ir import (
-    Aval,
     Graph,
     InvalidArgument,
     Op,
     Placement,
-    ProgramBuilder,
     VerifyError,
     content_hash,
     parse_program,
@@ -282,28 +280,6 @@ def test_partition_skips_tags_in_use():
                         "%7 = recv float32[8] P('x') @s0 from a1 tag t1\n"
                         "result %7, %2\n")
     assert partition(parse_program(cut, ARTIFACTS)) == parse_program(cut, ARTIFACTS)
-
-
-def test_lower_refuses_while(control_flow):
-    assert message(InvalidArgument, lambda: lower(control_flow, {"s1": on("b", "b0", 0, 1, 2, 3)})) == (
-        "lower: node 2 `%2, %3 = while (%0, %1) cond {...} body {...}`: expected no while "
-        "(the distributed lowering of while and cond is a later issue), found one"
-    )
-
-
-def test_lower_refuses_cond():
-    b = ProgramBuilder()
-    s, v = b.slice("s", {"x": 1}), Aval((2,), "float32")
-    pred, x = b.arg(Aval((), "bool"), (), s), b.arg(v, (), s)
-    branches = []
-    for name in ("no", "yes"):
-        br = b.sub()
-        br.result(*br.compute(name, name.encode(), s, [br.arg(v, (), s)], [(v, ())]))
-        branches.append(br.graph())
-    b.result(*b.cond(pred, [x], branches))
-    assert message(InvalidArgument, lambda: lower(b.build(), {"s": on("a", "a0", 0)})).startswith(
-        "lower: node 2 `%2 = cond %0 (%1) branch {...} branch {...}`: expected no cond"
-    )
 
 
 def test_lower_verifies_its_input(example):

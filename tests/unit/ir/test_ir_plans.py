@@ -141,16 +141,6 @@ def test_plans_need_a_lowered_program(example):
     )
 
 
-def test_plans_refuse_control_flow(control_flow):
-    placed = place(control_flow, {"s1": on("b", "b0", 0, 1, 2, 3)})
-    with pytest.raises(InvalidArgument) as info:
-        host_plans(placed)
-    assert str(info.value) == (
-        "host_plans: `%2, %3 = while (%0, %1) cond {...} body {...}`: expected one of compute, transfer, "
-        "send, recv, found while (lower the program first)"
-    )
-
-
 def test_plan_key_follows_the_content(example):
     plans = host_plans(lower(example, EXAMPLE_PLACEMENTS))
     again = host_plans(lower(example, EXAMPLE_PLACEMENTS))

@@ -1,0 +1,154 @@
+"""Iterations/s of a loop in the graph, against the same loop driven by the client (Yu et al. §6).
+
+    python -m bench.control_flow --json /tmp/control_flow.json [--quick] [--plot docs/control_flow.png]
+
+The loop's body is two small computations on two islands, `f(v) = v * 0.5 + 1` on island a
+and `g(v) = v - 0.25` on island b (float32[16], one device each), and its predicate `i < n`
+is computed on island a. Modes, measured in one run on one machine (median of rounds):
+
+- `ingraph`: one `c.program` whose `isthmus.fori_loop(0, n, body)` runs on the hosts: the
+  value crosses a -> b -> a and the predicate a -> b each iteration, host to host; the
+  server and the client take part only at the start and the end.
+- `client_loop`: the same body as a program run per iteration (`i + 1`, `g(f(v))` and the
+  predicate), the client fetching the predicate after each run to decide whether to go on.
+- `jax_while`: `jax.lax.while_loop` of f and g in this process on one device (the limit:
+  no hosts, no network).
+- `ingraph_one_host` and `client_loop_one_host`: the same two modes with g on f's slice
+  (island a, one host): no value crosses hosts, so what is left per iteration is the cost
+  of driving the loop, in the graph or from the client.
+
+`ratios.ingraph_vs_client_loop` is the paper's comparison (its claim: about 5x). Every
+mode's result is checked against a Python loop of the same float32 arithmetic.
+`parallel_iterations` is 1 (iterations of a loop do not overlap yet), so the in-graph rate
+is that of one iteration's latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import client as isthmus
+from bench.call_latency import isthmus_client
+from bench.machine import describe
+
+SIZE = 16
+
+
+def f(v: Any) -> Any:
+    return v * 0.5 + 1.0
+
+
+def g(v: Any) -> Any:
+    return v - 0.25
+
+
+def expected(n: int) -> np.ndarray:
+    v = np.zeros(SIZE, np.float32)
+    for _ in range(n):
+        v = (v * np.float32(0.5) + np.float32(1.0)) - np.float32(0.25)
+    return v
+
+
+def timed(run: Callable[[], np.ndarray], n: int, rounds: int) -> float:
+    """Median iterations/s over `rounds` runs of n iterations, each result checked."""
+    rates = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        out = run()
+        rates.append(n / (time.perf_counter() - start))
+        np.testing.assert_allclose(out, expected(n), rtol=1e-6)
+    return statistics.median(rates)
+
+
+def measure(c: isthmus.Client, n_graph: int, n_client: int, rounds: int,
+            one_host: bool = False) -> dict[str, float]:
+    sa = c.slice({"x": 1}, island="a")
+    sb = sa if one_host else c.slice({"x": 1}, island="b")
+    fa, gb = c.jit(f, slice=sa), c.jit(g, slice=sb)
+    inc, less = c.jit(lambda i: i + 1, slice=sa), c.jit(lambda i, n: i < n, slice=sa)
+    x = c.put(np.zeros(SIZE, np.float32), sa)
+    zero = c.put(np.int32(0), sa)
+
+    @c.program
+    def ingraph(v: Any, n: Any) -> Any:
+        return isthmus.fori_loop(0, n, lambda i, w: gb(fa(w)), v)
+
+    @c.program
+    def step(i: Any, v: Any, n: Any) -> Any:
+        j = inc(i)
+        return j, gb(fa(v)), less(j, n)
+
+    def client_loop(n: int) -> np.ndarray:
+        bound = c.put(np.int32(n), sa)
+        i, v = zero, x
+        go = True
+        while go:
+            i, v, pred = step(i, v, bound)
+            go = bool(pred.numpy())
+        return v.numpy()
+
+    bounds = {k: c.put(np.int32(k), sa) for k in (n_graph, 1)}
+    ingraph(x, bounds[1]).result()  # traced, registered, compiled
+    client_loop(1)
+    rates = {
+        "ingraph": timed(lambda: ingraph(x, bounds[n_graph]).numpy(), n_graph, rounds),
+        "client_loop": timed(lambda: client_loop(n_client), n_client, rounds),
+    }
+    return rates
+
+
+def jax_while(n: int, rounds: int) -> float:
+    loop = jax.jit(lambda v, k: jax.lax.while_loop(lambda s: s[0] < k, lambda s: (s[0] + 1, g(f(s[1]))),
+                                                    (jnp.int32(0), v))[1])
+    v0 = np.zeros(SIZE, np.float32)
+    loop(v0, 1).block_until_ready()
+    return timed(lambda: np.asarray(loop(v0, n)), n, rounds)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.control_flow", description=__doc__.split("\n")[0])
+    p.add_argument("--json", type=Path, default=None, help="write the results here")
+    p.add_argument("--quick", action="store_true", help="fewer iterations and rounds (a smoke run)")
+    p.add_argument("--plot", type=Path, default=None, help="draw the rates into this PNG")
+    args = p.parse_args(argv)
+    n_graph, n_client, rounds = (200, 50, 3) if args.quick else (2000, 300, 5)
+    with isthmus_client() as c:
+        rates = measure(c, n_graph, n_client, rounds)
+        local = measure(c, n_graph * 5, n_client, rounds, one_host=True)
+    rates |= {f"{mode}_one_host": rate for mode, rate in local.items()}
+    rates["jax_while"] = jax_while(100_000, rounds)
+    result = {
+        "iterations_per_s": rates,
+        "ratios": {"ingraph_vs_client_loop": rates["ingraph"] / rates["client_loop"],
+                   "ingraph_vs_client_loop_one_host": (rates["ingraph_one_host"]
+                                                       / rates["client_loop_one_host"]),
+                   "jax_while_vs_ingraph": rates["jax_while"] / rates["ingraph"]},
+        "parallel_iterations": {"1": rates["ingraph"]},
+        "config": {"iterations": {"ingraph": n_graph, "client_loop": n_client, "jax_while": 100_000,
+                                  "ingraph_one_host": n_graph * 5},
+                   "rounds": rounds, "size": SIZE},
+        "machine": describe(),
+    }
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json is not None:
+        args.json.write_text(text + "\n")
+    if args.plot is not None:
+        from bench.plot import plot_control_flow
+
+        plot_control_flow(result, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

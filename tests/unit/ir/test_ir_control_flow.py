@@ -1,0 +1,91 @@
+"""Lowering `while` and `cond` to the per-host control-flow primitives (no Ray, no devices)."""
+
+import pytest
+from ir_placed import on
+
+from ir import Aval, ProgramBuilder
+from ir.passes import host_plans, lower
+from ir.plan import Enter, Exit, Merge, NextIteration, Recv, Send, Switch
+
+pytestmark = pytest.mark.unit
+
+F32, I32, BOOL = Aval((4,), "float32"), Aval((), "int32"), Aval((), "bool")
+PLACES = {"sa": on("a", "a0", 0, 1), "sb": on("b", "b0", 0, 1)}
+
+
+def two_island_loop():
+    """while n < k: x = back(g(move(f(x)))), n = inc(n); f on island a, g on island b; k invariant."""
+    b = ProgramBuilder()
+    sa, sb = b.slice("sa", {"x": 2}, island="a"), b.slice("sb", {"y": 2}, island="b")
+    x, n, k = b.arg(F32, ("x",), sa), b.arg(I32, (), sa), b.arg(I32, (), sa)
+    cond = b.sub()
+    _, cn, ck = cond.arg(F32, ("x",), sa), cond.arg(I32, (), sa), cond.arg(I32, (), sa)
+    cond.result(*cond.compute("lt", b"lt", sa, [cn, ck], [(BOOL, ())]))
+    body = b.sub()
+    bx, bn, bk = body.arg(F32, ("x",), sa), body.arg(I32, (), sa), body.arg(I32, (), sa)
+    (f,) = body.compute("f", b"f", sa, [bx], [(F32, ("x",))])
+    (g,) = body.compute("g", b"g", sb, [body.transfer(f, ("y",), sb)], [(F32, ("y",))])
+    (n2,) = body.compute("inc", b"inc", sa, [bn], [(I32, ())])
+    body.result(body.transfer(g, ("x",), sa), n2, bk)
+    out = b.while_([x, n, k], cond.graph(), body.graph())
+    b.result(out[0])
+    return b.build()
+
+
+def test_a_loop_over_two_islands_lowers_to_the_five_primitives_on_each_host():
+    plans = host_plans(lower(two_island_loop(), PLACES, check=True))
+    assert set(plans) == {"a0", "b0"}
+    a, b = plans["a0"], plans["b0"]
+    kinds = [type(s) for s in a.steps]
+    assert kinds.count(Enter) == kinds.count(Merge) == kinds.count(Switch) == 1
+    assert kinds.count(NextIteration) == kinds.count(Exit) == 1
+    enter = next(s for s in a.steps if isinstance(s, Enter))
+    merge = next(s for s in a.steps if isinstance(s, Merge))
+    assert len(enter.inputs) == 3 and len(merge.outputs) == 2  # k is invariant: entered, never merged
+    # a0 computes the predicate and sends it to b0 every iteration; b0 switches on what it receives.
+    (pred_send,) = [s for s in a.steps if isinstance(s, Send) and s.tag.startswith("p.")]
+    assert pred_send.to == ("b0",)
+    (pred_recv,) = [s for s in b.steps if isinstance(s, Recv) and s.tag == pred_send.tag]
+    switch_b = next(s for s in b.steps if isinstance(s, Switch))
+    assert switch_b.pred == pred_recv.output and switch_b.inputs == ()
+    # b0's body steps run under the body's pivot: dead once the loop is over.
+    body = [i for i, s in enumerate(b.steps) if b.guard(i) == switch_b.pivots[1]]
+    assert [type(b.steps[i]).__name__ for i in body] == ["Recv", "Compute", "Send"]
+    text = "\n".join(b.text())
+    assert "next_iteration" in text and "switch" in text and "enter" in text and "exit" in text
+    # every host's steps are a subsequence of one order
+    for plan in plans.values():
+        assert list(plan.order) == sorted(plan.order)
+
+
+def test_a_three_way_cond_after_a_loop(control_flow):
+    plans = host_plans(lower(control_flow, {"s1": on("b", "b0", 0, 1, 2, 3)}, check=True))
+    (plan,) = plans.values()
+    switches = [s for s in plan.steps if isinstance(s, Switch)]
+    assert [len(s.outputs) for s in switches] == [2, 3]
+    merge = [s for s in plan.steps if isinstance(s, Merge) and s.frame is None]
+    assert len(merge) == 1 and len(merge[0].inputs[0]) == 3
+    assert len(plan.compiles) == 5  # keep_going, step and the three branches, once each
+
+
+def test_nested_loops_name_their_frames_apart():
+    b = ProgramBuilder()
+    s = b.slice("s", {"x": 1})
+    n = b.arg(I32, (), s)
+
+    def loop(builder, value):
+        cond = builder.sub()
+        cond.result(*cond.compute("pos", b"pos", s, [cond.arg(I32, (), s)], [(BOOL, ())]))
+        return cond
+
+    inner_cond = loop(b, n)
+    inner_body = b.sub()
+    inner_body.result(*inner_body.compute("dec", b"dec", s, [inner_body.arg(I32, (), s)], [(I32, ())]))
+    outer_body = b.sub()
+    (m,) = outer_body.while_([outer_body.arg(I32, (), s)], inner_cond.graph(), inner_body.graph())
+    outer_body.result(*outer_body.compute("dec", b"dec", s, [m], [(I32, ())]))
+    (out,) = b.while_([n], loop(b, n).graph(), outer_body.graph())
+    b.result(out)
+    (plan,) = host_plans(lower(b.build(), {"s": on("a", "a0", 0)}, check=True)).values()
+    frames = [s.frame for s in plan.steps if isinstance(s, Enter)]
+    assert len(frames) == 2 and len(set(frames)) == 2 and frames[1].startswith(frames[0] + ".")
