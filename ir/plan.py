@@ -173,6 +173,12 @@ class HostPlan:
         return self.guards[i] if self.guards else None
 
     @cached_property
+    def loops(self) -> bool:
+        """Whether the plan has a loop or a branch (guarded steps or control steps); worked
+        out once per plan, not per run."""
+        return bool(self.guards) or any(isinstance(s, ControlStep) for s in self.steps)
+
+    @cached_property
     def key(self) -> str:
         """A content hash: hosts cache plans by it, so a plan travels once (computed once)."""
         return "plan:" + hashlib.sha256(repr(self).encode()).hexdigest()[:24]

@@ -42,7 +42,6 @@ from ir import (
     verify,
 )
 from ir.passes import host_plans, lower
-from ir.plan import ControlStep
 from resource_manager import Slice
 from scheduler import Submission
 from server.artifacts import ArtifactInfo
@@ -245,7 +244,7 @@ class Programs:
         sub = Submission(run_id, owner.id, tuple(sorted(plans)), cost)
         # A loop's steps run many times on their host: programs with loops or branches always
         # travel whole (one message per host), whatever the dispatch asked for.
-        looping = any(plan.guards or _has_control(plan) for plan in plans.values())
+        looping = any(plan.loops for plan in plans.values())
         sequential = (dispatch or self.service.settings.dispatch) == "sequential" and not looping
         start = (lambda: self._sequential(messages)) if sequential else (lambda: self._parallel(messages))
         # Sequential dispatch writes the results with its closing messages: they wait until then.
@@ -357,10 +356,6 @@ class Programs:
 def _results(messages: Sequence[tuple[HostPlan, RunMessage]]) -> list[str]:
     """The buffers a run's messages close (each once, however many hosts hold it)."""
     return list(dict.fromkeys(b for _, m in messages for _, b in m.results))
-
-
-def _has_control(plan: HostPlan) -> bool:
-    return any(isinstance(s, ControlStep) for s in plan.steps)
 
 
 def _parse(doc: Any) -> Program:
