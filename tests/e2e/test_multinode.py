@@ -117,6 +117,18 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         for outside in (f"iv{tag}{k}" for k in range(len(nodes))):
             subprocess.run(["ip", "link", "del", outside], capture_output=True, timeout=30, check=False)
         subprocess.run(["ip", "link", "del", bridge], capture_output=True, timeout=30, check=False)
+        _forget_head(c.addresses["head"])
+
+
+def _forget_head(head: str) -> None:
+    """`ray start --head` records its address for later `ray.init()` calls on this machine;
+    the head is gone, so the record goes too (else the next plain `ray.init()` tries it)."""
+    record = Path("/tmp/ray/ray_current_cluster")
+    try:
+        if record.read_text().startswith(f"{head}:"):
+            record.unlink()
+    except OSError:
+        pass
 
 
 def _stop_namespace(ns: str) -> None:
