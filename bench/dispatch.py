@@ -36,7 +36,8 @@ fails the run. Only one Ray runs at a time: the baseline's Ray stops before the 
 starts. The JAX and Ray baselines get NPROC=8 (XLA's CPU client thread pool, by default the
 core count): with 2 threads, back-to-back asynchronous 4-device collectives deadlock in
 XLA's rendezvous; they need 2 per device. The Isthmus server runs with its defaults: its
-executors run one computation at a time, which is safe with any pool.
+executors keep up to 8 computations in flight with a pool of 2 threads per device, which
+cannot deadlock (docs/architecture.md).
 
 `--platform gpu` (or `--gpu`) runs every mode on this machine's D GPUs instead: JAX here on
 the GPU, the mesh {"x": D} (the all-reduce's constant scaled so the mean still grows by 1),
