@@ -19,6 +19,9 @@ Contract:
   failed with `RemoteError` for a cause. When the connection ends, every pending and later
   call fails with `Unavailable`: requests may have been lost on the way, so the host's order
   has a gap, and only a new executor (an island restart) serves its slices again.
+- `Link` is a peer executor's end, for requests that want no answer (a program's sends from
+  host to host): a plain blocking socket written by the thread that sends, with no event
+  loop between the sender and the wire. A failed write closes it and raises `Unavailable`.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import asyncio
 import hmac
 import logging
 import pickle
+import socket
 import struct
 import threading
 import traceback
@@ -204,3 +208,45 @@ class Channel:
     def closed(self) -> bool:
         return self._closed is not None
 
+
+
+# -- a peer's end -------------------------------------------------------------------------
+
+
+class Link:
+    """Requests that want no answer, to one executor, over a blocking socket (thread-safe)."""
+
+    def __init__(self, host: str, sock: socket.socket) -> None:
+        self.host = host
+        self._sock = sock
+        self._lock = threading.Lock()
+        self.closed = False
+
+    @classmethod
+    def connect(cls, host: str, address: str, port: int, secret: bytes, timeout: float) -> Link:
+        try:
+            sock = socket.create_connection((address, port), timeout=timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.sendall(HEADER.pack(len(secret)) + secret)
+        except OSError as e:
+            raise Unavailable(f"host {host}: cannot reach its executor at {address}:{port}: {e}") from None
+        return cls(host, sock)
+
+    def tell(self, method: str, *args: Any) -> None:
+        data = pickle.dumps((0, method, args), protocol=pickle.HIGHEST_PROTOCOL)
+        with self._lock:
+            if self.closed:
+                raise Unavailable(f"host {self.host}: the link to its executor is closed")
+            try:
+                self._sock.sendall(HEADER.pack(len(data)) + data)
+            except OSError as e:
+                self._close()
+                raise Unavailable(f"host {self.host}: the link to its executor was lost: {e}") from None
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
+        self.closed = True
+        self._sock.close()

@@ -28,13 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from executors import ray_start
-from executors.channel import SECRET_BYTES, Channel, serve
-from executors.host import Host
-from executors.messages import Failed, Lost, Payload, Ran, Settled, Settlement, State
+from executors.channel import SECRET_BYTES, Channel
+from executors.messages import Failed, Lost, Ran, Settled, Settlement, State
 from executors.outbox import Outbox
+from executors.ray_host import DIRECT, DIRECT_PUT_BYTES, TOLD, new_actor
 from executors.runner import IN_FLIGHT, RunMessage
 from ir import DeviceMesh, HostPlan, RemoteError, Unavailable
 from resource_manager import ClusterSpec, DeviceReport, HostSpec, cluster_from_nodes, default_cluster
@@ -42,19 +41,9 @@ from resource_manager.discovery import ISLAND_LABEL
 
 log = logging.getLogger("isthmus.executors")
 
-# A host's requests in progress at once. Requests that wait (reads for their value, runs
-# reporting that they have run) hold a place while they wait, and Ray starts an actor's
-# calls in no particular order: if waiting requests could take every place, the request
-# they wait for would never start. So the pool keeps at most READS_PER_HOST reads waiting on
-# a host, the gang window bounds the runs reporting back, and a host serves far more.
-HOST_CONCURRENCY = 10_000
+# Reads a host may have waiting at once: far fewer than the requests a host serves at once
+# (`executors.ray_host.HOST_CONCURRENCY`), so a read never takes the place of what it waits for.
 READS_PER_HOST = 1024
-# The requests on every call's path go over each executor's channel (`executors.channel`);
-# the rest, and uploads too large for a frame or bound for several hosts, through Ray.
-DIRECT = frozenset({"run", "run_batch", "wait", "fetch", "fetch_shards", "put", "delete", "forget", "skip",
-                    "states", "stats", "expect"})
-TOLD = frozenset({"put", "delete", "forget", "skip", "expect"})  # nobody reads their answer
-DIRECT_PUT_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -65,6 +54,7 @@ class RayOptions:
     namespace: str = "isthmus"
     groups: bool = True  # multi-host islands (of one platform) form one JAX distributed group each
     ordered: bool = True  # False only to show what the island order prevents (debug)
+    peer_links: bool = True  # False: hosts send each other values as actor calls (to compare)
     group_timeout_s: int = 120
     # The longest a host waits for an executable, and a CPU collective for its peers: past
     # it the computation fails with the cause instead of hanging (a host that failed its part
@@ -83,71 +73,8 @@ async def _answer(ref: Any) -> Any:
     return ref
 
 
-def _actor_name(host: str, generation: int = 0) -> str:
-    return f"isthmus-host-{host}" + (f"-{generation}" if generation else "")
-
-
-class RayHost(Host):
-    """A `Host` whose sends go straight to the peer host's actor (executor to executor)."""
-
-    def __init__(self, host: str, namespace: str, wait_timeout_s: float, in_flight: int) -> None:
-        super().__init__(host, wait_timeout_s, in_flight)
-        self._namespace = namespace
-        self._peers: dict[str, Any] = {}
-
-    def coordinator_address(self) -> str:
-        """An address on this host's node where the island's JAX coordinator can listen."""
-        import socket
-
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            port = sock.getsockname()[1]
-        return f"{ray.util.get_node_ip_address()}:{port}"
-
-    async def open_channel(self, secret: bytes) -> tuple[str, int]:
-        """Listen for the server's direct requests (`executors.channel`); the address and port."""
-        return await serve(self, secret, ray.util.get_node_ip_address(), DIRECT)
-
-    def set_peers(self, peers: Mapping[str, Any]) -> None:
-        """Use these actors for these hosts from now on (after an island's hosts restarted)."""
-        self._peers.update(peers)
-
-    def _deliver(self, to: str, run_id: str, tag: str, payload: Payload) -> None:
-        peer = self._peers.get(to)
-        if peer is None:
-            peer = self._peers[to] = ray.get_actor(_actor_name(to), namespace=self._namespace)
-        peer.deliver.remote(run_id, tag, payload)
-
-
 def _new_actor(host: HostSpec, options: RayOptions, generation: int) -> Any:
-    return ray.remote(RayHost).options(**_actor_options(host, options.wait_timeout_s, generation)).remote(
-        host.name, options.namespace, options.wait_timeout_s, options.in_flight)
-
-
-def _actor_options(host: HostSpec, wait_timeout_s: int, generation: int) -> dict[str, Any]:
-    env = {"PYTHONUNBUFFERED": "1"}
-    if host.platform == "cpu":
-        env["JAX_PLATFORMS"] = "cpu"
-        env["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={host.num_devices} "
-                            f"--xla_cpu_collective_timeout_seconds={wait_timeout_s}")
-        # XLA's CPU thread pool: 2 threads per device, whatever the core count, so that
-        # overlapped multi-device collectives cannot deadlock (docs/architecture.md).
-        env["PJRT_NPROC"] = str(2 * host.num_devices)
-        gpus = 0
-    else:
-        gpus = host.num_devices
-        env["JAX_PLATFORMS"] = ""  # JAX's own choice (its GPU), not the server's cpu
-    # num_cpus=0: executors are long-lived and must never wait for a CPU slot.
-    options: dict[str, Any] = {
-        "num_cpus": 0,
-        "num_gpus": gpus,
-        "name": _actor_name(host.name, generation),
-        "runtime_env": {"env_vars": env},
-        "max_concurrency": HOST_CONCURRENCY,
-    }
-    if host.node is not None:  # a host discovered from a node's labels runs on that node only
-        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(host.node, soft=False)
-    return options
+    return new_actor(host, options.namespace, options.wait_timeout_s, options.in_flight, generation)
 
 
 class ExecutorPool:
@@ -168,8 +95,9 @@ class ExecutorPool:
         self.islands: dict[str, tuple[str, ...]] = {}  # island -> its hosts
         self._options = RayOptions()
         self._generation = 0  # of replaced executors (their actor names carry it)
-        self._reads = {h: asyncio.Semaphore(READS_PER_HOST) for h in handles}  # see HOST_CONCURRENCY
+        self._reads = {h: asyncio.Semaphore(READS_PER_HOST) for h in handles}
         self._secret = secrets.token_bytes(SECRET_BYTES)  # what an executor's channel asks first
+        self.addresses: dict[str, tuple[str, int]] = {}  # host -> its executor's channel
         self._channels: dict[str, Channel] = {}
         self.outbox = Outbox(self._call)
 
@@ -191,7 +119,9 @@ class ExecutorPool:
         async def one(host: str, handle: Any) -> Channel:
             address, port = await self._await(handle.open_channel.remote(self._secret), host, timeout,
                                               "open its channel")
-            return await Channel.connect(host, address, port, self._secret, timeout)
+            channel = await Channel.connect(host, address, port, self._secret, timeout)
+            self.addresses[host] = (address, port)
+            return channel
 
         opened = await asyncio.gather(*(one(h, a) for h, a in handles.items()), return_exceptions=True)
         channels = {h: c for h, c in zip(handles, opened, strict=True) if isinstance(c, Channel)}
@@ -201,6 +131,20 @@ class ExecutorPool:
                 c.close()
             raise failed
         return channels
+
+    async def _tell_addresses(self, handles: Mapping[str, Any]) -> None:
+        """Tell every executor where each host's channel is (`RayHost.set_peer_addresses`),
+        so that sends inside programs go executor to executor. One that does not answer
+        sends through Ray meanwhile; it is logged, never fatal."""
+        if not self._options.peer_links:
+            return
+        addresses = dict(self.addresses)
+        told = await asyncio.gather(
+            *(self._await(a.set_peer_addresses.remote(addresses), h, 30, "take its peers' addresses")
+              for h, a in handles.items()), return_exceptions=True)
+        for h, outcome in zip(handles, told, strict=True):
+            if isinstance(outcome, BaseException):
+                log.warning("host %s did not take its peers' channel addresses: %s", h, outcome)
 
     def _send(self, host: str, method: str, *args: Any) -> Any:
         """Number the request in this host's order and send it; never leave a gap."""
@@ -252,6 +196,7 @@ class ExecutorPool:
         try:
             await asyncio.gather(*(pool._form_group(pool._handles, hosts) for hosts in groups.values()))
             pool._channels = await pool._open_channels(pool._handles)
+            await pool._tell_addresses(pool._handles)
             if owns:  # its agents are surely up once executors, started through them, answer
                 await pool.reports(options.group_timeout_s)
                 ray_start.check_own()
@@ -297,6 +242,7 @@ class ExecutorPool:
                         raise outcome
                     log.warning("host %s did not take island %s's new executors: %s", h, island, outcome)
             channels = await self._open_channels(fresh)
+            await self._tell_addresses({**self._handles, **fresh})
         except BaseException:
             for a in fresh.values():
                 ray.kill(a)

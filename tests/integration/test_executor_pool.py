@@ -72,9 +72,41 @@ def test_compute_on_one_host_and_move_to_another(pool):
                   ("a1", RunMessage("r", a1.key, 0, 2, [], [("%3", "z")], True, 60), a1)])
         return await pool.fetch("a1", "z", 60)
 
+    before = run(pool.stats("a0", 30))["peer_sends"]
     got = np.frombuffer(run(scenario()), np.float32)
     f = jax.jit(lambda a: jnp.cumsum(a) * 2)
     np.testing.assert_array_equal(got, np.asarray(f(f(np.arange(8, dtype=np.float32)))))
+    # The value went executor to executor over a1's channel, not as an actor call.
+    after = run(pool.stats("a0", 30))["peer_sends"]
+    assert (after["link"] - before["link"], after["ray"] - before["ray"]) == (1, 0)
+
+
+def move(pool, n: int, tag: str) -> np.ndarray:
+    """float32[n] uploaded to a0, sent to a1 inside a program, read back from a1."""
+    art = exported(lambda a: (a + 1,), [jax.ShapeDtypeStruct((n,), jnp.float32)], [P("x")], [P("x")])
+
+    async def scenario():
+        for host in ("a0", "a1"):
+            assert await pool.compile(host, f"inc{n}", art, PAIR, [["x"]], [["x"]], 120) is None
+        pool.put(["a0"], f"x{tag}", np.arange(n, dtype=np.float32).tobytes(), "float32", (n,), PAIR, ["x"])
+        steps = (Compute(f"inc{n}", ("%0",), ("%1",), "f"), Send("%1", ("a1",), tag))
+        a0 = HostPlan("a0", ((0, "%0"),), steps, (0, 1), (), ())
+        a1 = HostPlan("a1", (), (Recv("%2", ("a0",), tag, PAIR, Spec(("x",))),), (2,), ((0, "%2"),), ())
+        pool.run([("a0", RunMessage(tag, a0.key, 0, 2, [("%0", f"x{tag}")], [], True, 60), a0),
+                  ("a1", RunMessage(tag, a1.key, 0, 1, [], [("%2", f"y{tag}")], True, 60), a1)])
+        return await pool.fetch("a1", f"y{tag}", 60)
+
+    return np.frombuffer(run(scenario()), np.float32)
+
+
+def test_a_send_larger_than_a_frame_goes_through_ray(pool):
+    from executors.ray_host import PEER_FRAME_BYTES
+
+    n = PEER_FRAME_BYTES // 4 + 1024
+    before = run(pool.stats("a0", 30))["peer_sends"]
+    np.testing.assert_array_equal(move(pool, n, "big"), np.arange(n, dtype=np.float32) + 1)
+    after = run(pool.stats("a0", 30))["peer_sends"]
+    assert (after["link"] - before["link"], after["ray"] - before["ray"]) == (0, 1)
 
 
 def test_a_slice_over_both_hosts_runs_one_spmd_computation(pool):
@@ -110,3 +142,6 @@ def test_a_dead_host_is_an_error_not_a_hang_and_its_island_restarts(pool):
     assert run(pool.stats("a0", 30))["host"] == "a0"  # the other host goes on
     run(pool.restart_island("a"))  # new executors for both, their group formed again
     assert [run(pool.stats(h, 30))["requests"] for h in ("a0", "a1")] == [0, 0]
+    # The new executors know each other's channels: a send goes over them at once.
+    np.testing.assert_array_equal(move(pool, 8, "again"), np.arange(8, dtype=np.float32) + 1)
+    assert run(pool.stats("a0", 30))["peer_sends"] == {"link": 1, "ray": 0}

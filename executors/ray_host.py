@@ -1,0 +1,182 @@
+"""The executor as a Ray actor: a `Host` that Ray starts, places and names, with its channel.
+
+Contract:
+- The server's requests on every call's path reach the actor over its channel
+  (`executors.channel`, methods `DIRECT`); the rest are actor calls.
+- A value one host sends another inside a program (`Runner`'s `Send`) goes executor to
+  executor without the server: over the peer's channel, which the dispatch thread writes
+  itself (`channel.Link`, opened on first use with the secret the server uses; the pool
+  hands every executor its peers' addresses, `set_peer_addresses`). A payload over
+  `PEER_FRAME_BYTES`, or one for a peer whose channel is unknown or lost, goes as an actor
+  call through Ray's object store instead. A frame costs tens of microseconds where an actor
+  call from an executor costs milliseconds on a small machine (docs/benchmarks.md). Either
+  way a send is fire-and-forget: a peer that is gone is a host failure the server handles,
+  and the receiving host times its wait out.
+- Each actor is pinned to its node where the cluster names one (hard node affinity).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from executors.channel import Link, serve
+from executors.host import Host
+from executors.messages import Payload, Shards, Whole
+from ir import Unavailable
+from resource_manager import HostSpec
+
+log = logging.getLogger("isthmus.executors")
+
+# A host's requests in progress at once. Requests that wait (reads for their value, runs
+# reporting that they have run) hold a place while they wait, and Ray starts an actor's
+# calls in no particular order: if waiting requests could take every place, the request
+# they wait for would never start. So the pool keeps at most READS_PER_HOST reads waiting on
+# a host, the gang window bounds the runs reporting back, and a host serves far more.
+HOST_CONCURRENCY = 10_000
+# The requests on every call's path go over each executor's channel (`executors.channel`);
+# the rest, and uploads too large for a frame or bound for several hosts, through Ray.
+DIRECT = frozenset({"run", "run_batch", "wait", "fetch", "fetch_shards", "put", "delete", "forget", "skip",
+                    "states", "stats", "expect"})
+TOLD = frozenset({"put", "delete", "forget", "skip", "expect"})  # nobody reads their answer
+DIRECT_PUT_BYTES = 8 << 20
+SERVED = DIRECT | {"deliver"}  # what an executor's channel answers: the server's, and peers' sends
+PEER_FRAME_BYTES = 8 << 20  # a larger send goes through Ray's object store
+CONNECT_TIMEOUT_S = 10.0
+
+
+def actor_name(host: str, generation: int = 0) -> str:
+    return f"isthmus-host-{host}" + (f"-{generation}" if generation else "")
+
+
+def new_actor(host: HostSpec, namespace: str, wait_timeout_s: int, in_flight: int, generation: int) -> Any:
+    return ray.remote(RayHost).options(**_actor_options(host, wait_timeout_s, generation)).remote(
+        host.name, namespace, wait_timeout_s, in_flight)
+
+
+def _actor_options(host: HostSpec, wait_timeout_s: int, generation: int) -> dict[str, Any]:
+    env = {"PYTHONUNBUFFERED": "1"}
+    if host.platform == "cpu":
+        env["JAX_PLATFORMS"] = "cpu"
+        env["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={host.num_devices} "
+                            f"--xla_cpu_collective_timeout_seconds={wait_timeout_s}")
+        # XLA's CPU thread pool: 2 threads per device, whatever the core count, so that
+        # overlapped multi-device collectives cannot deadlock (docs/architecture.md).
+        env["PJRT_NPROC"] = str(2 * host.num_devices)
+        gpus = 0
+    else:
+        gpus = host.num_devices
+        env["JAX_PLATFORMS"] = ""  # JAX's own choice (its GPU), not the server's cpu
+    # num_cpus=0: executors are long-lived and must never wait for a CPU slot.
+    options: dict[str, Any] = {
+        "num_cpus": 0,
+        "num_gpus": gpus,
+        "name": actor_name(host.name, generation),
+        "runtime_env": {"env_vars": env},
+        "max_concurrency": HOST_CONCURRENCY,
+    }
+    if host.node is not None:  # a host discovered from a node's labels runs on that node only
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(host.node, soft=False)
+    return options
+
+
+def _nbytes(payload: Payload) -> int:
+    if isinstance(payload, Whole):
+        return int(payload.array.nbytes)
+    if isinstance(payload, Shards):
+        return sum(int(a.nbytes) for _, a in payload.shards)
+    return 0
+
+
+class RayHost(Host):
+    """A `Host` whose sends go straight to the peer host: over its channel, else its actor."""
+
+    def __init__(self, host: str, namespace: str, wait_timeout_s: float, in_flight: int) -> None:
+        super().__init__(host, wait_timeout_s, in_flight)
+        self._namespace = namespace
+        self._peers: dict[str, Any] = {}  # host -> its actor
+        self._addresses: dict[str, tuple[str, int]] = {}  # host -> its channel
+        self._links: dict[str, Link] = {}  # host -> the open link to its channel
+        self._links_lock = threading.Lock()
+        self._secret = b""
+        self._sent = {"link": 0, "ray": 0}  # sends to peers, by the way they went
+
+    def coordinator_address(self) -> str:
+        """An address on this host's node where the island's JAX coordinator can listen."""
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return f"{ray.util.get_node_ip_address()}:{port}"
+
+    async def open_channel(self, secret: bytes) -> tuple[str, int]:
+        """Listen for the server's direct requests and peers' sends (`executors.channel`);
+        the address and port."""
+        self._secret = secret
+        return await serve(self, secret, ray.util.get_node_ip_address(), SERVED)
+
+    def set_peers(self, peers: Mapping[str, Any]) -> None:
+        """Use these actors for these hosts from now on (after an island's hosts restarted)."""
+        self._peers.update(peers)
+
+    def set_peer_addresses(self, addresses: Mapping[str, tuple[str, int]]) -> None:
+        """Send to these hosts over their channels at these addresses from now on; a channel
+        open to an old address (an executor since replaced) is closed."""
+        with self._links_lock:
+            for h, address in addresses.items():
+                if self._addresses.get(h) != tuple(address) and (old := self._links.pop(h, None)):
+                    old.close()
+                self._addresses[h] = (address[0], int(address[1]))
+
+    def _deliver(self, to: str, run_id: str, tag: str, payload: Payload) -> None:
+        link = self._link(to) if _nbytes(payload) <= PEER_FRAME_BYTES else None
+        if link is not None:
+            try:
+                link.tell("deliver", run_id, tag, payload)
+                self._sent["link"] += 1
+                return
+            except Unavailable as e:  # the peer's executor is gone (its actor says so), or replaced
+                log.warning("host %s: %s; sending through Ray", self.host, e)
+                with self._links_lock:
+                    if self._links.get(to) is link:
+                        del self._links[to]
+        peer = self._peers.get(to)
+        if peer is None:
+            peer = self._peers[to] = ray.get_actor(actor_name(to), namespace=self._namespace)
+        peer.deliver.remote(run_id, tag, payload)
+        self._sent["ray"] += 1
+
+    def stats(self) -> dict[str, Any]:
+        """`Host.stats`, and how many sends to peers went over their channels and through Ray."""
+        return {**super().stats(), "peer_sends": dict(self._sent)}
+
+    def _link(self, to: str) -> Link | None:
+        """The open link to a peer, connecting on first use; None where there is none to be
+        had (its address unknown, or unreachable: then it is not tried again until the pool
+        gives a new address)."""
+        with self._links_lock:
+            link = self._links.get(to)
+            address = self._addresses.get(to)
+        if link is not None or address is None:
+            return link
+        try:
+            link = Link.connect(to, address[0], address[1], self._secret, CONNECT_TIMEOUT_S)
+        except Unavailable as e:
+            log.warning("host %s: %s; sending through Ray", self.host, e)
+            with self._links_lock:
+                if self._addresses.get(to) == address:
+                    del self._addresses[to]
+            return None
+        with self._links_lock:
+            if self._addresses.get(to) != address:  # replaced meanwhile: not this one
+                link.close()
+                return None
+            kept = self._links.setdefault(to, link)
+        if kept is not link:
+            link.close()
+        return kept
