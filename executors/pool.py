@@ -36,7 +36,15 @@ from executors.outbox import Outbox
 from executors.ray_host import DIRECT, DIRECT_PUT_BYTES, TOLD, new_actor
 from executors.runner import IN_FLIGHT, RunMessage
 from ir import DeviceMesh, HostPlan, RemoteError, Unavailable
-from resource_manager import ClusterSpec, DeviceReport, HostSpec, cluster_from_nodes, default_cluster
+from resource_manager import (
+    ClusterSpec,
+    DeviceReport,
+    HostSpec,
+    IslandSpec,
+    cluster_from_nodes,
+    default_cluster,
+    joined_hosts,
+)
 from resource_manager.discovery import ISLAND_LABEL
 
 log = logging.getLogger("isthmus.executors")
@@ -98,6 +106,7 @@ class ExecutorPool:
         self._reads = {h: asyncio.Semaphore(READS_PER_HOST) for h in handles}
         self._secret = secrets.token_bytes(SECRET_BYTES)  # what an executor's channel asks first
         self.addresses: dict[str, tuple[str, int]] = {}  # host -> its executor's channel
+        self.discovered = False  # its islands came from the Ray nodes' labels (it may grow)
         self._channels: dict[str, Channel] = {}
         self.outbox = Outbox(self._call)
 
@@ -180,8 +189,10 @@ class ExecutorPool:
             options.address, namespace=options.namespace, num_cpus=options.num_cpus,
             object_store_bytes=options.object_store_bytes, token_file=options.token_file,
             insecure=options.insecure)
+        discovered = spec is None
         if spec is None:
             spec = cluster_from_nodes(ray.nodes())
+            discovered = spec is not None
             if spec is None:
                 log.warning("no Ray node is labelled %s: the default islands, placed wherever Ray "
                             "likes (docs/kubernetes.md, \"Labels\")", ISLAND_LABEL)
@@ -192,6 +203,7 @@ class ExecutorPool:
         pool = cls(handles, owns, groups)
         pool.ordered = options.ordered
         pool.spec, pool._specs, pool._options = spec, specs, options
+        pool.discovered = discovered
         pool.islands = {i.name: tuple(h.name for h in i.hosts) for i in spec.islands}
         try:
             await asyncio.gather(*(pool._form_group(pool._handles, hosts) for hosts in groups.values()))
@@ -221,6 +233,8 @@ class ExecutorPool:
         What the old executors held is gone; requests numbered for them meanwhile fail as
         sent to a dead host. The new ones take requests only once they are ready."""
         hosts = self.islands[island]
+        if self._options.groups and len(hosts) > 1:
+            self.groups[island] = hosts  # hosts that joined since are in the group it forms now
         self._generation += 1
         for h in hosts:
             ray.kill(self._handles[h])
@@ -254,6 +268,39 @@ class ExecutorPool:
             for h in hosts:
                 self._seq[h] = itertools.count()
             self._plans = {(h, k) for h, k in self._plans if h not in hosts}
+
+    def joined(self) -> tuple[list[tuple[str, HostSpec]], dict[str, str]]:
+        """Hosts for Ray nodes labelled since the pool started (`joined_hosts`), and the
+        labelled nodes refused (node id -> why). Only a pool whose islands came from the
+        nodes' labels grows."""
+        if self.spec is None or not self.discovered:
+            return [], {}
+        return joined_hosts(self.spec, ray.nodes())
+
+    async def add_host(self, island: str, host: HostSpec) -> list[DeviceReport]:
+        """Start an executor for a host that joined (pinned to its node), open its channel,
+        and tell every executor where it is; returns its devices. It joins no JAX group: an
+        island that is one takes it in when it next restarts (a group's size is fixed when
+        it forms), and until then slices on it hold it alone."""
+        timeout = self._options.group_timeout_s
+        handle = _new_actor(host, self._options, self._generation)
+        try:
+            info = await self._await(handle.info.remote(), host.name, timeout, "start")
+            channels = await self._open_channels({host.name: handle})
+        except BaseException:
+            ray.kill(handle)
+            raise
+        with self._lock:
+            self._handles[host.name] = handle
+            self._channels.update(channels)
+            self._seq[host.name] = itertools.count()
+            self._reads[host.name] = asyncio.Semaphore(READS_PER_HOST)
+            self.messages[host.name] = 0
+            self._specs[host.name] = host
+            self.islands[island] = (*self.islands.get(island, ()), host.name)
+            self.spec = _grown(self.spec, island, host)
+        await self._tell_addresses(self._handles)
+        return [DeviceReport(d["platform"], d["kind"], d["memory_bytes"]) for d in info]
 
     @property
     def ranks(self) -> dict[str, int]:
@@ -449,3 +496,13 @@ class ExecutorPool:
         self._handles.clear()
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
+
+
+def _grown(spec: ClusterSpec | None, island: str, host: HostSpec) -> ClusterSpec:
+    """`spec` with `host` added to its island (a new one if it has none)."""
+    islands = list(spec.islands) if spec is not None else []
+    for k, i in enumerate(islands):
+        if i.name == island:
+            islands[k] = IslandSpec(island, (*i.hosts, host))
+            return ClusterSpec(tuple(islands))
+    return ClusterSpec((*islands, IslandSpec(island, (host,))))

@@ -152,8 +152,10 @@ class RayHost(Host):
         self._sent["ray"] += 1
 
     def stats(self) -> dict[str, Any]:
-        """`Host.stats`, and how many sends to peers went over their channels and through Ray."""
-        return {**super().stats(), "peer_sends": dict(self._sent)}
+        """`Host.stats`; the Ray node this executor runs on and its address; how many sends
+        to peers went over their channels and how many through Ray."""
+        return {**super().stats(), "node": ray.get_runtime_context().get_node_id(),
+                "address": ray.util.get_node_ip_address(), "peer_sends": dict(self._sent)}
 
     def _link(self, to: str) -> Link | None:
         """The open link to a peer, connecting on first use; None where there is none to be

@@ -6,7 +6,8 @@ without either. Other packages import only from this module.
 
 - `cluster`: `ClusterSpec` (islands → hosts → device counts), `default_cluster`,
   `load_cluster`.
-- `discovery`: `cluster_from_nodes`, islands and hosts from a Ray cluster's node labels.
+- `discovery`: `cluster_from_nodes`, islands and hosts from a Ray cluster's node labels;
+  `joined_hosts`, the hosts of nodes labelled since.
 - `inventory`: `Device` (global id, island, host, host-local index), `DeviceReport`.
 - `slices`: `Slice`, a virtual mesh mapped one-to-one onto physical device ids.
 - `placement`: `place`, the pure placement heuristic.
@@ -20,7 +21,7 @@ from resource_manager.cluster import (
     default_cluster,
     load_cluster,
 )
-from resource_manager.discovery import cluster_from_nodes
+from resource_manager.discovery import cluster_from_nodes, joined_hosts
 from resource_manager.inventory import Device, DeviceReport
 from resource_manager.manager import ResourceManager
 from resource_manager.placement import Choice, place
@@ -37,6 +38,7 @@ __all__ = [
     "Slice",
     "cluster_from_nodes",
     "default_cluster",
+    "joined_hosts",
     "load_cluster",
     "place",
 ]

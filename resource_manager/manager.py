@@ -8,7 +8,10 @@ cluster order. `load(id)` is always the number of live slices mapped onto that d
 Placement is `placement.place`; this class only adds state and a lock. Every public
 method is thread-safe (one `threading.Lock`). Unknown ids or names raise `NotFound`.
 Taking a host down keeps the slices on it (remapping them is the caller's decision); new
-slices avoid it.
+slices avoid it. `add_host` grows the cluster by a host (of an island, or of a new one): its
+devices take the next ids, so ids follow the order hosts came in. A host added `solo` holds
+slices on it alone (it is outside its island's JAX group) until `join_groups` says the
+island's group now includes it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 
 from ir.errors import Conflict, InvalidArgument, NotFound
 from ir.types import MeshAxes
-from resource_manager.cluster import ClusterSpec, HostSpec
+from resource_manager.cluster import ClusterSpec, HostSpec, IslandSpec
 from resource_manager.inventory import Device, DeviceReport
 from resource_manager.placement import place
 from resource_manager.slices import Slice
@@ -61,6 +64,7 @@ class ResourceManager:
         self._devices = devices
         self._host_specs = {h.name: (i, h) for i, h in spec.hosts()}
         self._status = dict.fromkeys(self._host_specs, "up")
+        self._solo: set[str] = set()  # hosts outside their island's group: slices on them alone
         self._load = dict.fromkeys(range(len(devices)), 0)
         self._slices: dict[str, Slice] = {}
         self._lock = threading.Lock()
@@ -126,6 +130,46 @@ class ResourceManager:
         with self._lock:
             self._status[host] = status
 
+    def add_host(self, island: str, host: HostSpec, report: Sequence[DeviceReport],
+                 *, solo: bool = False) -> list[Device]:
+        """Add a host (and its island, if new) with the devices its executor reports; returns
+        them. Raises `Conflict` for a host name already taken, `InvalidArgument` for a
+        report that disagrees with `host` or a platform other than its island's."""
+        with self._lock:
+            if host.name in self._host_specs:
+                raise Conflict(f"host {host.name!r} already exists "
+                               f"(island {self._host_specs[host.name][0]!r})")
+            islands = list(self._spec.islands)
+            k = next((k for k, i in enumerate(islands) if i.name == island), None)
+            if k is not None and islands[k].hosts[0].platform != host.platform:
+                raise InvalidArgument(f"host {host.name!r}: platform {host.platform!r} is not island "
+                                      f"{island!r}'s ({islands[k].hosts[0].platform!r})")
+            added = _host_devices(island, host, {host.name: report}, len(self._devices))
+            if k is None:
+                islands.append(IslandSpec(island, (host,)))
+            else:
+                islands[k] = IslandSpec(island, (*islands[k].hosts, host))
+            self._spec = ClusterSpec(tuple(islands))
+            self._devices.extend(added)
+            self._host_specs[host.name] = (island, host)
+            self._status[host.name] = "up"
+            self._load.update(dict.fromkeys((d.id for d in added), 0))
+            if solo:
+                self._solo.add(host.name)
+            return added
+
+    def join_groups(self, hosts: Sequence[str], max_hosts_per_slice: int | None = None) -> None:
+        """These hosts are now in their island's JAX group: slices may span them (up to
+        `max_hosts_per_slice` hosts, if given: the largest group's size)."""
+        with self._lock:
+            self._solo.difference_update(hosts)
+            if max_hosts_per_slice is not None:
+                self._max_hosts = max(1, max_hosts_per_slice)
+
+    def solo_hosts(self) -> list[str]:
+        with self._lock:
+            return sorted(self._solo)
+
     # -- slices ----------------------------------------------------------------------------
 
     def create_slice(
@@ -149,6 +193,7 @@ class ResourceManager:
                 island=island,
                 device_kind=device_kind,
                 max_hosts=self._max_hosts,
+                solo=self._solo,
             )
             slice_id = self._new_id()
             s = Slice(slice_id, owner, mesh, chosen, hosts, ids)

@@ -9,12 +9,14 @@ Contract of `place`: given the mesh, every known device, the current load per de
   slice is larger than every island, or when it fits an island but not on `max_hosts` hosts.
 
 A device is usable when its host is up and, if `device_kind` is given, its kind or
-platform equals it (case-insensitively). Among islands that can hold `mesh.size` usable
-devices on at most `max_hosts` hosts, the one with the lowest mean usable-device load wins
-(ties: island order). Inside it, the fewest hosts that can hold the slice are taken, least
-loaded (mean load) first, each filled before the next is used; inside a host the least
-loaded devices are taken, ties by local index. The ids come back sorted by (host order,
-index), all distinct. Order is the order of `devices`.
+platform equals it (case-insensitively). A host in `solo` (one that joined its island
+after the island's JAX group formed) holds slices on it alone, never part of one spanning
+hosts. Among islands that can hold `mesh.size` usable devices on at most `max_hosts`
+hosts, the one with the lowest mean usable-device load wins (ties: island order). Inside
+it, the fewest hosts that can hold the slice are taken, least loaded (mean load) first,
+each filled before the next is used; inside a host the least loaded devices are taken,
+ties by local index. The ids come back sorted by (host order, index), all distinct. Order
+is the order of `devices`.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ def place(
     island: str | None = None,
     device_kind: str | None = None,
     max_hosts: int = 1,
+    solo: Set[str] = frozenset(),
 ) -> Choice:
     """Choose the island, hosts and devices for a slice of `mesh`; see the module contract."""
     if isinstance(max_hosts, bool) or not isinstance(max_hosts, int) or max_hosts < 1:
@@ -70,14 +73,22 @@ def place(
         return sum(load.get(d.id, 0) for d in ds) / len(ds)
 
     n = mesh.size
-    feasible = [i for i in candidates if _capacity(groups[i], max_hosts) >= n]
+
+    def usable(i: str) -> _Hosts:
+        """The island's hosts this slice may use: any one that holds it alone, else only
+        hosts that may span (not `solo`)."""
+        if any(len(ds) >= n for ds in groups[i].values()):
+            return groups[i]
+        return {h: ds for h, ds in groups[i].items() if h not in solo}
+
+    feasible = [i for i in candidates if _capacity(usable(i), max_hosts) >= n]
     if not feasible:
-        raise _no_fit(mesh, pool, groups, up_hosts, where, device_kind, max_hosts)
+        raise _no_fit(mesh, pool, groups, up_hosts, where, device_kind, max_hosts, solo)
     chosen = min(
         feasible,
         key=lambda i: (mean_load([d for ds in groups[i].values() for d in ds]), islands.index(i)),
     )
-    hosts = groups[chosen]
+    hosts = usable(chosen)
     ranked = sorted(hosts, key=lambda h: (mean_load(hosts[h]), host_rank[h]))
     picked: list[Device] = []
     for h in _pick_hosts(ranked, {h: len(ds) for h, ds in hosts.items()}, n):
@@ -123,6 +134,7 @@ def _no_fit(
     where: str,
     device_kind: str | None,
     max_hosts: int,
+    solo: Set[str] = frozenset(),
 ) -> Conflict:
     """The most specific Conflict for a slice that fits nowhere."""
     n = mesh.size
@@ -156,6 +168,15 @@ def _no_fit(
             f"slices here span one host (multi-host slices are off: max_hosts_per_slice=1), "
             f"so they hold at most {len(hosts[big])} devices: the largest host, {big!r}, "
             f"has {len(hosts[big])}{qual}"
+        )
+    alone = [h for h in hosts if h in solo]
+    if alone:
+        spanning = {h: ds for h, ds in hosts.items() if h not in solo}
+        return Conflict(
+            f"{what} fits island {best!r} ({sizes[best]} devices) but not on hosts that can "
+            f"span: {alone} joined after the island's JAX group formed and hold slices on "
+            f"them alone until the island restarts; the others hold "
+            f"{_capacity(spanning, max_hosts)} devices on {max_hosts} hosts{qual}"
         )
     return Conflict(
         f"{what} fits island {best!r} ({sizes[best]} devices) but not on {max_hosts} hosts "

@@ -47,6 +47,7 @@ class Gangs:
     def __init__(self, islands: Sequence[str], policy: str, window: int) -> None:
         self._share = policy == "share"
         self._weights: dict[str, float] = {}
+        self._window = window
         self.schedulers = {i: GangScheduler(i, self._policy(), window) for i in islands}
         self._queued: dict[str, _Queued] = {}
         # island -> buffer -> queued submissions of that island touching it
@@ -57,6 +58,13 @@ class Gangs:
         self._paused: set[str] = set()  # islands admitting nothing (their executors are being replaced)
         self.waiting: Counter[str] = Counter()  # client -> its submissions not yet admitted
         self._tasks = Tasks()
+
+    def add_island(self, island: str) -> None:
+        """Schedule an island that joined (`server.membership`)."""
+        if island not in self.schedulers:
+            self.schedulers[island] = GangScheduler(island, self._policy(), self._window)
+            self._by_island[island] = Counter()
+            self.admitted[island] = Counter()
 
     def _policy(self) -> Policy:
         return ProportionalShare(self._weights) if self._share else FifoPolicy()

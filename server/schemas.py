@@ -90,6 +90,10 @@ class HostPublic(BaseModel):
     name: str
     island: str
     status: Literal["up", "down"]
+    node: str | None = Field(None, description="the Ray node its executor runs on (admin only)")
+    address: str | None = Field(None, description="that node's address (admin only)")
+    solo: bool = Field(False, description="joined after its island's JAX group formed: slices on "
+                                          "it hold it alone until the island restarts")
     devices: list[int]
     queued: int
     completed: int

@@ -37,6 +37,7 @@ from server.artifacts import ArtifactInfo, inspect_artifact
 from server.auth import Admin, Credentials
 from server.caches import HostCaches
 from server.gang import Gangs
+from server.membership import watch_nodes
 from server.programs import Programs
 from server.quotas import Quotas
 from server.records import BufferRecord, ClientRecord, ComputationRecord, new_id, output_ids
@@ -102,6 +103,8 @@ class Service:
             service = cls(settings, pool, ResourceManager(pool.spec, reports, max_hosts_per_slice=span),
                           admin_token)
             service._tasks.spawn(service._expire_clients_forever())
+            if pool.discovered:  # nodes labelled later become hosts
+                service._tasks.spawn(watch_nodes(service))
             return service
         except BaseException:
             pool.shutdown()
@@ -239,6 +242,9 @@ class Service:
         self.gangs.pause(island)  # what is submitted meanwhile runs on the new executors
         try:
             await self.pool.restart_island(island)
+            # Hosts that joined since the island's group formed are in the new one.
+            span = max((len(h) for h in self.pool.groups.values()), default=1)
+            self.rm.join_groups(self.pool.islands[island], span)
             why = f"island {island} was restarted ({cause}), and the values on its hosts with it"
             coming = self.gangs.queued_outputs(island)  # numbered for the new executors
             lost = [b for b, rec in self.buffers.items() if hosts & set(rec.hosts) and b not in coming]

@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     # Computations an executor issues to its devices without waiting for each to finish
     # (XLA's asynchronous dispatch); 1 runs each to completion (docs/architecture.md).
     executor_in_flight: int = Field(8, ge=1, le=1024)
+    # Joining a cluster whose nodes' labels name the islands: how often to look for nodes
+    # labelled since, which then become hosts (server/membership.py).
+    node_poll_s: float = Field(5.0, gt=0, le=3600)
     # Debug only: False drops the island order (no admission, and each host of a submission
     # takes it after a random delay, in its own arrival order), to show what the order
     # prevents (docs/architecture.md). Never in production: cross-host collectives deadlock.

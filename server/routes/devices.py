@@ -42,6 +42,7 @@ async def list_islands(caller: CallerDep, service: ServiceDep) -> list[IslandPub
 
     all_stats = dict(zip(hosts, await asyncio.gather(*(stats(h) for h in hosts)), strict=True))
     islands = []
+    solo = set(rm.solo_hosts())
     for summary in rm.island_summary():
         host_rows = []
         for h in summary["hosts"]:
@@ -49,6 +50,9 @@ async def list_islands(caller: CallerDep, service: ServiceDep) -> list[IslandPub
             host_rows.append(HostPublic(
                 name=h, island=summary["name"],
                 status="up" if st is not None and rm.host_status(h) == "up" else "down",
+                node=(st or {}).get("node") if admin else None,
+                address=(st or {}).get("address") if admin else None,
+                solo=h in solo,
                 devices=[d.id for d in rm.devices() if d.host == h],
                 queued=(st or {}).get("queued", 0), completed=(st or {}).get("completed", 0),
                 running=(st or {}).get("running") if admin else None,

@@ -3,7 +3,7 @@
 import pytest
 
 from ir import InvalidArgument
-from resource_manager import cluster_from_nodes
+from resource_manager import cluster_from_nodes, joined_hosts
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
@@ -53,3 +53,25 @@ def test_an_island_mixing_platforms_or_a_bad_island_name_is_refused():
                             node("n2", "10.0.0.3", {"isthmus.dev/island": "a"})])
     with pytest.raises(InvalidArgument, match=r"node n1: label isthmus\.dev/island: expected a"):
         cluster_from_nodes([node("n1", "10.0.0.2", {"isthmus.dev/island": "a b"})])
+
+
+def test_nodes_labelled_later_join_their_island_or_a_new_one_with_the_next_free_names():
+    two = {"isthmus.dev/devices": "2"}
+    spec = cluster_from_nodes([node("n1", "10.0.0.2", {"isthmus.dev/island": "a", **two}),
+                               node("n2", "10.0.0.3", {"isthmus.dev/island": "b", **two})])
+    joined, refused = joined_hosts(spec, [
+        node("n1", "10.0.0.2", {"isthmus.dev/island": "a", "isthmus.dev/devices": "2"}),  # known
+        node("n5", "10.0.0.6", {"isthmus.dev/island": "a", "isthmus.dev/devices": "2"}),
+        node("n4", "10.0.0.5", {"isthmus.dev/island": "a", "isthmus.dev/devices": "3"}),
+        node("n6", "10.0.0.7", {"isthmus.dev/island": "c"}),
+        node("g", "10.0.0.8", {"isthmus.dev/island": "b"}, gpus=2),  # b is a CPU island
+        node("bad", "10.0.0.9", {"isthmus.dev/island": "a", "isthmus.dev/devices": "lots"}),
+        node("dead", "10.0.0.10", {"isthmus.dev/island": "a"}, alive=False),
+        node("head", "10.0.0.1"),
+    ])
+    assert [(i, h.name, h.num_devices, h.node) for i, h in joined] == [
+        ("a", "a1", 3, "n4"), ("a", "a2", 2, "n5"),  # by address, after a0
+        ("c", "c0", 1, "n6"),
+    ]
+    assert sorted(refused) == ["bad", "g"]
+    assert "platform 'gpu'" in refused["g"] and "isthmus.dev/devices" in refused["bad"]

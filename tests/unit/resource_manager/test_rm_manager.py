@@ -13,6 +13,7 @@ from ir.types import MeshAxes
 from resource_manager import (
     ClusterSpec,
     DeviceReport,
+    HostSpec,
     ResourceManager,
     Slice,
     default_cluster,
@@ -211,3 +212,38 @@ def test_loads_equal_live_slices_per_device(steps: list[tuple]) -> None:
             assert m.slices(step[1]) == []
         expected = Counter(i for s in m.slices() for i in s.device_ids)
         assert all(m.load(d.id) == expected[d.id] for d in m.devices())
+
+
+def test_a_host_added_later_brings_its_devices_and_its_island() -> None:
+    m = manager()
+    added = m.add_host("b", HostSpec("b2", 2), [DeviceReport("cpu", "cpu", 1 << 30)] * 2)
+    assert [(d.id, d.island, d.host, d.index) for d in added] == [(16, "b", "b2", 0), (16 + 1, "b", "b2", 1)]
+    assert m.hosts("b") == ["b0", "b1", "b2"] and m.host_island("b2") == "b"
+    m.add_host("c", HostSpec("c0", 1), [DeviceReport("cpu", "cpu", 1 << 30)])
+    assert m.islands() == ["a", "b", "c"] and m.spec.num_devices == 19
+    assert [i["name"] for i in m.island_summary()] == ["a", "b", "c"]
+    s = m.create_slice(MeshAxes((("x", 1),)), "owner", island="c")
+    assert (s.island, s.hosts, s.device_ids) == ("c", ("c0",), (18,))
+    with pytest.raises(Conflict, match="b2"):
+        m.add_host("b", HostSpec("b2", 2), [DeviceReport("cpu", "cpu", 1 << 30)] * 2)
+    with pytest.raises(InvalidArgument, match="platform"):
+        m.add_host("b", HostSpec("b3", 1, "gpu"), [DeviceReport("gpu", "gpu", 1 << 30)])
+    with pytest.raises(InvalidArgument, match="reports 1"):
+        m.add_host("b", HostSpec("b3", 2), [DeviceReport("cpu", "cpu", 1 << 30)])
+    assert m.hosts("b") == ["b0", "b1", "b2"]  # a refused host changes nothing
+
+
+def test_a_solo_host_holds_slices_alone_until_it_joins_the_group() -> None:
+    m = manager(max_hosts_per_slice=3)
+    m.add_host("b", HostSpec("b2", 4), [DeviceReport("cpu", "cpu", 1 << 30)] * 4, solo=True)
+    for _ in range(2):  # b0 and b1 busier than b2: a one-host slice goes to b2
+        m.create_slice(MeshAxes((("x", 4),)), "o", island="b")
+    alone = m.create_slice(MeshAxes((("x", 4),)), "o", island="b")
+    assert alone.hosts == ("b2",)
+    spanning = m.create_slice(MeshAxes((("x", 8),)), "o", island="b")
+    assert "b2" not in spanning.hosts  # outside the group: never part of a spanning slice
+    with pytest.raises(Conflict, match=r"\['b2'\] joined after the island's JAX group formed"):
+        m.create_slice(MeshAxes((("x", 12),)), "o", island="b")
+    m.join_groups(["b2"])
+    assert m.solo_hosts() == []
+    assert set(m.create_slice(MeshAxes((("x", 12),)), "o", island="b").hosts) == {"b0", "b1", "b2"}
