@@ -69,6 +69,10 @@ def _actor_options(host: HostSpec, wait_timeout_s: int, generation: int) -> dict
         # XLA's CPU thread pool: 2 threads per device, whatever the core count, so that
         # overlapped multi-device collectives cannot deadlock (docs/architecture.md).
         env["PJRT_NPROC"] = str(2 * host.num_devices)
+        # A one-device computation runs in the dispatch thread itself, not handed to XLA's
+        # pool and waited for: the hand-off costs more than the overlap gains on CPU
+        # (docs/architecture.md). Computations over several devices stay asynchronous.
+        env["JAX_CPU_ENABLE_ASYNC_DISPATCH"] = "false"
         gpus = 0
     else:
         gpus = host.num_devices
