@@ -25,6 +25,9 @@ round trip the server answers without an executor (`Client.buffers()`), and an u
 followed by a wait, which the server answers after a round trip to the host executor over
 its channel (`Client.put(small).result()`, two requests).
 
+`--server URL` measures a running server instead of starting one (its admin token in
+ISTHMUS_TOKEN): `bench.multinode` points it at a server on a multi-node Ray.
+
 Output (`--json PATH`): `us_per_call` (mode -> median µs), `ratios` (A µs / baseline µs, so
 1.0 is parity and larger is slower), `ratio_definition`, `components_us`,
 `components_definition`, `samples_us` (every repeat), `machine`, `iters`, `repeats`, `warmup`.
@@ -213,7 +216,9 @@ def fork_exec_allowed() -> Iterator[None]:
 def local_ray() -> Iterator[None]:
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     with fork_exec_allowed():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+        # address="local": a Ray of its own even where this machine runs another cluster
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING",
+                 log_to_driver=False)
     try:
         yield
     finally:
@@ -221,8 +226,13 @@ def local_ray() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def isthmus_client() -> Iterator[isthmus.Client]:
-    """A local server (its own Ray) in a temp state dir, and a client of it; both stopped."""
+def isthmus_client(server: str | None = None) -> Iterator[isthmus.Client]:
+    """A client of the server at `server` (its admin token in ISTHMUS_TOKEN), or of a local
+    server (its own Ray) in a temp state dir, stopped after."""
+    if server is not None:
+        with isthmus.connect(server, token=os.environ.get("ISTHMUS_TOKEN"), name="bench") as c:
+            yield c
+        return
     with tempfile.TemporaryDirectory(prefix="isthmus-bench-") as tmp:
         state_dir = Path(tmp)
         with fork_exec_allowed():
@@ -235,7 +245,8 @@ def isthmus_client() -> Iterator[isthmus.Client]:
             server.stop()
 
 
-def run_all(iters: int, repeats: int, warmup: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+def run_all(iters: int, repeats: int, warmup: int, server: str | None = None
+            ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Every mode's samples, then the Isthmus components' samples (µs per call)."""
     samples: dict[str, list[float]] = {}
     components: dict[str, list[float]] = {}
@@ -254,8 +265,8 @@ def run_all(iters: int, repeats: int, warmup: int) -> tuple[dict[str, list[float
         time_modes(Mode("ray_actor_sync", r1.sync, r1.value),
                    Mode("ray_actor_pipelined", r2.pipelined, r2.value))
 
-    print("Isthmus (starting the server)", file=sys.stderr)
-    with isthmus_client() as c:
+    print(f"Isthmus ({server or 'starting the server'})", file=sys.stderr)
+    with isthmus_client(server) as c:
         s = c.slice({"x": 1})
         i1, i2 = IsthmusLoop(c, s), IsthmusLoop(c, s)
         time_modes(Mode("isthmus_sync", i1.sync, i1.value),
@@ -308,12 +319,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=300, help="calls per timed repeat (default 300)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per mode (default 3)")
     p.add_argument("--warmup", type=int, default=20, help="untimed calls first (default 20)")
+    p.add_argument("--server", help="a running server's address (admin token in ISTHMUS_TOKEN) "
+                                    "instead of a local one")
     args = p.parse_args(argv)
     if min(args.iters, args.repeats) < 1 or args.warmup < 1:
         p.error("--iters, --repeats and --warmup must be at least 1")
     # Every mode runs on CPU devices, so the baselines are the same hardware as the executors.
     jax.config.update("jax_platforms", "cpu")
-    samples, components = run_all(args.iters, args.repeats, args.warmup)
+    samples, components = run_all(args.iters, args.repeats, args.warmup, args.server)
     result = report(samples, components, args.iters, args.repeats, args.warmup)
     m = result["machine"]
     print(f"call latency, {args.iters} calls x {args.repeats} repeats (median); "

@@ -39,6 +39,9 @@ XLA's rendezvous; they need 2 per device. The Isthmus server runs with its defau
 executors keep up to 8 computations in flight with a pool of 2 threads per device, which
 cannot deadlock (docs/architecture.md).
 
+`--server URL` measures a running server instead of starting one (its admin token in
+ISTHMUS_TOKEN; the CPU shape above): `bench.multinode` points it at a multi-node Ray.
+
 `--platform gpu` (or `--gpu`) runs every mode on this machine's D GPUs instead: JAX here on
 the GPU, the mesh {"x": D} (the all-reduce's constant scaled so the mean still grows by 1),
 the Ray actor asking for D GPUs, the server given one host of D GPUs (`--cluster`), and the
@@ -152,9 +155,13 @@ def measure_all(modes: dict[str, Round], expected: np.ndarray, computations: int
 
 
 @contextmanager
-def isthmus_client(target: Target) -> Iterator[isthmus.Client]:
-    """A local server (its own Ray) in a temp state dir, serving the target's cluster, and a
-    client of it; both stopped."""
+def isthmus_client(target: Target, server: str | None = None) -> Iterator[isthmus.Client]:
+    """A client of the server at `server` (its admin token in ISTHMUS_TOKEN), or of a local
+    server (its own Ray) in a temp state dir serving the target's cluster, stopped after."""
+    if server is not None:
+        with isthmus.connect(server, token=os.environ.get("ISTHMUS_TOKEN"), name="bench.dispatch") as c:
+            yield c
+        return
     with tempfile.TemporaryDirectory(prefix="isthmus-bench-") as tmp:
         extra: list[str] = []
         if (cluster := target.cluster()) is not None:
@@ -190,7 +197,7 @@ def run_sweep(c: isthmus.Client, s: isthmus.Slice, cfg: Config, target: Target) 
     return sweep
 
 
-def run_all(cfg: Config, target: Target) -> tuple[Samples, dict[int, Samples]]:
+def run_all(cfg: Config, target: Target, server: str | None = None) -> tuple[Samples, dict[int, Samples]]:
     """Every mode's samples (chain16's only where the target has four hosts), and the size
     sweep's per n."""
     w, n = trivial(target.devices), cfg.steps
@@ -202,8 +209,8 @@ def run_all(cfg: Config, target: Target) -> tuple[Samples, dict[int, Samples]]:
     with local_ray():
         samples |= measure_all(ray_modes(w, n, target), expected, n, cfg.rounds, cfg.warmup)
 
-    print("Isthmus (starting the server)", file=sys.stderr)
-    with isthmus_client(target) as c:
+    print(f"Isthmus ({server or 'starting the server'})", file=sys.stderr)
+    with isthmus_client(target, server) as c:
         if not callable(getattr(c, "program", None)):
             raise BenchError("this client has no Client.program (client/program.py): the chained "
                              "and chain16 modes need it")
@@ -337,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--platform", choices=("cpu", "gpu"), default="cpu",
                    help="run every mode on 4 simulated CPU devices (default) or on this machine's GPUs")
     p.add_argument("--gpu", dest="platform", action="store_const", const="gpu", help="--platform gpu")
+    p.add_argument("--server", help="a running server's address (admin token in ISTHMUS_TOKEN), "
+                                    "serving 2 islands x 2 hosts x 4 CPU devices, instead of a local one")
     args = p.parse_args(argv)
     if args.plot is not None:
         try:  # before the run, not after it
@@ -350,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         configure_processes()
         target = Target("cpu", DEVICES)
-    result = report(*run_all(cfg, target), cfg, target)
+    result = report(*run_all(cfg, target, args.server), cfg, target)
     m = result["machine"]
     names = sorted({n.split(": ", 1)[-1] for n in target.gpu_names})  # "GPU 0: NVIDIA H100 ..."
     on = f"; {target.devices} x {', '.join(names)}" if names else ""
