@@ -45,8 +45,11 @@ class Cluster:
     ray_env: dict[str, str] = field(default_factory=dict)
 
     def run(self, node: str, *cmd: str, env: dict[str, str] | None = None) -> None:
+        """A command on the node, with this process's environment less Ray's settings (a
+        Ray this process started sets some, e.g. one refusing other nodes), plus `env`."""
+        base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
         done = subprocess.run(["ip", "netns", "exec", self.namespaces[node], *cmd], timeout=120,
-                              capture_output=True, text=True, env={**os.environ, **(env or {})}, check=False)
+                              capture_output=True, text=True, env={**base, **(env or {})}, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"{node}: {' '.join(cmd)}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
 
