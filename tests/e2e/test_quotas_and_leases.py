@@ -6,16 +6,17 @@ A server of its own, with small quotas and a 2 s lease, started once for the mod
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import httpx
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
+from polling import until
+from servers import own_server
 
 import client as isthmus
-from client.embedded import EmbeddedServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -28,22 +29,8 @@ ENV = {
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    state = tmp_path_factory.mktemp("isthmus-quotas")
-    srv = EmbeddedServer.start(state, env=ENV)
-    try:
-        yield srv.address, (state / "token").read_text().strip()
-    finally:
-        srv.stop()
-
-
-def until(condition: Callable[[], object], deadline_s: float, what: str) -> object:
-    """Poll `condition` until it holds (the lease is a matter of time by nature)."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if (value := condition()):
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"not within {deadline_s:g}s: {what}")
+    with own_server(tmp_path_factory.mktemp("isthmus-quotas"), ENV) as server:
+        yield server
 
 
 def test_over_quota_is_429_with_retry_after_and_freeing_lets_the_client_go_on(small):
