@@ -18,7 +18,8 @@ Contract:
 - `Channel` is the server's end: `call` returns a `concurrent.futures.Future` of the answer,
   failed with `RemoteError` for a cause. When the connection ends, every pending and later
   call fails with `Unavailable`: requests may have been lost on the way, so the host's order
-  has a gap, and only a new executor (an island restart) serves its slices again.
+  has a gap, and only a new executor (an island restart) serves its slices again; the
+  channel's `on_lost` is told, unless the server closed it.
 - `Link` is a peer executor's end, for requests that want no answer (a program's sends from
   host to host): a plain blocking socket written by the thread that sends, with no event
   loop between the sender and the wire. A failed write closes it and raises `Unavailable`.
@@ -34,7 +35,7 @@ import socket
 import struct
 import threading
 import traceback
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from typing import Any
 
@@ -137,6 +138,9 @@ class Channel:
         self._next = 1
         self._lock = threading.Lock()
         self._closed: str | None = None  # why, once closed
+        # Called (on the event loop, with why) when the connection ends other than by `close`:
+        # the executor is gone, or unreachable.
+        self.on_lost: Callable[[str], None] | None = None
         self._reading = asyncio.create_task(self._read(reader))
 
     @classmethod
@@ -173,7 +177,7 @@ class Channel:
             self._loop.call_soon_threadsafe(_write, self._writer, message)
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
-        why = "closed"
+        why, lost = "closed", True
         try:
             while True:
                 call_id, ok, value = pickle.loads(await _frame(reader, 1 << 62))
@@ -185,11 +189,14 @@ class Channel:
                 else:
                     answer.set_exception(RemoteError(value))
         except asyncio.CancelledError:
-            why = "closed by the server"
+            why, lost = "closed by the server", False
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:
             why = f"lost: {e or type(e).__name__}"
         finally:
-            self._fail(f"host {self.host}: the executor's channel was {why}")
+            why = f"host {self.host}: the executor's channel was {why}"
+            self._fail(why)
+            if lost and self.on_lost is not None:
+                self.on_lost(why)
 
     def _fail(self, why: str) -> None:
         with self._lock:

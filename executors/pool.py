@@ -31,6 +31,7 @@ import ray
 
 from executors import ray_start
 from executors.channel import SECRET_BYTES, Channel
+from executors.islands import IslandLifecycle
 from executors.messages import Failed, Lost, Ran, Settled, Settlement, State
 from executors.outbox import Outbox
 from executors.ray_host import DIRECT, DIRECT_PUT_BYTES, TOLD, new_actor
@@ -40,10 +41,8 @@ from resource_manager import (
     ClusterSpec,
     DeviceReport,
     HostSpec,
-    IslandSpec,
     cluster_from_nodes,
     default_cluster,
-    joined_hosts,
 )
 from resource_manager.discovery import ISLAND_LABEL
 
@@ -81,11 +80,9 @@ async def _answer(ref: Any) -> Any:
     return ref
 
 
-def _new_actor(host: HostSpec, options: RayOptions, generation: int) -> Any:
-    return new_actor(host, options.namespace, options.wait_timeout_s, options.in_flight, generation)
+class ExecutorPool(IslandLifecycle):
+    _reads_per_host = READS_PER_HOST
 
-
-class ExecutorPool:
     def __init__(self, handles: Mapping[str, Any], owns_ray: bool,
                  groups: Mapping[str, tuple[str, ...]] | None = None) -> None:
         self._handles = dict(handles)
@@ -107,8 +104,14 @@ class ExecutorPool:
         self._secret = secrets.token_bytes(SECRET_BYTES)  # what an executor's channel asks first
         self.addresses: dict[str, tuple[str, int]] = {}  # host -> its executor's channel
         self.discovered = False  # its islands came from the Ray nodes' labels (it may grow)
+        # Told (host, why) on the event loop when a host's executor is lost (its channel ended).
+        self.on_host_lost: Callable[[str, str], None] | None = None
         self._channels: dict[str, Channel] = {}
         self.outbox = Outbox(self._call)
+
+    def _new_actor(self, host: HostSpec, generation: int) -> Any:
+        o = self._options
+        return new_actor(host, o.namespace, o.wait_timeout_s, o.in_flight, generation)
 
     def _call(self, host: str, method: str, *args: Any, direct: bool = True) -> Any:
         """Send one request to a host: over its channel where it has one and the method is
@@ -129,6 +132,7 @@ class ExecutorPool:
             address, port = await self._await(handle.open_channel.remote(self._secret), host, timeout,
                                               "open its channel")
             channel = await Channel.connect(host, address, port, self._secret, timeout)
+            channel.on_lost = lambda why: self._lost(host, channel, why)
             self.addresses[host] = (address, port)
             return channel
 
@@ -140,6 +144,12 @@ class ExecutorPool:
                 c.close()
             raise failed
         return channels
+
+    def _lost(self, host: str, channel: Channel, why: str) -> None:
+        """A host's channel ended other than by the pool closing it: the executor is gone
+        (or unreachable). Tell `on_host_lost`, if it is still that host's channel."""
+        if self._channels.get(host) is channel and self.on_host_lost is not None:
+            self.on_host_lost(host, why)
 
     async def _tell_addresses(self, handles: Mapping[str, Any]) -> None:
         """Tell every executor where each host's channel is (`RayHost.set_peer_addresses`),
@@ -198,7 +208,8 @@ class ExecutorPool:
                             "likes (docs/kubernetes.md, \"Labels\")", ISLAND_LABEL)
                 spec = default_cluster()
         specs = {h.name: h for _, h in spec.hosts()}
-        handles = {name: _new_actor(host, options, 0) for name, host in specs.items()}
+        handles = {name: new_actor(host, options.namespace, options.wait_timeout_s, options.in_flight, 0)
+                   for name, host in specs.items()}
         groups = spec.groups() if options.groups else {}
         pool = cls(handles, owns, groups)
         pool.ordered = options.ordered
@@ -216,91 +227,6 @@ class ExecutorPool:
             pool.shutdown()
             raise
         return pool
-
-    async def _form_group(self, handles: Mapping[str, Any], hosts: Sequence[str]) -> None:
-        timeout = self._options.group_timeout_s
-        address = await self._await(handles[hosts[0]].coordinator_address.remote(), hosts[0], timeout,
-                                    "coordinator")
-        await asyncio.gather(*(
-            self._await(handles[h].join_group.remote(address, len(hosts), k, timeout), h, timeout + 10,
-                        "join the island's JAX group")
-            for k, h in enumerate(hosts)
-        ))
-
-    async def restart_island(self, island: str) -> None:
-        """Replace an island's executors with new ones (forming its group afresh, if it is one:
-        a group whose collective failed, or whose host died, cannot run collectives again).
-        What the old executors held is gone; requests numbered for them meanwhile fail as
-        sent to a dead host. The new ones take requests only once they are ready."""
-        hosts = self.islands[island]
-        if self._options.groups and len(hosts) > 1:
-            self.groups[island] = hosts  # hosts that joined since are in the group it forms now
-        self._generation += 1
-        for h in hosts:
-            ray.kill(self._handles[h])
-            if (channel := self._channels.pop(h, None)) is not None:
-                channel.close()
-        fresh = {h: _new_actor(self._specs[h], self._options, self._generation) for h in hosts}
-        try:
-            if island in self.groups:
-                await self._form_group(fresh, hosts)
-            await asyncio.gather(*(self._await(fresh[h].info.remote(), h, self._options.group_timeout_s,
-                                               "start") for h in hosts))
-            everyone = {**self._handles, **fresh}
-            told = await asyncio.gather(
-                *(self._await(a.set_peers.remote(everyone), h, 30, "take the new peers")
-                  for h, a in everyone.items()), return_exceptions=True)
-            for h, outcome in zip(everyone, told, strict=True):
-                if isinstance(outcome, BaseException):
-                    if h in hosts:
-                        raise outcome
-                    log.warning("host %s did not take island %s's new executors: %s", h, island, outcome)
-            channels = await self._open_channels(fresh)
-            await self._tell_addresses({**self._handles, **fresh})
-        except BaseException:
-            for a in fresh.values():
-                ray.kill(a)
-            raise
-        with self._lock:
-            self.outbox.drop(hosts, Unavailable(f"island {island} was restarted before this was sent"))
-            self._handles.update(fresh)
-            self._channels.update(channels)
-            for h in hosts:
-                self._seq[h] = itertools.count()
-            self._plans = {(h, k) for h, k in self._plans if h not in hosts}
-
-    def joined(self) -> tuple[list[tuple[str, HostSpec]], dict[str, str]]:
-        """Hosts for Ray nodes labelled since the pool started (`joined_hosts`), and the
-        labelled nodes refused (node id -> why). Only a pool whose islands came from the
-        nodes' labels grows."""
-        if self.spec is None or not self.discovered:
-            return [], {}
-        return joined_hosts(self.spec, ray.nodes())
-
-    async def add_host(self, island: str, host: HostSpec) -> list[DeviceReport]:
-        """Start an executor for a host that joined (pinned to its node), open its channel,
-        and tell every executor where it is; returns its devices. It joins no JAX group: an
-        island that is one takes it in when it next restarts (a group's size is fixed when
-        it forms), and until then slices on it hold it alone."""
-        timeout = self._options.group_timeout_s
-        handle = _new_actor(host, self._options, self._generation)
-        try:
-            info = await self._await(handle.info.remote(), host.name, timeout, "start")
-            channels = await self._open_channels({host.name: handle})
-        except BaseException:
-            ray.kill(handle)
-            raise
-        with self._lock:
-            self._handles[host.name] = handle
-            self._channels.update(channels)
-            self._seq[host.name] = itertools.count()
-            self._reads[host.name] = asyncio.Semaphore(READS_PER_HOST)
-            self.messages[host.name] = 0
-            self._specs[host.name] = host
-            self.islands[island] = (*self.islands.get(island, ()), host.name)
-            self.spec = _grown(self.spec, island, host)
-        await self._tell_addresses(self._handles)
-        return [DeviceReport(d["platform"], d["kind"], d["memory_bytes"]) for d in info]
 
     @property
     def ranks(self) -> dict[str, int]:
@@ -497,12 +423,3 @@ class ExecutorPool:
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
 
-
-def _grown(spec: ClusterSpec | None, island: str, host: HostSpec) -> ClusterSpec:
-    """`spec` with `host` added to its island (a new one if it has none)."""
-    islands = list(spec.islands) if spec is not None else []
-    for k, i in enumerate(islands):
-        if i.name == island:
-            islands[k] = IslandSpec(island, (*i.hosts, host))
-            return ClusterSpec(tuple(islands))
-    return ClusterSpec((*islands, IslandSpec(island, (host,))))

@@ -92,6 +92,7 @@ class HostPublic(BaseModel):
     status: Literal["up", "down"]
     node: str | None = Field(None, description="the Ray node its executor runs on (admin only)")
     address: str | None = Field(None, description="that node's address (admin only)")
+    pid: int | None = Field(None, description="its executor's process id on that node (admin only)")
     solo: bool = Field(False, description="joined after its island's JAX group formed: slices on "
                                           "it hold it alone until the island restarts")
     devices: list[int]

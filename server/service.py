@@ -12,7 +12,7 @@ import base64
 import binascii
 import logging
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Coroutine, Sequence
 from typing import Any
 
 from executors import ExecutorPool, RayOptions, State
@@ -37,6 +37,7 @@ from server.artifacts import ArtifactInfo, inspect_artifact
 from server.auth import Admin, Credentials
 from server.caches import HostCaches
 from server.gang import Gangs
+from server.healing import Healer
 from server.membership import watch_nodes
 from server.programs import Programs
 from server.quotas import Quotas
@@ -69,8 +70,10 @@ class Service:
         self.gangs = Gangs(rm.islands(), settings.gang_policy, window)
         self.lost: dict[str, str] = {}  # buffer id -> why its value is gone (its island restarted)
         self.settling = Settling()  # results known ready from the hosts' answers
-        self._restarting: set[str] = set()
+        self.restarting: set[str] = set()  # islands whose executors are being replaced
         self._tasks = Tasks()
+        self.healer = Healer(self)
+        pool.on_host_lost = self.healer.host_lost
 
     @classmethod
     async def start(cls, settings: Settings, admin_token: str) -> Service:
@@ -105,10 +108,16 @@ class Service:
             service._tasks.spawn(service._expire_clients_forever())
             if pool.discovered:  # nodes labelled later become hosts
                 service._tasks.spawn(watch_nodes(service))
+            if settings.health_probe_s > 0:
+                service._tasks.spawn(service.healer.probe_forever())
             return service
         except BaseException:
             pool.shutdown()
             raise
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run a task of the service's own (cancelled when it closes)."""
+        self._tasks.spawn(coro)
 
     def close(self) -> None:
         self._tasks.cancel()
@@ -216,46 +225,61 @@ class Service:
         why they are gone); computations and programs on the island compile again."""
         if island not in self.rm.islands():
             raise NotFound(f"island {island!r} does not exist (islands: {', '.join(self.rm.islands())})")
-        if island in self._restarting:
+        if island in self.restarting:
             raise Conflict(f"island {island!r} is already restarting")
-        self._restarting.add(island)
-        return await self._restart(island, cause)
+        self.restarting.add(island)
+        return await self.restart_claimed(island, cause)
 
     def restart_when_broken(self, island: str, cause: str) -> None:
         """A host reported a failed collective: its island's group cannot run collectives
         again, so restart it (once; reports during the restart are ignored)."""
-        if island not in self.pool.groups or island in self._restarting:
+        if island not in self.pool.groups or island in self.restarting:
             return
-        self._restarting.add(island)
+        self.restarting.add(island)
 
         async def restart() -> None:
             try:
-                await self._restart(island, f"a collective failed: {cause}")
+                await self.restart_claimed(island, f"a collective failed: {cause}")
             except Exception:
                 log.exception("island %s: restart failed", island)
 
         self._tasks.spawn(restart())
 
-    async def _restart(self, island: str, cause: str) -> int:
-        hosts = set(self.pool.islands[island])
-        log.warning("island %s: restarting its executors (%s)", island, cause)
+    async def restart_claimed(self, island: str, cause: str, only: Sequence[str] | None = None) -> int:
+        """Restart an island the caller has put in `restarting` (this takes it out): `only`
+        these hosts where the island is not one JAX group. A host whose Ray node is gone is
+        dropped (marked down) instead. Returns how many buffers were lost."""
+        log.warning("island %s: restarting %s (%s)", island,
+                    "its executors" if only is None else f"the executors of {list(only)}", cause)
         self.gangs.pause(island)  # what is submitted meanwhile runs on the new executors
         try:
-            await self.pool.restart_island(island)
+            restarted, dropped = await self.pool.restart_island(island, only)
+            for h in dropped:
+                self.rm.mark_host(h, "down")
+                log.warning("island %s: host %s is gone with its Ray node; new slices avoid it", island, h)
             # Hosts that joined since the island's group formed are in the new one.
             span = max((len(h) for h in self.pool.groups.values()), default=1)
-            self.rm.join_groups(self.pool.islands[island], span)
-            why = f"island {island} was restarted ({cause}), and the values on its hosts with it"
-            coming = self.gangs.queued_outputs(island)  # numbered for the new executors
-            lost = [b for b, rec in self.buffers.items() if hosts & set(rec.hosts) and b not in coming]
-            self.lost.update(dict.fromkeys(lost, why))
-            self.settling.forget(lost)
-            self.programs.compile_again(hosts)  # computations too: their call programs
+            if island in self.pool.groups:
+                self.rm.join_groups(self.pool.islands[island], span)
+            lost = self.lose_values([*restarted, *dropped], f"island {island} was restarted ({cause}), "
+                                    "and the values on its hosts with it")
+            self.programs.compile_again(set(restarted))  # computations too: their call programs
         finally:
-            self._restarting.discard(island)
+            self.restarting.discard(island)
             self.gangs.resume(island)
         log.warning("island %s: restarted; %d buffers lost", island, len(lost))
         return len(lost)
+
+    def lose_values(self, hosts: Sequence[str], why: str) -> list[str]:
+        """The buffers on these hosts are gone (their executors are): reading one says why.
+        Those that work still queued will compute (numbered for new executors) are not."""
+        gone = set(hosts)
+        coming = {b for h in gone for b in self.gangs.queued_outputs(self.rm.host_island(h))}
+        lost = [b for b, rec in self.buffers.items()
+                if gone & set(rec.hosts) and b not in coming and b not in self.lost]
+        self.lost.update(dict.fromkeys(lost, why))
+        self.settling.forget(lost)
+        return lost
 
     # -- buffers ---------------------------------------------------------------------------
 

@@ -57,6 +57,12 @@ class Settings(BaseSettings):
     # Joining a cluster whose nodes' labels name the islands: how often to look for nodes
     # labelled since, which then become hosts (server/membership.py).
     node_poll_s: float = Field(5.0, gt=0, le=3600)
+    # Islands heal by themselves (server/healing.py): every health_probe_s (0: never) each
+    # host is asked for its stats, and one silent for health_timeout_s is lost, as one whose
+    # channel ends is at once; its island restarts, tried heal_attempts times.
+    health_probe_s: float = Field(5.0, ge=0, le=3600)
+    health_timeout_s: float = Field(20.0, gt=0, le=3600)
+    heal_attempts: int = Field(3, ge=1, le=100)
     # Debug only: False drops the island order (no admission, and each host of a submission
     # takes it after a random delay, in its own arrival order), to show what the order
     # prevents (docs/architecture.md). Never in production: cross-host collectives deadlock.

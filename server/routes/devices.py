@@ -52,6 +52,7 @@ async def list_islands(caller: CallerDep, service: ServiceDep) -> list[IslandPub
                 status="up" if st is not None and rm.host_status(h) == "up" else "down",
                 node=(st or {}).get("node") if admin else None,
                 address=(st or {}).get("address") if admin else None,
+                pid=(st or {}).get("pid") if admin else None,
                 solo=h in solo,
                 devices=[d.id for d in rm.devices() if d.host == h],
                 queued=(st or {}).get("queued", 0), completed=(st or {}).get("completed", 0),

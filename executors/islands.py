@@ -1,0 +1,177 @@
+"""The life of an island's executors after start: replaced (restart), grown (a node joined),
+shrunk (a node gone). Part of `ExecutorPool` (its mixin: the state is the pool's).
+
+Contract:
+- `restart_island(island, only)` replaces executors: `only` those hosts' (all if None), or
+  every host's where the island is one JAX group (a group whose collective failed, or whose
+  host died, cannot run collectives again; it forms afresh, hosts that joined since
+  included). A host pinned to a Ray node no longer alive is dropped from the island
+  instead. Requests numbered for the old executors fail as sent to a dead host; the new
+  ones take requests once ready, each told its peers' actors and channel addresses.
+- `joined()` names the hosts of Ray nodes labelled since the pool started (only where the
+  islands came from labels); `add_host` starts one, pinned to its node, outside any JAX
+  group until its island next restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import ray
+
+from executors.channel import Channel
+from executors.outbox import Outbox
+from ir import Unavailable
+from resource_manager import ClusterSpec, DeviceReport, HostSpec, IslandSpec, joined_hosts
+
+log = logging.getLogger("isthmus.executors")
+
+
+class IslandLifecycle:
+    # The pool's state this part reads and changes (`executors.pool.ExecutorPool`).
+    _handles: dict[str, Any]
+    _channels: dict[str, Channel]
+    _specs: dict[str, HostSpec]
+    _seq: dict[str, Any]
+    _reads: dict[str, asyncio.Semaphore]
+    _reads_per_host: int
+    _plans: set[tuple[str, str]]
+    _lock: threading.Lock
+    _generation: int
+    _options: Any  # RayOptions
+    islands: dict[str, tuple[str, ...]]
+    groups: dict[str, tuple[str, ...]]
+    messages: dict[str, int]
+    spec: ClusterSpec | None
+    discovered: bool
+    outbox: Outbox
+
+    async def _form_group(self, handles: Mapping[str, Any], hosts: Sequence[str]) -> None:
+        timeout = self._options.group_timeout_s
+        address = await self._await(handles[hosts[0]].coordinator_address.remote(), hosts[0], timeout,
+                                    "coordinator")
+        await asyncio.gather(*(
+            self._await(handles[h].join_group.remote(address, len(hosts), k, timeout), h, timeout + 10,
+                        "join the island's JAX group")
+            for k, h in enumerate(hosts)
+        ))
+
+    async def restart_island(self, island: str, only: Sequence[str] | None = None
+                             ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Replace executors of an island with new ones: `only` these hosts' (all if None),
+        or every host's where the island is one JAX group (a group whose collective failed,
+        or whose host died, cannot run collectives again; it forms afresh). A host pinned to
+        a Ray node that is no longer alive is dropped from the island instead (its slices'
+        values are gone; its devices are the caller's to mark down). What the old executors
+        held is gone; requests numbered for them meanwhile fail as sent to a dead host. The
+        new ones take requests only once they are ready. Returns (restarted, dropped).
+        """
+        dropped = self._on_dead_nodes(self.islands[island])
+        hosts = tuple(h for h in self.islands[island] if h not in dropped)
+        for h in dropped:
+            self._retire(h)
+        self.islands[island] = hosts
+        self.groups.pop(island, None)
+        if self._options.groups and len(hosts) > 1:
+            self.groups[island] = hosts  # hosts that joined since are in the group it forms now
+        if only is not None and island not in self.groups:
+            hosts = tuple(h for h in hosts if h in only)
+        if not hosts:
+            return (), dropped
+        self._generation += 1
+        for h in hosts:
+            self._retire(h)
+        fresh = {h: self._new_actor(self._specs[h], self._generation) for h in hosts}
+        try:
+            if island in self.groups:
+                await self._form_group(fresh, hosts)
+            await asyncio.gather(*(self._await(fresh[h].info.remote(), h, self._options.group_timeout_s,
+                                               "start") for h in hosts))
+            everyone = {**self._handles, **fresh}
+            told = await asyncio.gather(
+                *(self._await(a.set_peers.remote(everyone), h, 30, "take the new peers")
+                  for h, a in everyone.items()), return_exceptions=True)
+            for h, outcome in zip(everyone, told, strict=True):
+                if isinstance(outcome, BaseException):
+                    if h in hosts:
+                        raise outcome
+                    log.warning("host %s did not take island %s's new executors: %s", h, island, outcome)
+            channels = await self._open_channels(fresh)
+            await self._tell_addresses({**self._handles, **fresh})
+        except BaseException:
+            for a in fresh.values():
+                ray.kill(a)
+            raise
+        with self._lock:
+            self.outbox.drop(hosts, Unavailable(f"island {island} was restarted before this was sent"))
+            self._handles.update(fresh)
+            self._channels.update(channels)
+            for h in hosts:
+                self._seq[h] = itertools.count()
+            self._plans = {(h, k) for h, k in self._plans if h not in hosts}
+        return hosts, dropped
+
+    def _retire(self, host: str) -> None:
+        """Kill a host's executor and close its channel (quietly: it may be gone already)."""
+        try:
+            ray.kill(self._handles[host])
+        except Exception as e:  # an actor already dead, or its node
+            log.info("host %s: its executor could not be killed: %s", host, e)
+        if (channel := self._channels.pop(host, None)) is not None:
+            channel.close()
+
+    def _on_dead_nodes(self, hosts: Sequence[str]) -> tuple[str, ...]:
+        """Those of the hosts pinned to a Ray node that Ray no longer has alive."""
+        pinned = {h: self._specs[h].node for h in hosts if self._specs[h].node is not None}
+        if not pinned:
+            return ()
+        alive = {str(n.get("NodeID")) for n in ray.nodes() if n.get("Alive")}
+        return tuple(h for h, node in pinned.items() if node not in alive)
+
+    def joined(self) -> tuple[list[tuple[str, HostSpec]], dict[str, str]]:
+        """Hosts for Ray nodes labelled since the pool started (`joined_hosts`), and the
+        labelled nodes refused (node id -> why). Only a pool whose islands came from the
+        nodes' labels grows."""
+        if self.spec is None or not self.discovered:
+            return [], {}
+        return joined_hosts(self.spec, ray.nodes())
+
+    async def add_host(self, island: str, host: HostSpec) -> list[DeviceReport]:
+        """Start an executor for a host that joined (pinned to its node), open its channel,
+        and tell every executor where it is; returns its devices. It joins no JAX group: an
+        island that is one takes it in when it next restarts (a group's size is fixed when
+        it forms), and until then slices on it hold it alone."""
+        timeout = self._options.group_timeout_s
+        handle = self._new_actor(host, self._generation)
+        try:
+            info = await self._await(handle.info.remote(), host.name, timeout, "start")
+            channels = await self._open_channels({host.name: handle})
+        except BaseException:
+            ray.kill(handle)
+            raise
+        with self._lock:
+            self._handles[host.name] = handle
+            self._channels.update(channels)
+            self._seq[host.name] = itertools.count()
+            self._reads[host.name] = asyncio.Semaphore(self._reads_per_host)
+            self.messages[host.name] = 0
+            self._specs[host.name] = host
+            self.islands[island] = (*self.islands.get(island, ()), host.name)
+            self.spec = _grown(self.spec, island, host)
+        await self._tell_addresses(self._handles)
+        return [DeviceReport(d["platform"], d["kind"], d["memory_bytes"]) for d in info]
+
+
+def _grown(spec: ClusterSpec | None, island: str, host: HostSpec) -> ClusterSpec:
+    """`spec` with `host` added to its island (a new one if it has none)."""
+    islands = list(spec.islands) if spec is not None else []
+    for k, i in enumerate(islands):
+        if i.name == island:
+            islands[k] = IslandSpec(island, (*i.hosts, host))
+            return ClusterSpec(tuple(islands))
+    return ClusterSpec((*islands, IslandSpec(island, (host,))))

@@ -1,0 +1,90 @@
+"""Islands that heal by themselves: a lost host's island restarts without anyone asking.
+
+Contract:
+- `Healer.host_lost(host, why)` is how a lost host is reported: by the pool the moment the
+  host's channel ends (`ExecutorPool.on_host_lost`: its executor is gone), and by the
+  health probe (`probe_forever`: every `health_probe_s` each host is asked for its stats;
+  one that does not answer within `health_timeout_s`, or whose channel is gone, is lost).
+- The values the host held are lost at once (reading one says why, without waiting for
+  the restart). Then the host gets a new executor (the whole island does where it is one
+  JAX group, formed again), as `Service.restart_island` does it: what was queued there is
+  numbered for the new one. A host whose Ray node is gone is marked down instead, and new
+  slices avoid it. One restart at a time per island: a report for an island already
+  restarting, or for a host marked down, changes nothing. A restart that fails is tried again
+  after 1, 2, 4, ... seconds, `heal_attempts` times in all; past that the next probe that
+  finds the host lost starts again. Meanwhile calls there fail typed, never hang.
+- `POST /v1/islands/{name}/restart` stays for operators.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from ir import IsthmusError, Unavailable
+
+if TYPE_CHECKING:
+    from server.service import Service
+
+log = logging.getLogger("isthmus.server")
+
+
+class Healer:
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.heals: list[tuple[str, float]] = []  # (island, seconds from the report to healed)
+
+    def host_lost(self, host: str, why: str) -> None:
+        s = self.service
+        try:
+            island = s.rm.host_island(host)
+        except IsthmusError:
+            return
+        if island in s.restarting or s.rm.host_status(host) != "up":
+            return
+        s.restarting.add(island)
+        cause = f"host {host} was lost: {why}"
+        lost = s.lose_values([host], cause)  # readers fail now, not after the restart
+        log.warning("island %s: %s; %d values with it; restarting it", island, cause, len(lost))
+        s.spawn(self._heal(island, host, cause, time.monotonic()))
+
+    async def _heal(self, island: str, host: str, cause: str, since: float) -> None:
+        s = self.service
+        delay = 1.0
+        for attempt in range(1, s.settings.heal_attempts + 1):
+            try:
+                await s.restart_claimed(island, cause, only=[host])
+                self.heals.append((island, time.monotonic() - since))
+                return
+            except Exception as e:
+                log.warning("island %s: restart %d of %d failed: %s", island, attempt,
+                            s.settings.heal_attempts, e)
+            if attempt == s.settings.heal_attempts:
+                return
+            await asyncio.sleep(delay)
+            delay *= 2
+            if island in s.restarting:  # an operator's restart meanwhile
+                return
+            s.restarting.add(island)
+
+    async def probe_forever(self) -> None:
+        s = self.service
+        while True:
+            await asyncio.sleep(s.settings.health_probe_s)
+            try:
+                await self.probe()
+            except Exception:  # never let one bad probe stop the watch
+                log.exception("probing the hosts failed")
+
+    async def probe(self) -> None:
+        """Ask every host not restarting for its stats, within the timeout; report the silent."""
+        s = self.service
+        hosts = [h for h in s.rm.hosts()
+                 if s.rm.host_status(h) == "up" and s.rm.host_island(h) not in s.restarting]
+        answers = await asyncio.gather(
+            *(s.pool.stats(h, timeout=s.settings.health_timeout_s) for h in hosts), return_exceptions=True)
+        for h, answer in zip(hosts, answers, strict=True):
+            if isinstance(answer, Unavailable):
+                self.host_lost(h, str(answer))
