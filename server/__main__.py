@@ -54,7 +54,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def stop_with_stdin() -> None:
     """SIGTERM this process once standard input ends (the server stops as on Ctrl-C)."""
     def watch() -> None:
-        while sys.stdin.buffer.read(1 << 12):
+        # The file descriptor, not sys.stdin: a daemon thread blocked in sys.stdin's reader
+        # holds its lock, and the interpreter, finding it held at exit, aborts the process.
+        while os.read(sys.stdin.fileno(), 1 << 12):
             pass
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -84,7 +86,15 @@ def main(argv: list[str] | None = None) -> None:
         stop_with_stdin()
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
                             log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+    # uvicorn stops on SIGTERM in order (the app's shutdown stops the executors and the Ray
+    # it started), then raises the signal again for the handler found before it: this one,
+    # so that a stop asked for is a clean exit (0), not death by the signal.
+    signal.signal(signal.SIGTERM, _stopped)
     ReadyServer(config).run()
+
+
+def _stopped(signum: int, frame: object) -> None:
+    sys.exit(0)
 
 
 if __name__ == "__main__":

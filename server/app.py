@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import signal
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -22,7 +24,12 @@ VERSION = "0.1.0"
 def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Joining Ray installs Ray's own SIGTERM handler (it exits the process at once, from
+        # inside whatever runs); uvicorn's, taken back here, stops the server in order.
+        on_sigterm = signal.getsignal(signal.SIGTERM)
         app.state.service = service = await Service.start(settings, settings.resolve_token())
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, on_sigterm)
         # What start-up made (JAX, Ray, FastAPI: some 200 000 objects) lives as long as the
         # server: frozen, it is no longer scanned by every full garbage collection, which
         # cost about 300 us per call here before (measured; docs/benchmarks.md).

@@ -35,3 +35,24 @@ def test_a_killed_starter_takes_its_server_down(tmp_path):
         for p in group:  # never leave a server behind, whatever failed
             if p.is_running():
                 p.kill()
+
+
+def test_sigterm_stops_the_server_its_executors_and_its_ray_and_exits_0(tmp_path):
+    from client.embedded import EmbeddedServer
+
+    srv = EmbeddedServer.start(tmp_path / "state")
+    server = psutil.Process(srv.pid)
+    group = [server, *server.children(recursive=True)]  # Ray's processes and the executors
+    try:
+        assert any("RayHost" in " ".join(p.cmdline()) for p in group if p.is_running())
+        server.terminate()  # SIGTERM to the server alone: it stops the rest itself
+        assert srv.process.wait(60) == 0, "".join(srv.log)[-4000:]
+        _, alive = psutil.wait_procs(group, timeout=60)
+        assert not alive, [(p.pid, p.name()) for p in alive]
+        log = "".join(srv.log)
+        assert "Traceback" not in log and "Aborted" not in log, log[-4000:]
+    finally:
+        srv.stop()
+        for p in group:
+            if p.is_running():
+                p.kill()
