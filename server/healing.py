@@ -1,4 +1,4 @@
-"""Islands that heal by themselves: a lost host's island restarts without anyone asking.
+"""Islands that heal by themselves: a lost host gets a new executor without anyone asking.
 
 Contract:
 - `Healer.host_lost(host, why)` is how a lost host is reported: by the pool the moment the
@@ -34,7 +34,6 @@ log = logging.getLogger("isthmus.server")
 class Healer:
     def __init__(self, service: Service) -> None:
         self.service = service
-        self.heals: list[tuple[str, float]] = []  # (island, seconds from the report to healed)
 
     def host_lost(self, host: str, why: str) -> None:
         s = self.service
@@ -51,12 +50,14 @@ class Healer:
         s.spawn(self._heal(island, host, cause, time.monotonic()))
 
     async def _heal(self, island: str, host: str, cause: str, since: float) -> None:
+        """Restart the host (its island, if a group), retrying with a doubling pause."""
         s = self.service
         delay = 1.0
         for attempt in range(1, s.settings.heal_attempts + 1):
             try:
                 await s.restart_claimed(island, cause, only=[host])
-                self.heals.append((island, time.monotonic() - since))
+                log.warning("island %s: healed %.1fs after host %s was lost", island,
+                            time.monotonic() - since, host)
                 return
             except Exception as e:
                 log.warning("island %s: restart %d of %d failed: %s", island, attempt,
