@@ -27,7 +27,7 @@ import ray
 from executors.channel import Channel
 from executors.outbox import Outbox
 from ir import Unavailable
-from resource_manager import ClusterSpec, DeviceReport, HostSpec, IslandSpec, joined_hosts
+from resource_manager import ClusterSpec, DeviceReport, HostSpec, joined_hosts
 
 log = logging.getLogger("isthmus.executors")
 
@@ -162,16 +162,8 @@ class IslandLifecycle:
             self.messages[host.name] = 0
             self._specs[host.name] = host
             self.islands[island] = (*self.islands.get(island, ()), host.name)
-            self.spec = _grown(self.spec, island, host)
+            assert self.spec is not None, "a pool grows only once started"
+            self.spec = self.spec.with_host(island, host)
         await self._tell_addresses(self._handles)
         return [DeviceReport(d["platform"], d["kind"], d["memory_bytes"]) for d in info]
 
-
-def _grown(spec: ClusterSpec | None, island: str, host: HostSpec) -> ClusterSpec:
-    """`spec` with `host` added to its island (a new one if it has none)."""
-    islands = list(spec.islands) if spec is not None else []
-    for k, i in enumerate(islands):
-        if i.name == island:
-            islands[k] = IslandSpec(island, (*i.hosts, host))
-            return ClusterSpec(tuple(islands))
-    return ClusterSpec((*islands, IslandSpec(island, (host,))))

@@ -123,6 +123,19 @@ class ClusterSpec:
         return {i.name: tuple(h.name for h in i.hosts) for i in self.islands
                 if len(i.hosts) > 1 and len({h.platform for h in i.hosts}) == 1}
 
+    def with_host(self, island: str, host: HostSpec) -> ClusterSpec:
+        """This cluster with `host` added last to `island` (a new island, last, if none is
+        named so). Raises `InvalidArgument` for a platform other than the island's."""
+        islands = list(self.islands)
+        for k, i in enumerate(islands):
+            if i.name == island:
+                if i.hosts[0].platform != host.platform:
+                    raise InvalidArgument(f"host {host.name!r}: platform {host.platform!r} is not "
+                                          f"island {island!r}'s ({i.hosts[0].platform!r})")
+                islands[k] = IslandSpec(island, (*i.hosts, host))
+                return ClusterSpec(tuple(islands))
+        return ClusterSpec((*islands, IslandSpec(island, (host,))))
+
     def to_json(self) -> dict[str, Any]:
         return {
             "islands": [

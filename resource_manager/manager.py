@@ -23,7 +23,7 @@ from typing import Any
 
 from ir.errors import Conflict, InvalidArgument, NotFound
 from ir.types import MeshAxes
-from resource_manager.cluster import ClusterSpec, HostSpec, IslandSpec
+from resource_manager.cluster import ClusterSpec, HostSpec
 from resource_manager.inventory import Device, DeviceReport
 from resource_manager.placement import place
 from resource_manager.slices import Slice
@@ -139,17 +139,9 @@ class ResourceManager:
             if host.name in self._host_specs:
                 raise Conflict(f"host {host.name!r} already exists "
                                f"(island {self._host_specs[host.name][0]!r})")
-            islands = list(self._spec.islands)
-            k = next((k for k, i in enumerate(islands) if i.name == island), None)
-            if k is not None and islands[k].hosts[0].platform != host.platform:
-                raise InvalidArgument(f"host {host.name!r}: platform {host.platform!r} is not island "
-                                      f"{island!r}'s ({islands[k].hosts[0].platform!r})")
+            spec = self._spec.with_host(island, host)
             added = _host_devices(island, host, {host.name: report}, len(self._devices))
-            if k is None:
-                islands.append(IslandSpec(island, (host,)))
-            else:
-                islands[k] = IslandSpec(island, (*islands[k].hosts, host))
-            self._spec = ClusterSpec(tuple(islands))
+            self._spec = spec
             self._devices.extend(added)
             self._host_specs[host.name] = (island, host)
             self._status[host.name] = "up"
