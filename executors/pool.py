@@ -229,6 +229,11 @@ class ExecutorPool(IslandLifecycle):
         return pool
 
     @property
+    def span(self) -> int:
+        """The most hosts a slice may span: the largest island that is one JAX group."""
+        return max((len(hosts) for hosts in self.groups.values()), default=1)
+
+    @property
     def ranks(self) -> dict[str, int]:
         """Each grouped host's process index in its island's JAX group."""
         return {h: k for hosts in self.groups.values() for k, h in enumerate(hosts)}

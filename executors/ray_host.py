@@ -109,6 +109,8 @@ class RayHost(Host):
         self._links: dict[str, Link] = {}  # host -> the open link to its channel
         self._links_lock = threading.Lock()
         self._secret = b""
+        self._node = ray.get_runtime_context().get_node_id()  # where it runs, for `stats`
+        self._address = ray.util.get_node_ip_address()
         self._sent = {"link": 0, "ray": 0}  # sends to peers, by the way they went
 
     def coordinator_address(self) -> str:
@@ -116,13 +118,13 @@ class RayHost(Host):
         with socket.socket() as sock:
             sock.bind(("", 0))
             port = sock.getsockname()[1]
-        return f"{ray.util.get_node_ip_address()}:{port}"
+        return f"{self._address}:{port}"
 
     async def open_channel(self, secret: bytes) -> tuple[str, int]:
         """Listen for the server's direct requests and peers' sends (`executors.channel`);
         the address and port."""
         self._secret = secret
-        return await serve(self, secret, ray.util.get_node_ip_address(), SERVED)
+        return await serve(self, secret, self._address, SERVED)
 
     def set_peers(self, peers: Mapping[str, Any]) -> None:
         """Use these actors for these hosts from now on (after an island's hosts restarted)."""
@@ -158,8 +160,8 @@ class RayHost(Host):
     def stats(self) -> dict[str, Any]:
         """`Host.stats`; the Ray node this executor runs on and its address; how many sends
         to peers went over their channels and how many through Ray."""
-        return {**super().stats(), "node": ray.get_runtime_context().get_node_id(),
-                "address": ray.util.get_node_ip_address(), "peer_sends": dict(self._sent)}
+        return {**super().stats(), "node": self._node, "address": self._address,
+                "peer_sends": dict(self._sent)}
 
     def _link(self, to: str) -> Link | None:
         """The open link to a peer, connecting on first use; None where there is none to be

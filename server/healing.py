@@ -13,7 +13,9 @@ Contract:
   restarting, or for a host marked down, changes nothing. A restart that fails is tried again
   after 1, 2, 4, ... seconds, `heal_attempts` times in all; past that the next probe that
   finds the host lost starts again. Meanwhile calls there fail typed, never hang.
-- `POST /v1/islands/{name}/restart` stays for operators.
+- `restart` is the one path of automatic restarts: a host lost, and a failed cross-host
+  collective (`Service.restart_when_broken`). `POST /v1/islands/{name}/restart` stays for
+  operators.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ir import IsthmusError, Unavailable
@@ -43,21 +46,28 @@ class Healer:
             return
         if island in s.restarting or s.rm.host_status(host) != "up":
             return
-        s.restarting.add(island)
         cause = f"host {host} was lost: {why}"
         lost = s.lose_values([host], cause)  # readers fail now, not after the restart
-        log.warning("island %s: %s; %d values with it; restarting it", island, cause, len(lost))
-        s.spawn(self._heal(island, host, cause, time.monotonic()))
+        log.warning("island %s: %s; %d values with it", island, cause, len(lost))
+        self.restart(island, cause, only=[host])
 
-    async def _heal(self, island: str, host: str, cause: str, since: float) -> None:
-        """Restart the host (its island, if a group), retrying with a doubling pause."""
+    def restart(self, island: str, cause: str, only: Sequence[str] | None = None) -> None:
+        """Restart `only` these hosts of the island (all if None; the whole island where it
+        is one JAX group) in the background, unless it is restarting already."""
+        s = self.service
+        if island in s.restarting:
+            return
+        s.restarting.add(island)
+        s.spawn(self._heal(island, cause, only, time.monotonic()))
+
+    async def _heal(self, island: str, cause: str, only: Sequence[str] | None, since: float) -> None:
+        """Restart, retrying with a doubling pause."""
         s = self.service
         delay = 1.0
         for attempt in range(1, s.settings.heal_attempts + 1):
             try:
-                await s.restart_claimed(island, cause, only=[host])
-                log.warning("island %s: healed %.1fs after host %s was lost", island,
-                            time.monotonic() - since, host)
+                await s.restart_claimed(island, cause, only)
+                log.warning("island %s: healed %.1fs after %s", island, time.monotonic() - since, cause)
                 return
             except Exception as e:
                 log.warning("island %s: restart %d of %d failed: %s", island, attempt,

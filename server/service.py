@@ -100,10 +100,8 @@ class Service:
         pool = await ExecutorPool.start(spec, options)
         try:
             reports = await pool.reports(settings.rpc_timeout_s)
-            # Slices may span the hosts of an island that is one JAX group (filled host by host).
-            span = max((len(hosts) for hosts in pool.groups.values()), default=1)
             assert pool.spec is not None
-            service = cls(settings, pool, ResourceManager(pool.spec, reports, max_hosts_per_slice=span),
+            service = cls(settings, pool, ResourceManager(pool.spec, reports, max_hosts_per_slice=pool.span),
                           admin_token)
             service._tasks.spawn(service._expire_clients_forever())
             if pool.discovered:  # nodes labelled later become hosts
@@ -233,17 +231,8 @@ class Service:
     def restart_when_broken(self, island: str, cause: str) -> None:
         """A host reported a failed collective: its island's group cannot run collectives
         again, so restart it (once; reports during the restart are ignored)."""
-        if island not in self.pool.groups or island in self.restarting:
-            return
-        self.restarting.add(island)
-
-        async def restart() -> None:
-            try:
-                await self.restart_claimed(island, f"a collective failed: {cause}")
-            except Exception:
-                log.exception("island %s: restart failed", island)
-
-        self._tasks.spawn(restart())
+        if island in self.pool.groups:
+            self.healer.restart(island, f"a collective failed: {cause}")
 
     async def restart_claimed(self, island: str, cause: str, only: Sequence[str] | None = None) -> int:
         """Restart an island the caller has put in `restarting` (this takes it out): `only`
@@ -257,10 +246,8 @@ class Service:
             for h in dropped:
                 self.rm.mark_host(h, "down")
                 log.warning("island %s: host %s is gone with its Ray node; new slices avoid it", island, h)
-            # Hosts that joined since the island's group formed are in the new one.
-            span = max((len(h) for h in self.pool.groups.values()), default=1)
-            if island in self.pool.groups:
-                self.rm.join_groups(self.pool.islands[island], span)
+            if island in self.pool.groups:  # hosts that joined since are in the new group
+                self.rm.join_groups(self.pool.islands[island], self.pool.span)
             lost = self.lose_values([*restarted, *dropped], f"island {island} was restarted ({cause}), "
                                     "and the values on its hosts with it")
             self.programs.compile_again(set(restarted))  # computations too: their call programs
