@@ -17,12 +17,13 @@ from client.control_flow import cond, fori_loop, while_loop
 from client.devices import DeviceTable
 from client.jit import Function
 from client.transport import OverQuota, Unauthorized
-from ir import Conflict, InvalidArgument, IsthmusError, NotFound, RemoteError, Unavailable
+from ir import Conflict, DataLoss, InvalidArgument, IsthmusError, NotFound, RemoteError, Unavailable
 
 __all__ = [
     "Buffer",
     "Client",
     "Conflict",
+    "DataLoss",
     "DeviceTable",
     "Function",
     "InvalidArgument",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-from ir import Conflict, InvalidArgument, IsthmusError, NotFound, RemoteError, Unavailable
+from ir import Conflict, DataLoss, InvalidArgument, IsthmusError, NotFound, RemoteError, Unavailable
 
 
 class Unauthorized(IsthmusError):
@@ -29,7 +29,7 @@ class OverQuota(IsthmusError):
 
 ERRORS: dict[int, type[IsthmusError]] = {
     400: InvalidArgument, 413: InvalidArgument, 415: InvalidArgument, 422: InvalidArgument,
-    401: Unauthorized, 403: Unauthorized, 404: NotFound, 409: Conflict, 424: RemoteError,
+    401: Unauthorized, 403: Unauthorized, 404: NotFound, 409: Conflict, 410: DataLoss, 424: RemoteError,
     429: OverQuota, 503: Unavailable,
 }
 

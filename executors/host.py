@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from executors.compile import compile_artifact, make_mesh, place
-from executors.messages import Failed, Payload, Ran, Ready, Reply, State
+from executors.messages import Adopted, Failed, Payload, Ran, Ready, Reply, State
 from executors.runner import IN_FLIGHT, RunMessage, Runner
 from executors.shards import distinct_shards
 from executors.store import BufferStore, Failure
@@ -142,6 +142,7 @@ class Host:
             "running_s": time.perf_counter() - started if running is not None else None,
             "waiting_for": gap,
             "buffers": len(self.store),
+            "arrays": self._arrays(),
             "executables": len(self._executables),
             "plans": self.runner.plans,
             **self.runner.open_state(),  # runs, loop frames and mailboxes still open
@@ -150,6 +151,15 @@ class Host:
             "in_flight": self.runner.in_flight,
             "collective_error": self.collective_error,
         }
+
+    def _arrays(self) -> int:
+        """Arrays alive in this process's JAX (device memory held), once JAX has started here
+        (asking earlier would start it before the island's group forms)."""
+        if not self._frozen:
+            return 0
+        import jax
+
+        return len(jax.live_arrays())
 
     def _failed(self, cause: str) -> None:
         """A computation failed: remember the first failure of a cross-host collective, after
@@ -190,10 +200,10 @@ class Host:
                 while self._next not in self._ops and not self._closed:
                     if self._settle_notes():
                         continue
-                    # Idle with answers waiting on computations: look again after a pause
-                    # that doubles, or at once when a request comes (issued first, so the
-                    # devices never wait for this wait).
-                    self._cond.wait(pause if self._notes else None)
+                    # Idle with answers (or device memory) waiting on computations: look
+                    # again after a pause that doubles, or at once when a request comes
+                    # (issued first, so the devices never wait for this wait).
+                    self._cond.wait(pause if self._notes or self.runner.unfinished else None)
                     pause = min(2 * pause, NOTE_POLL_S[1])
                 if self._closed:
                     self._settle_notes(everything=True)
@@ -219,12 +229,30 @@ class Host:
         while self._notes and (everything or _computed(self._notes[0][1])):
             self._notes.popleft()[0].set_result(None)
             settled = True
+        self.runner.prune()
         return settled
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
             self._cond.notify()
+
+    def adopt(self, cause: str) -> Adopted:
+        """A new server takes this host over (the one that numbered its requests is gone):
+        requests queued behind one that will never come are dropped, receives still waiting
+        fail with `cause`, and compile numbers start again. Executables, plans and buffers
+        stay. Returns where the new server's numbering starts, and the buffers held."""
+        with self._cond:
+            dropped = len(self._ops)
+            self._next = max(self._next, *(k + 1 for k in self._ops)) if self._ops else self._next
+            self._ops.clear()
+            base = self._next
+        self._forgotten.clear()
+        self._compiles.clear()
+        aborted = self.runner.abort_open(cause)
+        log.warning("host %s: taken over by a new server (%d queued requests dropped, %d receives "
+                    "failed); its requests start at %d", self.host, dropped, aborted, base)
+        return Adopted(base, self.store.states())
 
     def skip(self, seq: int) -> None:
         """Fill a sequence number whose request could not be sent."""

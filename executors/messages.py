@@ -10,6 +10,7 @@
   host's first failed cross-host collective, if any (its island's group must be formed
   again), and the results it closed that this host holds computed without error.
 - The pool sums a run's answers into a `Settlement`.
+- A host taken over by a restarted server answers `Adopted`.
 """
 
 from __future__ import annotations
@@ -73,6 +74,16 @@ class Ran:
 class Settlement:
     broken: dict[str, str] = field(default_factory=dict)  # host -> its failed collective
     ready: Counter[str] = field(default_factory=Counter)  # buffer id -> hosts holding it computed
+
+
+@dataclass(frozen=True)
+class Adopted:
+    """What a host a new server takes over answers (`Host.adopt`): the sequence number the
+    new server's requests start from, and the buffers it holds, by state (pending: still
+    computing, or queued behind a request that never came)."""
+
+    next_seq: int
+    states: dict[str, State]
 
 
 class State(enum.Enum):

@@ -29,10 +29,10 @@ from typing import Any
 
 import ray
 
-from executors import ray_start
+from executors import adoption, ray_start
 from executors.channel import SECRET_BYTES, Channel
 from executors.islands import IslandLifecycle
-from executors.messages import Failed, Lost, Ran, Settled, Settlement, State
+from executors.messages import Adopted, Failed, Lost, Ran, Settled, Settlement, State
 from executors.outbox import Outbox
 from executors.ray_host import DIRECT, DIRECT_PUT_BYTES, TOLD, new_actor
 from executors.runner import IN_FLIGHT, RunMessage
@@ -72,6 +72,14 @@ class RayOptions:
     # Ray's token: read from (or, for a Ray this pool starts, written to) this file.
     token_file: Path | None = None
     insecure: bool = False  # join an external Ray without token authentication
+    # Executors outlive the server (detached actors); a new server takes over those it finds
+    # (`adopt`) or, finding ones it does not take, kills them (`executors.adoption`).
+    detached: bool = False
+    adopt: bool = False
+    # The Ray this pool starts runs apart from it, as the daemon of this state dir, and
+    # stops by itself once no server has used it for `orphan_timeout_s` (`ray_daemon`).
+    daemon_dir: Path | None = None
+    orphan_timeout_s: float = 600.0
 
 
 async def _answer(ref: Any) -> Any:
@@ -83,12 +91,12 @@ async def _answer(ref: Any) -> Any:
 class ExecutorPool(IslandLifecycle):
     _reads_per_host = READS_PER_HOST
 
-    def __init__(self, handles: Mapping[str, Any], owns_ray: bool,
+    def __init__(self, handles: Mapping[str, Any], own_ray: ray_start.OwnRay | None,
                  groups: Mapping[str, tuple[str, ...]] | None = None) -> None:
         self._handles = dict(handles)
         # island -> its hosts in process order, for islands that are one JAX distributed group
         self.groups = dict(groups or {})
-        self._owns_ray = owns_ray
+        self._own_ray = own_ray  # the Ray it started, to stop with it
         self._seq = {h: itertools.count() for h in handles}
         self._lock = threading.Lock()
         self._plans: set[tuple[str, str]] = set()  # (host, plan key) already sent
@@ -108,10 +116,11 @@ class ExecutorPool(IslandLifecycle):
         self.on_host_lost: Callable[[str, str], None] | None = None
         self._channels: dict[str, Channel] = {}
         self.outbox = Outbox(self._call)
+        self.adopted: dict[str, Adopted] = {}  # hosts taken over from a previous server (`start`)
 
     def _new_actor(self, host: HostSpec, generation: int) -> Any:
         o = self._options
-        return new_actor(host, o.namespace, o.wait_timeout_s, o.in_flight, generation)
+        return new_actor(host, o.namespace, o.wait_timeout_s, o.in_flight, generation, o.detached)
 
     def _call(self, host: str, method: str, *args: Any, direct: bool = True) -> Any:
         """Send one request to a host: over its channel where it has one and the method is
@@ -150,6 +159,16 @@ class ExecutorPool(IslandLifecycle):
         (or unreachable). Tell `on_host_lost`, if it is still that host's channel."""
         if self._channels.get(host) is channel and self.on_host_lost is not None:
             self.on_host_lost(host, why)
+
+    async def _tell_peers(self, handles: Mapping[str, Any]) -> None:
+        """Tell every executor its peers' actors and channel addresses (executors taken over
+        from a previous server know older ones)."""
+        told = await asyncio.gather(*(self._await(a.set_peers.remote(handles), h, 30, "take its peers")
+                                      for h, a in handles.items()), return_exceptions=True)
+        for h, outcome in zip(handles, told, strict=True):
+            if isinstance(outcome, BaseException):
+                log.warning("host %s did not take its peers: %s", h, outcome)
+        await self._tell_addresses(handles)
 
     async def _tell_addresses(self, handles: Mapping[str, Any]) -> None:
         """Tell every executor where each host's channel is (`RayHost.set_peer_addresses`),
@@ -195,10 +214,11 @@ class ExecutorPool(IslandLifecycle):
         `spec`, the islands are those the Ray nodes' labels name (`cluster_from_nodes`), each
         executor pinned to its node; with none labelled, the default shape, placed by Ray."""
         # A Ray this process has already joined is used as it is: whoever joined it chose how.
-        owns = not ray.is_initialized() and ray_start.connect(
+        owns = None if ray.is_initialized() else ray_start.connect(
             options.address, namespace=options.namespace, num_cpus=options.num_cpus,
             object_store_bytes=options.object_store_bytes, token_file=options.token_file,
-            insecure=options.insecure)
+            insecure=options.insecure, daemon_dir=options.daemon_dir,
+            orphan_timeout_s=options.orphan_timeout_s)
         discovered = spec is None
         if spec is None:
             spec = cluster_from_nodes(ray.nodes())
@@ -208,19 +228,34 @@ class ExecutorPool(IslandLifecycle):
                             "likes (docs/kubernetes.md, \"Labels\")", ISLAND_LABEL)
                 spec = default_cluster()
         specs = {h.name: h for _, h in spec.hosts()}
-        handles = {name: new_actor(host, options.namespace, options.wait_timeout_s, options.in_flight, 0)
-                   for name, host in specs.items()}
         groups = spec.groups() if options.groups else {}
+        # Executors a previous server left: taken over, or killed (their names are reused).
+        newest, names = adoption.found(options.namespace)
+        generation = 1 + max((g for g, _ in newest.values()), default=-1)
+        taken = await adoption.take_over(
+            {h: name for h, (_, name) in newest.items() if h in specs}, options.namespace, groups,
+            "the server that sent this run stopped before it finished",
+            options.group_timeout_s) if options.adopt else {}
+        adoption.kill((n for n in names if n not in {newest[h][1] for h in taken}), options.namespace)
+        handles = {name: taken[name][0] if name in taken else
+                   new_actor(host, options.namespace, options.wait_timeout_s, options.in_flight, generation,
+                             options.detached)
+                   for name, host in specs.items()}
         pool = cls(handles, owns, groups)
         pool.ordered = options.ordered
         pool.spec, pool._specs, pool._options = spec, specs, options
         pool.discovered = discovered
         pool.islands = {i.name: tuple(h.name for h in i.hosts) for i in spec.islands}
+        pool._generation = generation
+        pool.adopted = {h: adopted for h, (_, adopted) in taken.items()}
+        for h, adopted in pool.adopted.items():
+            pool._seq[h] = itertools.count(adopted.next_seq)
         try:
-            await asyncio.gather(*(pool._form_group(pool._handles, hosts) for hosts in groups.values()))
+            await asyncio.gather(*(pool._form_group(pool._handles, hosts) for hosts in groups.values()
+                                   if not set(hosts) & set(taken)))
             pool._channels = await pool._open_channels(pool._handles)
-            await pool._tell_addresses(pool._handles)
-            if owns:  # its agents are surely up once executors, started through them, answer
+            await pool._tell_peers(pool._handles)
+            if owns is not None:  # its agents are surely up once executors, started through them, answer
                 await pool.reports(options.group_timeout_s)
                 ray_start.check_own()
         except BaseException:
@@ -412,19 +447,23 @@ class ExecutorPool(IslandLifecycle):
             except Unavailable as e:
                 log.info("delete on host %s skipped: %s", host, e)
 
-    def shutdown(self) -> None:
+    def shutdown(self, keep_executors: bool = False) -> None:
+        """Stop the executors (unless `keep_executors`: left for the next server to take
+        over) and the Ray this pool started, if any."""
         for channel in self._channels.values():
             try:
                 channel.close()
             except RuntimeError as e:  # its event loop has ended: nothing is left to close
                 log.debug("channel: %s", e)
         self._channels.clear()
-        for h in self._handles.values():
+        for h in [] if keep_executors else self._handles.values():
             try:
                 ray.kill(h)
             except Exception as e:  # a host already gone is what shutdown wants
                 log.debug("kill: %s", e)
         self._handles.clear()
-        if self._owns_ray and ray.is_initialized():
-            ray.shutdown()
+        if self._own_ray is not None:
+            self._own_ray.stop()
+        elif ray.is_initialized() and keep_executors:
+            ray.shutdown()  # the executors stay on the Ray it joined
 

@@ -51,13 +51,32 @@ PEER_FRAME_BYTES = 8 << 20  # a larger send goes through Ray's object store
 CONNECT_TIMEOUT_S = 10.0
 
 
+ACTOR_PREFIX = "isthmus-host-"
+
+
 def actor_name(host: str, generation: int = 0) -> str:
-    return f"isthmus-host-{host}" + (f"-{generation}" if generation else "")
+    """`isthmus-host-<host>`, then `.<generation>` for a replaced one (host names have no dot)."""
+    return ACTOR_PREFIX + host + (f".{generation}" if generation else "")
 
 
-def new_actor(host: HostSpec, namespace: str, wait_timeout_s: int, in_flight: int, generation: int) -> Any:
-    return ray.remote(RayHost).options(**_actor_options(host, wait_timeout_s, generation)).remote(
-        host.name, namespace, wait_timeout_s, in_flight)
+def parse_actor_name(name: str) -> tuple[str, int] | None:
+    """(host, generation) of an executor's actor name; None for any other name."""
+    if not name.startswith(ACTOR_PREFIX):
+        return None
+    host, dot, generation = name[len(ACTOR_PREFIX):].partition(".")
+    if not host or (dot and not generation.isdigit()):
+        return None
+    return host, int(generation or 0)
+
+
+def new_actor(host: HostSpec, namespace: str, wait_timeout_s: int, in_flight: int, generation: int,
+              detached: bool = False) -> Any:
+    """An executor for `host`; `detached`, it outlives the server that started it (a new
+    server adopts it, `executors.islands`)."""
+    options = _actor_options(host, wait_timeout_s, generation)
+    if detached:
+        options["lifetime"] = "detached"
+    return ray.remote(RayHost).options(**options).remote(host.name, namespace, wait_timeout_s, in_flight)
 
 
 def _actor_options(host: HostSpec, wait_timeout_s: int, generation: int) -> dict[str, Any]:

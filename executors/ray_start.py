@@ -2,11 +2,14 @@
 
 Contract:
 - A Ray without token authentication (before 2.52) is refused, by its version.
-- A Ray this process starts (`address=None`, the embedded default) is always a new one
-  (never one found running on the machine), binds every server it has to loopback, requires
-  the token in `token_file` (without one, a token made for this start that only this
-  process and its children hold), and exports no metrics from its nodes (with ray[default]
-  installed, the autoscaler's and the dashboard's own exporters remain, on loopback).
+- A Ray this process starts (`address=None`, the embedded default) is never one found
+  running on the machine, except the daemon Ray of its own state dir (`daemon_dir`,
+  `executors.ray_daemon`), which a server killed before left for the next one. It binds
+  every server it has to loopback, requires the token in `token_file` (without one, a
+  token made for this start that only this process and its children hold), and exports no
+  metrics from its nodes (with ray[default] installed, the autoscaler's and the
+  dashboard's own exporters remain, on loopback). With `daemon_dir` it runs apart from
+  this process, and outlives it; without, in this process's own tree.
 - An external Ray (`address`) is joined with the token in `token_file` when that file
   exists, else with the one Ray finds itself (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH,
   ~/.ray/auth_token).
@@ -29,11 +32,13 @@ import logging
 import os
 import secrets
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
 
+from executors import ray_daemon
 from ir import InvalidArgument
 
 log = logging.getLogger("isthmus.executors")
@@ -46,16 +51,38 @@ class UnsafeRay(InvalidArgument):
     """The Ray to run on would take requests from peers without its token."""
 
 
+@dataclass(frozen=True)
+class OwnRay:
+    """A Ray this process started: in its own tree, or a daemon of its state dir."""
+
+    daemon: ray_daemon.Daemon | None = None
+
+    def stop(self) -> None:
+        if ray.is_initialized():
+            ray.shutdown()
+        if self.daemon is not None:
+            self.daemon.stop()
+
+
 def connect(address: str | None, *, namespace: str, num_cpus: int, object_store_bytes: int,
-            token_file: Path | None, insecure: bool) -> bool:
+            token_file: Path | None, insecure: bool, daemon_dir: Path | None = None,
+            orphan_timeout_s: float = 600.0) -> OwnRay | None:
     """Start a Ray of this process's own (`address=None`) or join the one at `address`, as
-    the module docstring says. Returns whether this process started it (and so owns it)."""
+    the module docstring says. Returns the Ray it started (and so owns), else None."""
     require_token_auth(ray.__version__)
     owned = address is None
     # Under `uv run`, Ray would start each worker through uv again; executors run this Python.
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     _use_environment(_own_env(token_file) if owned else _external_env(token_file, insecure))
     common: dict[str, Any] = {"namespace": namespace, "logging_level": "WARNING", "log_to_driver": True}
+    if owned and daemon_dir is not None:
+        if token_file is None:
+            raise InvalidArgument("a Ray daemon needs a token file")
+        daemon = ray_daemon.find(daemon_dir) or ray_daemon.start(
+            daemon_dir, num_cpus=num_cpus, object_store_bytes=object_store_bytes, token_file=token_file,
+            orphan_timeout_s=orphan_timeout_s)
+        ray.init(address=daemon.address, **common)
+        return OwnRay(daemon)  # checked by `check_own` once its first workers run
     if owned:
         ray.init(address="local", num_cpus=num_cpus, object_store_memory=object_store_bytes,
                  include_dashboard=False, _system_config={"enable_metrics_collection": False},
@@ -68,17 +95,17 @@ def connect(address: str | None, *, namespace: str, num_cpus: int, object_store_
                             f"token in {token_file} (mode 0600) or in RAY_AUTH_TOKEN; a Ray without "
                             "token authentication is joined only with --insecure-ray") from None
     if owned:
-        return True  # checked by `check_own` once its first workers run
+        return OwnRay()  # checked by `check_own` once its first workers run
     if insecure:
         log.warning("joining Ray at %s without checking that it requires its token "
                     "(--insecure-ray): anyone who can reach it can run code there", address)
-        return False
+        return None
     try:
         check_nodes(ray.nodes(), loopback=False)
     except BaseException:
         ray.shutdown()
         raise
-    return False
+    return None
 
 
 def check_own() -> None:

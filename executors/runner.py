@@ -149,6 +149,16 @@ class Runner:
         if not fut.done():
             fut.set_result(payload)
 
+    def abort_open(self, cause: str) -> int:
+        """Fail every receive still waiting (its sender will not send: the server that ran
+        it is gone, `Host.adopt`); returns how many."""
+        with self._lock:
+            waiting = [fut for fut in self._mail.values() if not fut.done()]
+        for fut in waiting:
+            if not fut.done():
+                fut.set_result(Failed(cause))
+        return len(waiting)
+
     def _mailbox(self, run_id: str, tag: str) -> Future[Payload]:
         with self._lock:
             fut = self._mail.get((run_id, tag))
@@ -355,6 +365,13 @@ class Runner:
         self._issued.append((label, time.perf_counter(), results))
         while len(self._issued) > self.in_flight:
             self._finish_oldest()
+
+    def prune(self) -> None:
+        """Forget the issued computations that have finished, oldest first, without waiting
+        (dispatch thread only): their outputs are then held only where they are kept (the
+        store, a run's values), and device memory is freed once those let go."""
+        while self._issued and all(getattr(r, "is_ready", lambda: True)() for r in self._issued[0][2]):
+            self._finish_oldest()  # finished: returns at once (reporting a failure, if any)
 
     def drain(self) -> None:
         """Wait until every issued computation has finished (failed ones included)."""

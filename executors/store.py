@@ -78,6 +78,12 @@ class BufferStore:
         is_ready = getattr(fut.result(), "is_ready", None)
         return State.READY if is_ready is None or is_ready() else State.PENDING
 
+    def states(self) -> dict[str, State]:
+        """Every buffer held, with its state."""
+        with self._lock:
+            ids = list(self._buffers)
+        return {b: self.state(b) for b in ids}
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._buffers)

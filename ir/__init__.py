@@ -7,7 +7,15 @@ lowering passes are a package of their own: `ir.passes` (`lower`, `host_plans`).
 """
 
 from ir.builder import ProgramBuilder
-from ir.errors import Conflict, InvalidArgument, IsthmusError, NotFound, RemoteError, Unavailable
+from ir.errors import (
+    Conflict,
+    DataLoss,
+    InvalidArgument,
+    IsthmusError,
+    NotFound,
+    RemoteError,
+    Unavailable,
+)
 from ir.node import ATTRS, SUBGRAPHS, TYPE_RULES, Env, Node, Op, RuleError, Sig, Type, subgraphs
 from ir.ops import (
     ROUTES,
@@ -42,6 +50,7 @@ __all__ = [
     "ComputeAttrs",
     "CondAttrs",
     "Conflict",
+    "DataLoss",
     "DeviceMesh",
     "Env",
     "Graph",

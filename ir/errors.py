@@ -25,5 +25,10 @@ class RemoteError(IsthmusError):
     """A computation or executor failed; the message carries the remote cause."""
 
 
+class DataLoss(RemoteError):
+    """A buffer's value is gone and cannot be made again; the message names what was lost
+    and why."""
+
+
 class Unavailable(IsthmusError):
     """An executor host is down or did not answer in time."""

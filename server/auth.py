@@ -61,6 +61,10 @@ class Credentials:
         self._clients[key] = client_id
         return secret, key
 
+    def restore(self, key: bytes, client_id: str) -> None:
+        """Know again a client whose secret was issued before the server restarted."""
+        self._clients[key] = client_id
+
     def revoke(self, key: bytes) -> None:
         self._clients.pop(key, None)
 

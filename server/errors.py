@@ -8,7 +8,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from ir import Conflict, InvalidArgument, IsthmusError, NotFound, RemoteError, Unavailable
+from ir import Conflict, DataLoss, InvalidArgument, IsthmusError, NotFound, RemoteError, Unavailable
 
 
 class Unauthorized(IsthmusError):
@@ -44,6 +44,7 @@ STATUS: list[tuple[type[IsthmusError], int]] = [
     (NotFound, 404),
     (Conflict, 409),
     (OverQuota, 429),
+    (DataLoss, 410),  # before RemoteError, its base
     (RemoteError, 424),
     (Unavailable, 503),
 ]

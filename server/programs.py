@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
@@ -47,7 +48,9 @@ from scheduler import Submission
 from server.artifacts import ArtifactInfo
 from server.caches import of_plans
 from server.calls import InputType, call_program
+from server.lineage import Origin
 from server.records import BufferRecord, ClientRecord, ComputationRecord, new_id
+from server.remake import usable
 from server.tasks import Tasks
 
 if TYPE_CHECKING:
@@ -83,6 +86,9 @@ class Programs:
         # computation id -> input types -> its call program (`server.calls`)
         self.calls: dict[str, dict[tuple[InputType, ...], ProgramRecord]] = {}
         self._run_numbers = itertools.count()
+        # Run ids are unique across restarts too: executors a new server takes over remember
+        # the runs they finished by id.
+        self._incarnation = secrets.token_hex(3)
         self._tasks = Tasks()
 
     # -- registration ------------------------------------------------------------------------
@@ -107,9 +113,21 @@ class Programs:
         self._check_slices(owner, program)
         if key == self._placements(owner, program):  # else it is lowered again at its first run
             self._keep(rec, key, lowered)
+        self.service.registry.add_program(owner, rec)
+        self.records[rec.id] = rec
+        return rec
+
+    def restore(self, owner: ClientRecord, program_id: str, name: str, fuse: bool, doc: Any) -> None:
+        """A program registered before the server restarted (checked then): read, lowered
+        and compiled again under its id (executors taken over still hold its executables)."""
+        program = _parse(doc)
+        self._check_slices(owner, program)
+        args, results = graph_signature(program.graph, program.slice_table, frozenset(program.artifact_table))
+        rec = ProgramRecord(program_id, owner.id, name, program, args, results, fuse)
+        key = self._placements(owner, program)
+        self._keep(rec, key, self._lower(rec, key))
         self.records[rec.id] = rec
         owner.programs.add(rec.id)
-        return rec
 
     def _check_slices(self, owner: ClientRecord, program: Program) -> None:
         for d in program.slices:
@@ -191,8 +209,8 @@ class Programs:
         self._remove(owner, [p for p in owner.programs if slice_id in self.records[p].program.slice_table])
 
     def _remove(self, owner: ClientRecord, program_ids: Sequence[str]) -> None:
+        self.service.registry.remove_programs(owner, program_ids)
         for pid in program_ids:
-            owner.programs.discard(pid)
             rec = self.records.pop(pid, None)
             if rec is not None:
                 self._remove_lowerings(rec)
@@ -227,16 +245,30 @@ class Programs:
         self._runnable(rec)
         self.service.check_room(owner, [t.aval for t in rec.result_types], submits=1)
         new = self.service.output_ids(owner, ids, len(rec.result_types), "ids")
-        _, plans = self._lowered(owner, rec)
         outs = [BufferRecord(b, owner.id, t.slice, self.service.slice(owner, t.slice).hosts, t.aval, t.spec)
                 for b, t in zip(new, rec.result_types, strict=True)]
-        run_id = f"{rec.id}/{next(self._run_numbers)}"  # unique: a computation has several
+        self._dispatch(owner, rec, inputs, new, dispatch)
+        self.service.registry.add_buffers(owner, outs)
+        self.service.lineage.ran(Origin(rec, owner.id, tuple(inputs), tuple(new)))
+        return outs
+
+    def repeat(self, owner: ClientRecord, rec: ProgramRecord, inputs: Sequence[str],
+               outputs: Sequence[str]) -> None:
+        """Run `rec` again into these outputs (lineage recovery, `server.remake`): no new
+        records, no new lineage."""
+        self._dispatch(owner, self._runnable(rec), inputs, outputs, None)
+
+    def _dispatch(self, owner: ClientRecord, rec: ProgramRecord, inputs: Sequence[str],
+                  outputs: Sequence[str], dispatch: Dispatch | None) -> None:
+        """Queue one run on its island's gang scheduler."""
+        _, plans = self._lowered(owner, rec)
+        run_id = f"{rec.id}/{self._incarnation}.{next(self._run_numbers)}"  # a computation has several
         rec.runs += 1
         timeout = self.service.settings.step_timeout_s
         messages = [
             (plan, RunMessage(run_id, plan.key, 0, len(plan.steps),
                               [(v, inputs[k]) for k, v in plan.args],
-                              [(v, outs[k].id) for k, v in plan.results], True, timeout))
+                              [(v, outputs[k]) for k, v in plan.results], True, timeout))
             for plan in plans.values()
         ]
         island = self.service.slice(owner, rec.program.slices[0].name).island
@@ -248,10 +280,9 @@ class Programs:
         sequential = (dispatch or self.service.settings.dispatch) == "sequential" and not looping
         start = (lambda: self._sequential(messages)) if sequential else (lambda: self._parallel(messages))
         # Sequential dispatch writes the results with its closing messages: they wait until then.
-        outputs = [o.id for o in outs]
+        outputs = list(outputs)
         self.service.gangs.submit(island, sub, start, [*inputs, *([] if sequential else outputs)],
                                   outputs if sequential else [], outputs=outputs)
-        return [self.service.own(owner, o) for o in outs]
 
     # -- calls -------------------------------------------------------------------------------
 
@@ -271,7 +302,7 @@ class Programs:
                 f"computation {comp.id} takes {len(comp.in_avals)} inputs; got {len(inputs)}")
         types = []
         for i, (b, want) in enumerate(zip(inputs, comp.in_avals, strict=True)):
-            buf = self.service.not_lost(self.service.buffer(owner, b), f"input {i}: ")
+            buf = usable(self.service, self.service.buffer(owner, b), f"input {i}: ")
             if buf.aval != want:
                 raise InvalidArgument(f"input {i} (buffer {b}): expected {want}, got {buf.aval}")
             types.append((buf.slice_id, buf.spec))
@@ -319,7 +350,7 @@ class Programs:
         if len(inputs) != len(rec.arg_types):
             raise InvalidArgument(f"program {rec.id} takes {len(rec.arg_types)} inputs; got {len(inputs)}")
         for i, (b, want) in enumerate(zip(inputs, rec.arg_types, strict=True)):
-            buf = self.service.not_lost(self.service.buffer(owner, b), f"input {i}: ")
+            buf = usable(self.service, self.service.buffer(owner, b), f"input {i}: ")
             found = Type(buf.aval, buf.spec, buf.slice_id)
             if found != want:
                 raise InvalidArgument(f"input {i} (buffer {b}): expected {want}, got {found}")

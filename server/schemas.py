@@ -36,6 +36,7 @@ ERRORS = {
     409: "cannot be placed, is already in progress, or failed to compile",
     413: "the body is larger than the route's limit",
     415: "the body is not of the route's content type",
+    410: "the value is gone and cannot be made again (the detail names what was lost and why)",
     424: "the computation that makes the value failed (the detail carries the remote cause)",
     429: "over the client's quota: free something (or wait for queued work) and retry after Retry-After",
     503: "a host is down, or did not answer in time",
@@ -106,6 +107,7 @@ class HostPublic(BaseModel):
         None, description="the first failed cross-host collective (the island's group is broken)")
     requests: int = Field(0, description="sequenced requests the host has received")
     buffers: int = Field(0, description="buffers (every client's) held on the host")
+    arrays: int = Field(0, description="arrays alive in the executor's JAX (device memory held)")
     executables: int = Field(0, description="compiled executables cached on the host")
     plans: int = Field(0, description="program plans cached on the host")
     runs: int = Field(0, description="program runs open on the host (started, not finished)")

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Coroutine, Sequence
 from typing import Any
 
 from executors import ExecutorPool, RayOptions, State
+from executors.ray_daemon import ServerLock, hold_server_lock
 from executors.shards import assemble
 from ir import (
     Aval,
@@ -32,19 +33,24 @@ from ir import (
 )
 from ir.passes import device_mesh
 from resource_manager import ClusterSpec, ResourceManager, Slice, default_cluster, load_cluster
+from server import recovery
 from server.artifact_reader import ArtifactReader
 from server.artifacts import ArtifactInfo, inspect_artifact
 from server.auth import Admin, Credentials
 from server.caches import HostCaches
 from server.gang import Gangs
 from server.healing import Healer
+from server.lineage import Lineage, Upload
 from server.membership import watch_nodes
 from server.programs import Programs
 from server.quotas import Quotas
 from server.records import BufferRecord, ClientRecord, ComputationRecord, new_id, output_ids
+from server.registry import Registry
+from server.remake import usable
 from server.settings import Settings
 from server.settling import Settling
 from server.state import read_secret, secret
+from server.store import open_store
 from server.tasks import Tasks
 
 log = logging.getLogger("isthmus.server")
@@ -52,7 +58,7 @@ log = logging.getLogger("isthmus.server")
 
 class Service:
     def __init__(self, settings: Settings, pool: ExecutorPool, rm: ResourceManager,
-                 admin_token: str) -> None:
+                 admin_token: str, registry: Registry) -> None:
         self.settings = settings
         self.pool = pool
         self.rm = rm
@@ -62,16 +68,21 @@ class Service:
         # Client artifacts are read in a process of their own (server.artifact_reader).
         self.reader = ArtifactReader()
         self.reader.start()
-        self.clients: dict[str, ClientRecord] = {}
-        self.buffers: dict[str, BufferRecord] = {}
-        self.computations: dict[str, ComputationRecord] = {}
+        # The records (what survives a restart) are the registry's; these read them.
+        self.registry = registry
+        self.clients = registry.clients
+        self.buffers = registry.buffers
+        self.computations = registry.computations
+        self.lost = registry.lost  # buffer id -> why its value is gone (its island restarted)
+        # What made each buffer, to make a lost one again (`server.remake`).
+        self.lineage = Lineage(settings.lineage_mb << 20, settings.lineage_released)
         self.programs = Programs(self)
         window = settings.gang_window if settings.gang_order else 1 << 30
         self.gangs = Gangs(rm.islands(), settings.gang_policy, window)
-        self.lost: dict[str, str] = {}  # buffer id -> why its value is gone (its island restarted)
         self.settling = Settling()  # results known ready from the hosts' answers
         self.restarting: set[str] = set()  # islands whose executors are being replaced
         self._tasks = Tasks()
+        self._lock: ServerLock | None = None  # on the state dir, while this server runs
         self.healer = Healer(self)
         pool.on_host_lost = self.healer.host_lost
 
@@ -86,6 +97,10 @@ class Service:
             secret(settings.ray_token_file)
         elif settings.ray_token_file.exists():  # an external Ray's token, given to the server
             read_secret(settings.ray_token_file)  # checked like ours: the user's, 0600, not empty
+        # One server per state dir: its records, its Ray daemon and its executors are one.
+        lock = hold_server_lock(settings.state_dir)
+        registry = Registry(open_store(settings.db_path))
+        loaded = registry.load()
         options = RayOptions(
             address=settings.ray_address,
             num_cpus=settings.ray_num_cpus,
@@ -96,13 +111,24 @@ class Service:
             in_flight=settings.executor_in_flight,
             token_file=settings.ray_token_file,
             insecure=settings.insecure_ray,
+            detached=True,
+            adopt=bool(registry.clients),  # executors holding values of the clients it knows
+            daemon_dir=settings.state_dir,
+            orphan_timeout_s=settings.orphan_timeout_s,
         )
-        pool = await ExecutorPool.start(spec, options)
+        try:
+            pool = await ExecutorPool.start(spec, options)
+        except BaseException:
+            registry.store.close()
+            lock.release()
+            raise
         try:
             reports = await pool.reports(settings.rpc_timeout_s)
             assert pool.spec is not None
             service = cls(settings, pool, ResourceManager(pool.spec, reports, max_hosts_per_slice=pool.span),
-                          admin_token)
+                          admin_token, registry)
+            service._lock = lock
+            recovery.restore(service, loaded, pool.adopted)
             service._tasks.spawn(service._expire_clients_forever())
             if pool.discovered:  # nodes labelled later become hosts
                 service._tasks.spawn(watch_nodes(service))
@@ -111,6 +137,8 @@ class Service:
             return service
         except BaseException:
             pool.shutdown()
+            registry.store.close()
+            lock.release()
             raise
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -122,7 +150,11 @@ class Service:
         self.reader.close()
         self.programs.close()
         self.gangs.close()
-        self.pool.shutdown()
+        keep = self.settings.keep_executors
+        self.pool.shutdown(keep if keep is not None else self.settings.ray_address is not None)
+        self.registry.store.close()
+        if self._lock is not None:
+            self._lock.release()
 
     # -- clients ---------------------------------------------------------------------------
 
@@ -131,7 +163,7 @@ class Service:
         self.quotas.check("clients", len(self.clients), 1)
         rec = ClientRecord(new_id("cl"), name, weight)
         secret, rec.key = self.credentials.issue(rec.id)
-        self.clients[rec.id] = rec
+        self.registry.add_client(rec)
         self.gangs.set_weight(rec.id, weight)
         return rec, secret
 
@@ -169,10 +201,11 @@ class Service:
         self.credentials.revoke(owner.key)
         self.gangs.cancel_client(owner.id)  # its queued work first: nothing of it runs after
         self.delete_buffers(owner, sorted(owner.buffers))
+        self.lineage.drop_owner(owner.id)
         self._drop_computations(owner, list(owner.computations))
         self.programs.forget(owner)
         self.rm.release_owner(owner.id)
-        del self.clients[owner.id]
+        self.registry.remove_client(owner)
 
     # -- slices ----------------------------------------------------------------------------
 
@@ -184,6 +217,7 @@ class Service:
             self.rm.release(s.id)
             raise Conflict(f"slice of {s.mesh.size} devices ({s.mesh.to_json()}) would span hosts "
                            f"{list(s.hosts)} of island {s.island}, which is not one JAX group")
+        self.registry.add_slice(s)
         return s
 
     def slice(self, owner: ClientRecord, slice_id: str) -> Slice:
@@ -202,6 +236,7 @@ class Service:
         self._drop_computations(owner, on_slice)
         self.programs.forget_slice(owner, s.id)
         self.rm.release(s.id)
+        self.registry.remove_slices([s.id])
 
     def placement(self, s: Slice) -> Placement:
         """Where the slice's mesh lives: its island, and (host, local index) per position."""
@@ -264,7 +299,7 @@ class Service:
         coming = {b for h in gone for b in self.gangs.queued_outputs(self.rm.host_island(h))}
         lost = [b for b, rec in self.buffers.items()
                 if gone & set(rec.hosts) and b not in coming and b not in self.lost]
-        self.lost.update(dict.fromkeys(lost, why))
+        self.registry.lose(lost, why)
         self.settling.forget(lost)
         return lost
 
@@ -284,12 +319,8 @@ class Service:
         self.check_room(owner, [aval])
         rec = BufferRecord(new, owner.id, s.id, tuple(s.hosts), aval, spec)
         self.pool.put(rec.hosts, rec.id, data, aval.dtype, aval.shape, self.mesh(s), spec.to_json())
-        return self.own(owner, rec)
-
-    def own(self, owner: ClientRecord, rec: BufferRecord) -> BufferRecord:
-        self.buffers[rec.id] = rec
-        owner.buffers.add(rec.id)
-        owner.buffer_bytes += rec.aval.nbytes
+        self.registry.add_buffers(owner, [rec])
+        self.lineage.uploaded(rec.id, Upload(data, s.id, aval, spec))
         return rec
 
     def check_room(self, owner: ClientRecord, avals: Sequence[Aval], submits: int = 0) -> None:
@@ -334,8 +365,9 @@ class Service:
         return "failed" if State.FAILED in flat else "ready" if flat == {State.READY} else "pending"
 
     async def wait(self, rec: BufferRecord) -> str:
-        """Wait until the buffer settles on every host; raise its remote cause if it failed."""
-        self.not_lost(rec)
+        """Wait until the buffer settles on every host; raise its remote cause if it failed.
+        A lost buffer is made again first, where its lineage allows (`server.remake`)."""
+        usable(self, rec)
         await self._admitted(rec)
         if await self.settling.ready(rec.id, self.settings.fetch_timeout_s):
             self.not_lost(rec)  # (its island may have restarted meanwhile)
@@ -344,7 +376,7 @@ class Service:
         return "ready"
 
     async def fetch(self, owner: ClientRecord, buffer_id: str) -> tuple[BufferRecord, bytes]:
-        rec = self.not_lost(self.buffer(owner, buffer_id))
+        rec = usable(self, self.buffer(owner, buffer_id))
         timeout = self.settings.fetch_timeout_s
         await self._admitted(rec)
         if len(rec.hosts) == 1:
@@ -376,11 +408,9 @@ class Service:
                 by_host.setdefault(host, []).append(rec.id)
         for host, ids in by_host.items():  # after any queued call or run that uses them
             self.gangs.later(ids, lambda host=host, ids=ids: self.pool.delete(host, ids))
+        self.registry.remove_buffers(owner, buffer_ids)
         for b in buffer_ids:
-            if b in owner.buffers:
-                owner.buffers.discard(b)
-                owner.buffer_bytes -= self.buffers.pop(b).aval.nbytes
-            self.lost.pop(b, None)
+            self.lineage.release(b)
         self.settling.forget(buffer_ids)
 
     def not_lost(self, rec: BufferRecord, what: str = "") -> BufferRecord:
@@ -407,8 +437,7 @@ class Service:
         rec = ComputationRecord(new_id("c"), owner.id, s.id, name or "computation",
                                 info.in_avals, info.out_avals, ins, outs, artifact=artifact)
         self.programs.add_computation(rec)  # lowered, held on its hosts and compiled there
-        self.computations[rec.id] = rec
-        owner.computations.add(rec.id)
+        self.registry.add_computation(owner, rec)
         return rec
 
     def _read_artifact(self, artifact_b64: str, s: Slice) -> tuple[bytes, ArtifactInfo]:
@@ -428,8 +457,7 @@ class Service:
     def _drop_computations(self, owner: ClientRecord, computation_ids: Sequence[str]) -> None:
         """Forget these computations; hosts forget executables nothing else uses."""
         for cid in computation_ids:
-            owner.computations.discard(cid)
-            if self.computations.pop(cid, None) is not None:
+            if self.registry.remove_computation(owner, cid):
                 self.programs.forget_calls(cid)
 
     def computation(self, owner: ClientRecord, computation_id: str) -> ComputationRecord:
@@ -463,6 +491,7 @@ class Service:
                 self.restart_when_broken(self.rm.host_island(host), cause)
             ready = {b for b in outputs if (rec := self.buffers.get(b)) is not None
                      and settlement.ready[b] == len(rec.hosts) and b not in self.lost}
+            self.lineage.settled(ready)
         finally:
             self.settling.finish(done, outputs, ready)
 

@@ -71,6 +71,24 @@ class Settings(BaseSettings):
     # Off by default: XLA then optimizes across the computations, which can move results by
     # an ulp or so against the same functions jitted apart.
     fuse: bool = False
+    # The server's records (clients and their secrets, slices, buffers, computations,
+    # programs) are kept in an SQLite file in the state dir, `db_file` if given, so that a
+    # restarted server carries on with them (server/store.py); off: in memory only.
+    persist: bool = True
+    db_file: Path | None = None
+    # Executors outlive the server (detached actors): a server started again takes over
+    # those it finds, with the values they hold (server/recovery.py). The Ray the server
+    # starts runs apart from it for that (executors/ray_daemon.py), and stops by itself once
+    # no server has used it for orphan_timeout_s. On a clean stop (SIGTERM, Ctrl-C) the server
+    # stops what it started, or leaves the executors for the next server when
+    # keep_executors; unset, they are kept on a Ray it joined, stopped on its own.
+    keep_executors: bool | None = None
+    # Lineage recovery (server/lineage.py): a lost buffer is made again from its upload, kept
+    # up to lineage_mb in all, or by repeating the runs that made it; released buffers that
+    # a kept buffer's lineage reads are remembered, up to lineage_released of them.
+    lineage_mb: int = Field(1024, ge=0)
+    lineage_released: int = Field(10_000, ge=0)
+    orphan_timeout_s: float = Field(600.0, gt=0)
     allow_remote: bool = False
     # Join an external Ray cluster (`ray_address`) that has no token authentication. Off by
     # default: such a cluster runs whatever anyone who can reach it sends (docs/security.md).
@@ -110,6 +128,11 @@ class Settings(BaseSettings):
     def ray_token_file(self) -> Path:
         """Ray's token for the Ray this server starts: kept with the server's state, 0600."""
         return self.state_dir / "ray_token"
+
+    @property
+    def db_path(self) -> Path | None:
+        """Where the records are kept (None: in memory only)."""
+        return (self.db_file or self.state_dir / "state.db") if self.persist else None
 
     def resolve_token(self) -> str:
         """The configured admin token, else the one in the state dir (written there first if

@@ -99,7 +99,7 @@ async def list_buffers(client: ClientDep, service: ServiceDep) -> list[BufferPub
     return [public(service.buffers[b]) for b in sorted(client.buffers)]
 
 
-@router.get("/{buffer_id}", responses=error_responses(404, 424, 503))
+@router.get("/{buffer_id}", responses=error_responses(404, 410, 424, 503))
 async def get_buffer(
     buffer_id: str, client: ClientDep, service: ServiceDep,
     wait: Annotated[bool, Query(description="wait until ready; a failure answers 424")] = False,
@@ -109,7 +109,7 @@ async def get_buffer(
 
 
 @router.get("/{buffer_id}/data", response_class=Response,
-            responses={200: {"content": {OCTETS: {}}}, **error_responses(404, 424, 503)})
+            responses={200: {"content": {OCTETS: {}}}, **error_responses(404, 410, 424, 503)})
 async def download(buffer_id: str, client: ClientDep, service: ServiceDep) -> Response:
     """Wait for the buffer and return its bytes; dtype and shape are in the headers."""
     rec, data = await service.fetch(client, buffer_id)

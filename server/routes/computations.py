@@ -43,7 +43,7 @@ async def list_computations(client: ClientDep, service: ServiceDep) -> list[Comp
     return [public(service.computations[c]) for c in sorted(client.computations)]
 
 
-@router.post("/calls", status_code=201, responses=error_responses(404, 409, 424, 429))
+@router.post("/calls", status_code=201, responses=error_responses(404, 409, 410, 424, 429))
 async def call(body: CallCreate, client: ClientDep, service: ServiceDep) -> CallPublic:
     """Enqueue a call; the outputs are returned at once as buffer futures."""
     # Dropped buffers go first: no input of this submission can be among them (the client

@@ -61,7 +61,7 @@ async def list_islands(caller: CallerDep, service: ServiceDep) -> list[IslandPub
                 waiting_for=(st or {}).get("waiting_for"),
                 collective_error=_collective((st or {}).get("collective_error"), admin),
                 requests=(st or {}).get("requests", 0),
-                buffers=(st or {}).get("buffers", 0),
+                buffers=(st or {}).get("buffers", 0), arrays=(st or {}).get("arrays", 0),
                 executables=(st or {}).get("executables", 0), plans=(st or {}).get("plans", 0),
                 runs=(st or {}).get("runs", 0), frames=(st or {}).get("frames", 0),
                 mailboxes=(st or {}).get("mailboxes", 0),

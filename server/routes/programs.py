@@ -54,7 +54,7 @@ async def list_programs(client: ClientDep, service: ServiceDep) -> list[ProgramP
     return [public(service.programs.records[p]) for p in sorted(client.programs)]
 
 
-@router.post("/runs", status_code=201, responses=error_responses(404, 409, 424, 429))
+@router.post("/runs", status_code=201, responses=error_responses(404, 409, 410, 424, 429))
 async def run(body: RunCreate, client: ClientDep, service: ServiceDep) -> RunPublic:
     """Run a program; its outputs are returned at once as buffer futures."""
     # Dropped buffers go first: no input of this submission can be among them (the client

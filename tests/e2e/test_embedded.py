@@ -6,6 +6,7 @@ import sys
 
 import psutil
 import pytest
+from servers import daemon_processes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -25,7 +26,9 @@ def test_a_killed_starter_takes_its_server_down(tmp_path):
     try:
         assert starter.stdout is not None
         server = psutil.Process(int(starter.stdout.readline()))
-        group = [server, *server.children(recursive=True)]  # Ray's processes and the executors
+        # Ray's processes and the executors (Ray runs apart from the server, as a daemon)
+        group = [server, *server.children(recursive=True), *daemon_processes(tmp_path / "state")]
+        assert any("RayHost" in " ".join(p.cmdline()) for p in group if p.is_running())
         starter.kill()  # SIGKILL: nothing of the starter runs after this
         starter.wait(30)
         _, alive = psutil.wait_procs(group, timeout=120)
@@ -42,7 +45,8 @@ def test_sigterm_stops_the_server_its_executors_and_its_ray_and_exits_0(tmp_path
 
     srv = EmbeddedServer.start(tmp_path / "state")
     server = psutil.Process(srv.pid)
-    group = [server, *server.children(recursive=True)]  # Ray's processes and the executors
+    # Ray's processes and the executors (Ray runs apart from the server, as a daemon)
+    group = [server, *server.children(recursive=True), *daemon_processes(tmp_path / "state")]
     try:
         assert any("RayHost" in " ".join(p.cmdline()) for p in group if p.is_running())
         server.terminate()  # SIGTERM to the server alone: it stops the rest itself

@@ -1,0 +1,163 @@
+"""What made each buffer, kept so that a lost buffer can be made again (lineage recovery).
+
+Contract:
+- An upload's bytes are kept, up to `max_bytes` in all (the oldest dropped first). A run's
+  outputs remember their `Origin`: the program run, its inputs and all its outputs. An
+  origin can be repeated once its run has settled with every output computed (`done`); a
+  run that failed, or was in flight when its host died, has nothing to repeat.
+- The lineage of a live buffer outlives the client's release of its inputs: a released
+  buffer that some kept origin reads stays (without its value) as long as that origin
+  does, up to `max_released` such buffers, the oldest dropped first. A buffer whose
+  lineage has a gap is not recoverable any more, and `recipe` says so by name.
+- `recipe(b, available)` is how to make `b` again from buffers that are `available`: the
+  uploads to put again and the runs to repeat, in order, each reading only available
+  buffers or ones made earlier in the recipe. Or `DataLoss`, naming the buffer that
+  cannot be made and why. Pure: it runs nothing.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ir import Aval, DataLoss, Spec
+
+MAX_STEPS = 10_000  # a recipe longer than this is refused (a chain that long is not repeated)
+
+
+@dataclass(eq=False)
+class Origin:
+    program: Any  # the `ProgramRecord` run: a user's program, or a computation's call program
+    owner: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    done: bool = False
+
+
+@dataclass(frozen=True)
+class Upload:
+    """An upload's bytes, kept to put them again."""
+
+    data: bytes
+    slice_id: str
+    aval: Aval
+    spec: Spec
+
+
+@dataclass(frozen=True)
+class Put:
+    buffer_id: str
+    upload: Upload
+
+
+@dataclass(frozen=True)
+class Repeat:
+    origin: Origin
+
+
+Step = Put | Repeat
+
+
+class Lineage:
+    def __init__(self, max_bytes: int, max_released: int) -> None:
+        self.max_bytes = max_bytes
+        self.max_released = max_released
+        self.origins: dict[str, Origin] = {}  # buffer id -> the run that made it
+        self.uploads: OrderedDict[str, Upload] = OrderedDict()
+        self.upload_bytes = 0
+        self._refs: Counter[str] = Counter()  # buffer id -> kept origins that read it
+        self._released: OrderedDict[str, None] = OrderedDict()  # kept only for lineage
+
+    # -- what happens ------------------------------------------------------------------------
+
+    def uploaded(self, buffer_id: str, upload: Upload) -> None:
+        if len(upload.data) > self.max_bytes:
+            return
+        self.uploads[buffer_id] = upload
+        self.upload_bytes += len(upload.data)
+        while self.upload_bytes > self.max_bytes:
+            _, oldest = self.uploads.popitem(last=False)
+            self.upload_bytes -= len(oldest.data)
+
+    def ran(self, origin: Origin) -> None:
+        for b in origin.outputs:
+            self.origins[b] = origin
+        self._refs.update(origin.inputs)
+
+    def settled(self, ready: Iterable[str]) -> None:
+        """These buffers are computed on every host holding them: their runs are done once
+        all of a run's outputs are."""
+        ready = set(ready)
+        for b in ready:
+            origin = self.origins.get(b)
+            if origin is not None and not origin.done and ready.issuperset(origin.outputs):
+                origin.done = True
+
+    def release(self, buffer_id: str) -> None:
+        """The client freed the buffer: keep what a kept origin still reads, else drop it."""
+        if self._refs[buffer_id] > 0:
+            self._released[buffer_id] = None
+            while len(self._released) > self.max_released:
+                self._drop(next(iter(self._released)))
+        else:
+            self._drop(buffer_id)
+
+    def drop_owner(self, owner: str) -> None:
+        for b in [b for b, o in self.origins.items() if o.owner == owner]:
+            self._drop(b)
+
+    def _drop(self, first: str) -> None:
+        todo = [first]
+        while todo:
+            b = todo.pop()
+            self._released.pop(b, None)
+            upload = self.uploads.pop(b, None)
+            if upload is not None:
+                self.upload_bytes -= len(upload.data)
+            origin = self.origins.pop(b, None)
+            if origin is None or any(o in self.origins for o in origin.outputs):
+                continue
+            for i in origin.inputs:  # the origin is gone: what it read is needed less
+                self._refs[i] -= 1
+                if self._refs[i] <= 0:
+                    del self._refs[i]
+                    if i in self._released:
+                        todo.append(i)
+
+    # -- making a buffer again ---------------------------------------------------------------
+
+    def recipe(self, target: str, available: Callable[[str], bool]) -> list[Step]:
+        """The steps that make `target` again (see the module docstring)."""
+        steps: list[Step] = []
+        made: set[str] = set()
+        stack: list[tuple[str, bool]] = [(target, False)]
+        while stack:
+            b, inputs_ready = stack.pop()
+            if b in made or (b != target and available(b)):
+                continue
+            if len(steps) >= MAX_STEPS:
+                raise DataLoss(f"buffer {target}: making it again takes more than {MAX_STEPS} steps")
+            upload = self.uploads.get(b)
+            if upload is not None:
+                steps.append(Put(b, upload))
+                made.add(b)
+                continue
+            origin = self.origins.get(b)
+            if origin is None:
+                raise DataLoss(f"buffer {b}: no record of what made it is kept (lineage lives in the "
+                               "server's memory, not past a restart; uploads past ISTHMUS_LINEAGE_MB and "
+                               "released buffers past ISTHMUS_LINEAGE_RELEASED are dropped)"
+                               if b == target else
+                               f"buffer {b}, which {target} was computed from, is gone and nothing "
+                               "kept can make it again")
+            if not origin.done:
+                raise DataLoss(f"buffer {b}: the run that was computing it did not finish")
+            if inputs_ready:
+                steps.append(Repeat(origin))
+                made.update(origin.outputs)
+                continue
+            stack.append((b, True))
+            stack.extend((i, False) for i in reversed(origin.inputs) if i not in made)
+        return steps

@@ -1,0 +1,180 @@
+"""The server's records, kept in memory for reading and written through to a `Store`.
+
+Contract:
+- The registry is what survives a server restart: clients (their names, weights and secret
+  digests), slices, buffers (where they live, what they hold), which buffers are lost and
+  why, computations with their artifacts, programs in their wire form, and the server's own
+  notes (`meta`: the executors' actor names, the cluster they were started for).
+- Every change goes through one method here, which writes it to the store before it
+  returns; readers use the dicts directly. Nothing here dispatches, places or talks to a
+  host: that is the dispatcher's (`server.service`, `server.programs`).
+- `load` reads everything back, oldest first, as records whose sets (a client's buffers,
+  computations, programs) are rebuilt from the owners stored with each.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ir import Aval, Spec, to_wire
+from resource_manager import Slice
+from server.records import BufferRecord, ClientRecord, ComputationRecord
+from server.store import Row, Store
+
+if TYPE_CHECKING:
+    from server.programs import ProgramRecord
+
+log = logging.getLogger("isthmus.server")
+
+CLIENT, SLICE, BUFFER, LOST, COMPUTATION, PROGRAM, META = (
+    "client", "slice", "buffer", "lost", "computation", "program", "meta")
+
+
+class Registry:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.clients: dict[str, ClientRecord] = {}
+        self.buffers: dict[str, BufferRecord] = {}
+        self.computations: dict[str, ComputationRecord] = {}
+        self.lost: dict[str, str] = {}  # buffer id -> why its value is gone
+
+    # -- clients -----------------------------------------------------------------------------
+
+    def add_client(self, rec: ClientRecord) -> None:
+        self.store.put([Row(CLIENT, rec.id, rec.id, {"name": rec.name, "weight": rec.weight,
+                                                     "key": rec.key.hex()})])
+        self.clients[rec.id] = rec
+
+    def remove_client(self, rec: ClientRecord) -> None:
+        """The client and every record it owned (the caller has freed them)."""
+        self.store.delete_owner(rec.id)
+        self.clients.pop(rec.id, None)
+
+    # -- slices ------------------------------------------------------------------------------
+
+    def add_slice(self, s: Slice) -> None:
+        self.store.put([Row(SLICE, s.id, s.owner, s.to_json())])
+
+    def remove_slices(self, slice_ids: Iterable[str]) -> None:
+        self.store.delete(SLICE, slice_ids)
+
+    # -- buffers -----------------------------------------------------------------------------
+
+    def add_buffers(self, owner: ClientRecord, recs: Sequence[BufferRecord]) -> None:
+        self.store.put([Row(BUFFER, r.id, r.owner, _buffer_doc(r)) for r in recs])
+        for r in recs:
+            self.buffers[r.id] = r
+            owner.buffers.add(r.id)
+            owner.buffer_bytes += r.aval.nbytes
+
+    def remove_buffers(self, owner: ClientRecord, buffer_ids: Sequence[str]) -> None:
+        gone = [b for b in buffer_ids if b in owner.buffers]
+        self.store.delete(BUFFER, gone)
+        self.store.delete(LOST, [b for b in gone if b in self.lost])
+        for b in gone:
+            owner.buffers.discard(b)
+            owner.buffer_bytes -= self.buffers.pop(b).aval.nbytes
+            self.lost.pop(b, None)
+
+    def unlose(self, buffer_ids: Sequence[str]) -> None:
+        """These buffers are being made again (`server.remake`)."""
+        self.store.delete(LOST, buffer_ids)
+        for b in buffer_ids:
+            self.lost.pop(b, None)
+
+    def lose(self, buffer_ids: Sequence[str], why: str) -> None:
+        """These buffers' values are gone: reading one says why."""
+        self.store.put([Row(LOST, b, self.buffers[b].owner, {"why": why}) for b in buffer_ids])
+        self.lost.update(dict.fromkeys(buffer_ids, why))
+
+    # -- computations and programs -----------------------------------------------------------
+
+    def add_computation(self, owner: ClientRecord, rec: ComputationRecord) -> None:
+        self.store.put([Row(COMPUTATION, rec.id, rec.owner, _computation_doc(rec), rec.artifact)])
+        self.computations[rec.id] = rec
+        owner.computations.add(rec.id)
+
+    def remove_computation(self, owner: ClientRecord, computation_id: str) -> bool:
+        self.store.delete(COMPUTATION, [computation_id])
+        owner.computations.discard(computation_id)
+        return self.computations.pop(computation_id, None) is not None
+
+    def add_program(self, owner: ClientRecord, rec: ProgramRecord) -> None:
+        self.store.put([Row(PROGRAM, rec.id, rec.owner, {"name": rec.name, "fuse": rec.fuse,
+                                                         "program": to_wire(rec.program)})])
+        owner.programs.add(rec.id)
+
+    def remove_programs(self, owner: ClientRecord, program_ids: Sequence[str]) -> None:
+        self.store.delete(PROGRAM, program_ids)
+        owner.programs.difference_update(program_ids)
+
+    # -- the server's own notes --------------------------------------------------------------
+
+    def meta(self, name: str) -> dict[str, Any] | None:
+        return next((r.doc for r in self.store.load(META) if r.id == name), None)
+
+    def set_meta(self, name: str, doc: dict[str, Any]) -> None:
+        self.store.put([Row(META, name, "", doc)])
+
+    # -- reading back ------------------------------------------------------------------------
+
+    def load(self) -> Loaded:
+        """Everything stored, as records (the dicts filled); slices and programs are the
+        dispatcher's to restore."""
+        for row in self.store.load(CLIENT):
+            d = row.doc
+            key = bytes.fromhex(d["key"])
+            self.clients[row.id] = ClientRecord(row.id, d["name"], float(d["weight"]), key)
+        for row in self.store.load(BUFFER):
+            owner = self.clients.get(row.owner)
+            if owner is not None:
+                rec = _buffer(row)
+                self.buffers[rec.id] = rec
+                owner.buffers.add(rec.id)
+                owner.buffer_bytes += rec.aval.nbytes
+        self.lost.update({r.id: r.doc["why"] for r in self.store.load(LOST) if r.id in self.buffers})
+        for row in self.store.load(COMPUTATION):
+            if (owner := self.clients.get(row.owner)) is not None:
+                self.computations[row.id] = _computation(row)
+                owner.computations.add(row.id)
+        slices = [Slice.from_json(r.doc) for r in self.store.load(SLICE) if r.owner in self.clients]
+        programs = [(r.id, r.owner, r.doc["name"], bool(r.doc["fuse"]), r.doc["program"])
+                    for r in self.store.load(PROGRAM) if r.owner in self.clients]
+        return Loaded(slices, programs)
+
+
+class Loaded:
+    """What `Registry.load` leaves to the dispatcher: slices to place again, and programs
+    (id, owner, name, fuse, wire form) to lower again."""
+
+    def __init__(self, slices: list[Slice], programs: list[tuple[str, str, str, bool, Any]]) -> None:
+        self.slices = slices
+        self.programs = programs
+
+
+def _buffer_doc(r: BufferRecord) -> dict[str, Any]:
+    return {"slice": r.slice_id, "hosts": list(r.hosts), "aval": r.aval.to_json(), "spec": r.spec.to_json()}
+
+
+def _buffer(row: Row) -> BufferRecord:
+    d = row.doc
+    return BufferRecord(row.id, row.owner, d["slice"], tuple(d["hosts"]), Aval.from_json(d["aval"]),
+                        Spec.from_json(d["spec"]))
+
+
+def _computation_doc(r: ComputationRecord) -> dict[str, Any]:
+    return {"slice": r.slice_id, "name": r.name,
+            "in_avals": [a.to_json() for a in r.in_avals], "out_avals": [a.to_json() for a in r.out_avals],
+            "in_specs": [s.to_json() for s in r.in_specs], "out_specs": [s.to_json() for s in r.out_specs]}
+
+
+def _computation(row: Row) -> ComputationRecord:
+    d = row.doc
+    return ComputationRecord(
+        row.id, row.owner, d["slice"], d["name"],
+        tuple(Aval.from_json(a) for a in d["in_avals"]), tuple(Aval.from_json(a) for a in d["out_avals"]),
+        tuple(Spec.from_json(s) for s in d["in_specs"]), tuple(Spec.from_json(s) for s in d["out_specs"]),
+        artifact=row.data)
+

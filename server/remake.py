@@ -1,0 +1,103 @@
+"""Lineage recovery: a lost buffer is made again, on demand, from what made it.
+
+Contract:
+- `usable(service, rec)` returns the buffer when its value is there (or coming). A lost one
+  is made again first, when its lineage allows (`server.lineage`): its upload put again,
+  or the runs that computed it repeated on the same hosts, each after what it reads, all
+  queued like any other work before `usable` returns; the buffer then reads as pending, and
+  work queued after it reads the new value. Otherwise `DataLoss` names what was lost and
+  why, and why it cannot be made again.
+- A run is repeated under the ids of its outputs that are lost; an output still live, or
+  one the client released (kept only as another's lineage), is made under a temporary id,
+  freed once what reads it has run. A program or computation deleted since is not run again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING
+
+from ir import DataLoss, NotFound
+from resource_manager import Slice
+from scheduler import Submission
+from server.lineage import Put, Repeat, Step, Upload
+from server.records import BufferRecord, ClientRecord, new_id
+
+if TYPE_CHECKING:
+    from server.service import Service
+
+log = logging.getLogger("isthmus.server")
+
+
+def usable(service: Service, rec: BufferRecord, what: str = "") -> BufferRecord:
+    cause = service.lost.get(rec.id)
+    if cause is None:
+        return rec
+    owner = service.clients[rec.owner]
+    try:
+        steps = service.lineage.recipe(rec.id, lambda b: b in service.buffers and b not in service.lost)
+        _run(service, owner, steps)
+    except DataLoss as e:
+        raise DataLoss(f"{what}buffer {rec.id} is gone ({cause}), and cannot be made again: {e}") from None
+    log.info("buffer %s: lost (%s); made again in %d steps", rec.id, cause, len(steps))
+    return rec
+
+
+def _run(service: Service, owner: ClientRecord, steps: list[Step]) -> None:
+    temporary: dict[str, str] = {}  # a released buffer -> the id it is made again under
+    freed: list[tuple[tuple[str, ...], str]] = []  # (hosts, temporary id) to free after
+
+    def target(b: str, hosts: tuple[str, ...]) -> str:
+        if b in service.buffers and b in service.lost:
+            service.registry.unlose([b])
+            return b
+        t = temporary[b] = new_id("t")
+        freed.append((hosts, t))
+        return t
+
+    for step in steps:
+        if isinstance(step, Put):
+            s = _slice(service, owner, step.upload.slice_id, step.buffer_id)
+            _put(service, owner, s, target(step.buffer_id, s.hosts), step.upload)
+            continue
+        assert isinstance(step, Repeat)
+        o = step.origin
+        program = o.program
+        comp = program.computation
+        registered = (service.computations.get(comp.id) is comp if comp is not None
+                      else service.programs.records.get(program.id) is program)
+        if not registered:
+            raise DataLoss(f"the {'computation' if program.computation else 'program'} {program.id} that "
+                           "computed it was deleted")
+        inputs = [temporary.get(i, i) for i in o.inputs]
+        outputs = [target(b, _slice(service, owner, t.slice, b).hosts)
+                   for b, t in zip(o.outputs, program.result_types, strict=True)]
+        service.programs.repeat(owner, program, inputs, outputs)
+    for hosts, t in freed:  # after whatever reads it
+        for h in hosts:
+            service.gangs.later([t], lambda h=h, t=t: service.pool.delete(h, [t]))
+
+
+def _put(service: Service, owner: ClientRecord, s: Slice, b: str, u: Upload) -> None:
+    """Put an upload again as `b`, queued on its island like a run: an island that is
+    restarting (the usual reason its values were lost) takes it once its new executors are up."""
+    mesh = service.mesh(s)
+
+    def start() -> Awaitable[None]:
+        service.pool.put(s.hosts, b, u.data, u.aval.dtype, u.aval.shape, mesh, u.spec.to_json())
+        return _nothing()
+
+    sub = Submission(new_id("put"), owner.id, tuple(sorted(s.hosts)), 1.0)
+    service.gangs.submit(s.island, sub, start, [], outputs=[b])
+
+
+async def _nothing() -> None:
+    return None
+
+
+def _slice(service: Service, owner: ClientRecord, slice_id: str, buffer_id: str) -> Slice:
+    try:
+        return service.slice(owner, slice_id)
+    except NotFound:
+        raise DataLoss(f"buffer {buffer_id}: its slice {slice_id} was deleted") from None

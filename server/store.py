@@ -1,0 +1,118 @@
+"""Where the server's records outlive it: one small storage interface, SQLite by default.
+
+Contract:
+- A record is (kind, id, owner, doc, data): `doc` a JSON-able mapping, `data` bytes kept
+  beside it (a computation's artifact), `owner` the client it belongs to ("" for the
+  server's own). Kinds are the registry's (`server.registry`); the store knows none of them.
+- Every write is committed when the method returns: the server writes before it answers the
+  request that made the change, so a server killed at any point has stored every change it
+  had answered for (and perhaps one it had not yet answered).
+- `SqliteStore` keeps one database file in WAL mode with `synchronous=NORMAL`: a commit
+  survives the server process being killed at any point, and costs a write to the log, not
+  a flush to disk (a power loss may lose the latest commits, never corrupt the file). The
+  file is created 0600 inside the state directory. A file written by another schema
+  version is refused by name rather than misread.
+- Another backend (PostgreSQL, say) implements the same five methods.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from ir import InvalidArgument
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Row:
+    kind: str
+    id: str
+    owner: str
+    doc: dict[str, Any]
+    data: bytes = b""
+
+
+class Store(Protocol):
+    def put(self, rows: Iterable[Row]) -> None: ...  # insert or replace, in one commit
+    def delete(self, kind: str, ids: Iterable[str]) -> None: ...
+    def delete_owner(self, owner: str) -> None: ...  # every record of a client
+    def load(self, kind: str) -> Iterator[Row]: ...
+    def close(self) -> None: ...
+
+
+class SqliteStore:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        if str(path) != ":memory:":
+            # created private before SQLite opens it (SQLite would use the umask)
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+        # The event loop's thread writes; `check_same_thread` off only so that a close at
+        # exit from another thread is allowed (the lock keeps uses apart).
+        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        self._lock = threading.Lock()
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version not in (0, SCHEMA_VERSION):
+            self._db.close()
+            raise InvalidArgument(f"state database {path}: schema version {version}, this server "
+                                  f"reads {SCHEMA_VERSION}; move it aside to start with an empty one")
+        self._db.execute("CREATE TABLE IF NOT EXISTS records (kind TEXT NOT NULL, id TEXT NOT NULL, "
+                         "owner TEXT NOT NULL, doc TEXT NOT NULL, data BLOB NOT NULL, "
+                         "PRIMARY KEY (kind, id))")
+        self._db.execute("CREATE INDEX IF NOT EXISTS records_owner ON records (owner)")
+        self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def put(self, rows: Iterable[Row]) -> None:
+        values = [(r.kind, r.id, r.owner, json.dumps(r.doc, separators=(",", ":")), r.data) for r in rows]
+        if values:
+            with self._lock, self._transaction():
+                self._db.executemany("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?, ?)", values)
+
+    def delete(self, kind: str, ids: Iterable[str]) -> None:
+        keys = [(kind, i) for i in ids]
+        if keys:
+            with self._lock, self._transaction():
+                self._db.executemany("DELETE FROM records WHERE kind = ? AND id = ?", keys)
+
+    def delete_owner(self, owner: str) -> None:
+        with self._lock, self._transaction():
+            self._db.execute("DELETE FROM records WHERE owner = ?", (owner,))
+
+    def load(self, kind: str) -> Iterator[Row]:
+        with self._lock:
+            rows = self._db.execute("SELECT id, owner, doc, data FROM records WHERE kind = ? "
+                                    "ORDER BY rowid", (kind,)).fetchall()
+        for i, owner, doc, data in rows:
+            yield Row(kind, i, owner, json.loads(doc), bytes(data))
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _transaction(self) -> _Transaction:
+        return _Transaction(self._db)
+
+
+class _Transaction:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN")
+
+    def __exit__(self, kind: object, value: object, tb: object) -> None:
+        self._db.execute("COMMIT" if kind is None else "ROLLBACK")
+
+
+def open_store(path: Path | None) -> Store:
+    """The store at `path`; None keeps records in memory only (they end with the server)."""
+    return SqliteStore(path if path is not None else Path(":memory:"))

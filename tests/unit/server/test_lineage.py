@@ -1,0 +1,94 @@
+"""Lineage: which steps make a lost buffer again, what is kept for it, and when it cannot be."""
+
+from __future__ import annotations
+
+import pytest
+
+from ir import Aval, DataLoss, Spec
+from server.lineage import Lineage, Origin, Put, Repeat, Upload
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def upload(n: int = 8) -> Upload:
+    return Upload(b"\0" * n, "s-1", Aval((n,), "uint8"), Spec.of([None]))
+
+
+def chain(lin: Lineage, length: int) -> list[Origin]:
+    """x0 uploaded, then x{k+1} = f(x{k}), each run settled."""
+    lin.uploaded("x0", upload())
+    origins = []
+    for k in range(length):
+        o = Origin("f", "cl", (f"x{k}",), (f"x{k + 1}",))
+        lin.ran(o)
+        lin.settled([f"x{k + 1}"])
+        origins.append(o)
+    return origins
+
+
+def test_a_lost_upload_is_put_again() -> None:
+    lin = Lineage(1 << 20, 100)
+    lin.uploaded("x", upload())
+    assert lin.recipe("x", lambda b: False) == [Put("x", lin.uploads["x"])]
+
+
+def test_a_lost_result_repeats_only_what_is_missing_in_order() -> None:
+    lin = Lineage(1 << 20, 100)
+    origins = chain(lin, 3)
+    live = {"x0", "x1"}  # x2 and x3 were lost with their host
+    assert lin.recipe("x3", live.__contains__) == [Repeat(origins[1]), Repeat(origins[2])]
+    lost_all = lin.recipe("x3", lambda b: False)
+    assert [type(s) for s in lost_all] == [Put, Repeat, Repeat, Repeat]
+
+
+def test_a_run_with_two_outputs_is_repeated_once() -> None:
+    lin = Lineage(1 << 20, 100)
+    lin.uploaded("a", upload())
+    both = Origin("g", "cl", ("a",), ("p", "q"))
+    lin.ran(both)
+    lin.settled(["p", "q"])
+    join = Origin("h", "cl", ("p", "q"), ("r",))
+    lin.ran(join)
+    lin.settled(["r"])
+    assert lin.recipe("r", {"a"}.__contains__) == [Repeat(both), Repeat(join)]
+
+
+def test_a_run_that_never_finished_is_data_loss() -> None:
+    lin = Lineage(1 << 20, 100)
+    lin.uploaded("a", upload())
+    lin.ran(Origin("f", "cl", ("a",), ("b",)))  # never settled
+    with pytest.raises(DataLoss, match="did not finish"):
+        lin.recipe("b", {"a"}.__contains__)
+
+
+def test_released_inputs_are_kept_for_the_lineage_of_live_buffers_and_dropped_after() -> None:
+    lin = Lineage(1 << 20, 100)
+    chain(lin, 2)
+    lin.release("x0")
+    lin.release("x1")  # both still read by x2's lineage
+    assert [type(s) for s in lin.recipe("x2", lambda b: False)] == [Put, Repeat, Repeat]
+    lin.release("x2")  # nothing needs any of it now
+    assert not lin.origins and not lin.uploads and lin.upload_bytes == 0
+
+
+def test_past_its_bounds_lineage_is_dropped_and_says_so() -> None:
+    lin = Lineage(1 << 20, max_released=1)
+    chain(lin, 3)
+    lin.release("x0")
+    lin.release("x1")  # x0 goes: only one released buffer is kept
+    with pytest.raises(DataLoss, match=r"x0.*is gone"):
+        lin.recipe("x3", lambda b: False)
+    small = Lineage(max_bytes=10, max_released=100)
+    small.uploaded("a", upload(8))
+    small.uploaded("b", upload(8))  # the oldest upload goes
+    assert list(small.uploads) == ["b"] and small.upload_bytes == 8
+    with pytest.raises(DataLoss, match="ISTHMUS_LINEAGE_MB"):
+        small.recipe("a", lambda b: False)
+
+
+def test_a_closed_client_leaves_no_lineage() -> None:
+    lin = Lineage(1 << 20, 100)
+    chain(lin, 3)
+    lin.drop_owner("cl")
+    lin.release("x0")
+    assert not lin.origins and not lin.uploads

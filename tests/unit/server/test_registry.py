@@ -1,0 +1,86 @@
+"""The registry writes every change through to its store, and a new registry on the same
+file reads the same records back."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from ir import Aval, InvalidArgument, MeshAxes, Spec
+from resource_manager import Slice
+from server.records import BufferRecord, ClientRecord, ComputationRecord
+from server.registry import Registry
+from server.store import SqliteStore, open_store
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _buffer(i: int, owner: str) -> BufferRecord:
+    return BufferRecord(f"b-{i:08d}", owner, "s-1", ("a0",), Aval((4, 2), "float32"), Spec.of([None, "x"]))
+
+
+def test_records_survive_a_new_registry_on_the_same_file(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    first = Registry(open_store(path))
+    client = ClientRecord("cl-1", "alice", 2.0, b"\x01" * 32)
+    first.add_client(client)
+    first.add_slice(Slice("s-1", "cl-1", MeshAxes.of({"x": 2}), "a", ("a0",), (0, 1)))
+    first.add_buffers(client, [_buffer(i, "cl-1") for i in range(3)])
+    first.remove_buffers(client, ["b-00000001"])
+    first.lose(["b-00000002"], "its island restarted")
+    comp = ComputationRecord("c-1", "cl-1", "s-1", "f", (Aval((2,), "int32"),), (Aval((2,), "int32"),),
+                             (Spec.of([None]),), (Spec.of([None]),), artifact=b"\x00artifact\xff")
+    first.add_computation(client, comp)
+    first.set_meta("cluster", {"islands": 2})
+    first.store.close()
+
+    again = Registry(open_store(path))
+    loaded = again.load()
+    [back] = again.clients.values()
+    assert (back.id, back.name, back.weight, back.key) == ("cl-1", "alice", 2.0, b"\x01" * 32)
+    assert back.buffers == {"b-00000000", "b-00000002"}
+    assert back.buffer_bytes == 2 * 32
+    assert again.buffers["b-00000000"] == _buffer(0, "cl-1")
+    assert again.lost == {"b-00000002": "its island restarted"}
+    got = again.computations["c-1"]
+    assert (got.in_avals, got.out_specs, got.artifact) == (comp.in_avals, comp.out_specs, comp.artifact)
+    assert back.computations == {"c-1"}
+    assert [s.id for s in loaded.slices] == ["s-1"] and loaded.slices[0].device_ids == (0, 1)
+    assert again.meta("cluster") == {"islands": 2}
+
+
+def test_removing_a_client_removes_everything_it_owned(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    reg = Registry(open_store(path))
+    a, b = ClientRecord("cl-a", "a"), ClientRecord("cl-b", "b")
+    reg.add_client(a)
+    reg.add_client(b)
+    reg.add_buffers(a, [_buffer(1, "cl-a")])
+    reg.add_buffers(b, [_buffer(2, "cl-b")])
+    reg.remove_client(a)
+    reg.store.close()
+    again = Registry(open_store(path))
+    again.load()
+    assert set(again.clients) == {"cl-b"} and set(again.buffers) == {"b-00000002"}
+
+
+def test_the_file_is_private_and_another_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    SqliteStore(path).close()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    import sqlite3
+
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA user_version=99")
+    db.close()
+    with pytest.raises(InvalidArgument, match="schema version 99"):
+        SqliteStore(path)
+
+
+def test_in_memory_when_not_persisted() -> None:
+    reg = Registry(open_store(None))
+    reg.add_client(ClientRecord("cl-1", "a"))
+    assert [r.id for r in reg.store.load("client")] == ["cl-1"]
