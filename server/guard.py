@@ -14,6 +14,7 @@ A plain ASGI middleware, so that it runs before anything reads the request's bod
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -44,6 +45,7 @@ class Guard:
             await errors.response(e)(scope, receive, send)
             return
         scope.setdefault("state", {})["caller"] = caller
+        send = _committing(send, service.registry.flush)
         if isinstance(caller, Admin):
             await self.app(scope, receive, send)
             return
@@ -54,6 +56,16 @@ class Guard:
         finally:
             client.in_flight -= 1
             client.last_seen = time.monotonic()
+
+
+def _committing(send: Send, flush: Callable[[], None]) -> Send:
+    """`send`, storing what the request changed before its answer starts (`server.registry`)."""
+    async def committed(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            flush()
+        await send(message)
+
+    return committed
 
 
 def _headers(scope: Scope) -> dict[str, str]:

@@ -5,8 +5,10 @@ Contract:
   digests), slices, buffers (where they live, what they hold), which buffers are lost and
   why, computations with their artifacts, programs in their wire form, and the server's own
   notes (`meta`: the executors' actor names, the cluster they were started for).
-- Every change goes through one method here, which writes it to the store before it
-  returns; readers use the dicts directly. Nothing here dispatches, places or talks to a
+- Every change goes through one method here, which queues it for the store; `flush`
+  commits what is queued (the server calls it before answering any request, `server.guard`,
+  and it runs by itself at the end of the event loop's turn for changes no request made,
+  a host lost say). Readers use the dicts directly. Nothing here dispatches, places or talks to a
   host: that is the dispatcher's (`server.service`, `server.programs`).
 - `load` reads everything back, oldest first, as records whose sets (a client's buffers,
   computations, programs) are rebuilt from the owners stored with each.
@@ -14,6 +16,7 @@ Contract:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -34,11 +37,31 @@ CLIENT, SLICE, BUFFER, LOST, COMPUTATION, PROGRAM, META = (
 
 class Registry:
     def __init__(self, store: Store) -> None:
-        self.store = store
+        self._store = store
         self.clients: dict[str, ClientRecord] = {}
         self.buffers: dict[str, BufferRecord] = {}
         self.computations: dict[str, ComputationRecord] = {}
         self.lost: dict[str, str] = {}  # buffer id -> why its value is gone
+        self._flush_soon = False
+
+    @property
+    def store(self) -> Store:
+        """The store, for a write: committed by `flush`, or at the end of this loop turn."""
+        if not self._flush_soon:
+            try:
+                asyncio.get_running_loop().call_soon(self.flush)
+                self._flush_soon = True
+            except RuntimeError:  # no event loop (start-up, tests): `flush` is called later
+                pass
+        return self._store
+
+    def flush(self) -> None:
+        """Commit every queued change (before a request is answered)."""
+        self._flush_soon = False
+        self._store.flush()
+
+    def close(self) -> None:
+        self._store.close()
 
     # -- clients -----------------------------------------------------------------------------
 
@@ -113,7 +136,7 @@ class Registry:
     # -- the server's own notes --------------------------------------------------------------
 
     def meta(self, name: str) -> dict[str, Any] | None:
-        return next((r.doc for r in self.store.load(META) if r.id == name), None)
+        return next((r.doc for r in self._store.load(META) if r.id == name), None)
 
     def set_meta(self, name: str, doc: dict[str, Any]) -> None:
         self.store.put([Row(META, name, "", doc)])
@@ -123,25 +146,25 @@ class Registry:
     def load(self) -> Loaded:
         """Everything stored, as records (the dicts filled); slices and programs are the
         dispatcher's to restore."""
-        for row in self.store.load(CLIENT):
+        for row in self._store.load(CLIENT):
             d = row.doc
             key = bytes.fromhex(d["key"])
             self.clients[row.id] = ClientRecord(row.id, d["name"], float(d["weight"]), key)
-        for row in self.store.load(BUFFER):
+        for row in self._store.load(BUFFER):
             owner = self.clients.get(row.owner)
             if owner is not None:
                 rec = _buffer(row)
                 self.buffers[rec.id] = rec
                 owner.buffers.add(rec.id)
                 owner.buffer_bytes += rec.aval.nbytes
-        self.lost.update({r.id: r.doc["why"] for r in self.store.load(LOST) if r.id in self.buffers})
-        for row in self.store.load(COMPUTATION):
+        self.lost.update({r.id: r.doc["why"] for r in self._store.load(LOST) if r.id in self.buffers})
+        for row in self._store.load(COMPUTATION):
             if (owner := self.clients.get(row.owner)) is not None:
                 self.computations[row.id] = _computation(row)
                 owner.computations.add(row.id)
-        slices = [Slice.from_json(r.doc) for r in self.store.load(SLICE) if r.owner in self.clients]
+        slices = [Slice.from_json(r.doc) for r in self._store.load(SLICE) if r.owner in self.clients]
         programs = [(r.id, r.owner, r.doc["name"], bool(r.doc["fuse"]), r.doc["program"])
-                    for r in self.store.load(PROGRAM) if r.owner in self.clients]
+                    for r in self._store.load(PROGRAM) if r.owner in self.clients]
         return Loaded(slices, programs)
 
 

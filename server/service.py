@@ -119,7 +119,7 @@ class Service:
         try:
             pool = await ExecutorPool.start(spec, options)
         except BaseException:
-            registry.store.close()
+            registry.close()
             lock.release()
             raise
         try:
@@ -137,7 +137,7 @@ class Service:
             return service
         except BaseException:
             pool.shutdown()
-            registry.store.close()
+            registry.close()
             lock.release()
             raise
 
@@ -152,7 +152,7 @@ class Service:
         self.gangs.close()
         keep = self.settings.keep_executors
         self.pool.shutdown(keep if keep is not None else self.settings.ray_address is not None)
-        self.registry.store.close()
+        self.registry.close()
         if self._lock is not None:
             self._lock.release()
 

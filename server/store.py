@@ -4,15 +4,17 @@ Contract:
 - A record is (kind, id, owner, doc, data): `doc` a JSON-able mapping, `data` bytes kept
   beside it (a computation's artifact), `owner` the client it belongs to ("" for the
   server's own). Kinds are the registry's (`server.registry`); the store knows none of them.
-- Every write is committed when the method returns: the server writes before it answers the
-  request that made the change, so a server killed at any point has stored every change it
-  had answered for (and perhaps one it had not yet answered).
+- Writes are queued in order and committed together, in one transaction, by `flush` (the
+  registry flushes before the server answers any request, and at the end of the event
+  loop's turn for changes no request made): a server killed at any point has stored every
+  change it had answered for (and perhaps some it had not yet answered). One commit per
+  request, not per record: a batch of 256 calls costs one.
 - `SqliteStore` keeps one database file in WAL mode with `synchronous=NORMAL`: a commit
   survives the server process being killed at any point, and costs a write to the log, not
   a flush to disk (a power loss may lose the latest commits, never corrupt the file). The
   file is created 0600 inside the state directory. A file written by another schema
   version is refused by name rather than misread.
-- Another backend (PostgreSQL, say) implements the same five methods.
+- Another backend (PostgreSQL, say) implements the same six methods.
 """
 
 from __future__ import annotations
@@ -41,11 +43,12 @@ class Row:
 
 
 class Store(Protocol):
-    def put(self, rows: Iterable[Row]) -> None: ...  # insert or replace, in one commit
+    def put(self, rows: Iterable[Row]) -> None: ...  # insert or replace
     def delete(self, kind: str, ids: Iterable[str]) -> None: ...
     def delete_owner(self, owner: str) -> None: ...  # every record of a client
-    def load(self, kind: str) -> Iterator[Row]: ...
-    def close(self) -> None: ...
+    def flush(self) -> None: ...  # commit what is queued
+    def load(self, kind: str) -> Iterator[Row]: ...  # after a flush
+    def close(self) -> None: ...  # after a flush
 
 
 class SqliteStore:
@@ -70,24 +73,30 @@ class SqliteStore:
                          "PRIMARY KEY (kind, id))")
         self._db.execute("CREATE INDEX IF NOT EXISTS records_owner ON records (owner)")
         self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        self._queued: list[tuple[str, list[tuple[Any, ...]]]] = []  # (statement, rows), in order
 
     def put(self, rows: Iterable[Row]) -> None:
         values = [(r.kind, r.id, r.owner, json.dumps(r.doc, separators=(",", ":")), r.data) for r in rows]
         if values:
-            with self._lock, self._transaction():
-                self._db.executemany("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?, ?)", values)
+            self._queued.append(("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?, ?)", values))
 
     def delete(self, kind: str, ids: Iterable[str]) -> None:
         keys = [(kind, i) for i in ids]
         if keys:
-            with self._lock, self._transaction():
-                self._db.executemany("DELETE FROM records WHERE kind = ? AND id = ?", keys)
+            self._queued.append(("DELETE FROM records WHERE kind = ? AND id = ?", keys))
 
     def delete_owner(self, owner: str) -> None:
-        with self._lock, self._transaction():
-            self._db.execute("DELETE FROM records WHERE owner = ?", (owner,))
+        self._queued.append(("DELETE FROM records WHERE owner = ?", [(owner,)]))
+
+    def flush(self) -> None:
+        queued, self._queued = self._queued, []
+        if queued:
+            with self._lock, self._transaction():
+                for statement, rows in queued:
+                    self._db.executemany(statement, rows)
 
     def load(self, kind: str) -> Iterator[Row]:
+        self.flush()
         with self._lock:
             rows = self._db.execute("SELECT id, owner, doc, data FROM records WHERE kind = ? "
                                     "ORDER BY rowid", (kind,)).fetchall()
@@ -95,6 +104,7 @@ class SqliteStore:
             yield Row(kind, i, owner, json.loads(doc), bytes(data))
 
     def close(self) -> None:
+        self.flush()
         with self._lock:
             self._db.close()
 

@@ -33,10 +33,19 @@ class Client:
 
 
 @dataclass
+class Registry:
+    flushes: int = 0
+
+    def flush(self) -> None:
+        self.flushes += 1
+
+
+@dataclass
 class Service:
     settings: Settings = field(default_factory=Settings)
     clients: dict = field(default_factory=lambda: {"Bearer s-alice": Client("alice")})
     bodies_read: int = 0
+    registry: Registry = field(default_factory=Registry)
 
     def caller(self, authorization):
         if authorization == "Bearer admin":
@@ -85,6 +94,7 @@ async def test_a_client_is_known_from_its_credential_and_counted_while_in_flight
     assert service.clients["Bearer s-alice"].last_seen > 0
     r = await ask(service, "GET", "/v1/things", headers={"Authorization": "Bearer admin"})
     assert r.json()["caller"] == "admin"
+    assert service.registry.flushes == 2  # what each request changed, stored before its answer
 
 
 async def test_a_body_past_its_limit_is_413_from_its_length_alone():

@@ -35,7 +35,7 @@ def test_records_survive_a_new_registry_on_the_same_file(tmp_path: Path) -> None
                              (Spec.of([None]),), (Spec.of([None]),), artifact=b"\x00artifact\xff")
     first.add_computation(client, comp)
     first.set_meta("cluster", {"islands": 2})
-    first.store.close()
+    first.close()
 
     again = Registry(open_store(path))
     loaded = again.load()
@@ -61,7 +61,7 @@ def test_removing_a_client_removes_everything_it_owned(tmp_path: Path) -> None:
     reg.add_buffers(a, [_buffer(1, "cl-a")])
     reg.add_buffers(b, [_buffer(2, "cl-b")])
     reg.remove_client(a)
-    reg.store.close()
+    reg.close()
     again = Registry(open_store(path))
     again.load()
     assert set(again.clients) == {"cl-b"} and set(again.buffers) == {"b-00000002"}
@@ -84,3 +84,19 @@ def test_in_memory_when_not_persisted() -> None:
     reg = Registry(open_store(None))
     reg.add_client(ClientRecord("cl-1", "a"))
     assert [r.id for r in reg.store.load("client")] == ["cl-1"]
+
+
+def test_changes_are_queued_and_committed_together_by_flush(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "state.db"
+    reg = Registry(open_store(path))
+    client = ClientRecord("cl-1", "a")
+    reg.add_client(client)
+    reg.add_buffers(client, [_buffer(i, "cl-1") for i in range(3)])
+    reader = sqlite3.connect(path)
+    assert reader.execute("SELECT COUNT(*) FROM records").fetchone()[0] == 0
+    reg.flush()  # one transaction
+    assert reader.execute("SELECT COUNT(*) FROM records").fetchone()[0] == 4
+    reader.close()
+    reg.close()
