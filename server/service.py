@@ -54,6 +54,7 @@ from server.store import open_store
 from server.tasks import Tasks
 
 log = logging.getLogger("isthmus.server")
+CLUSTER = "cluster"  # the registry's note of the cluster the executors were started for
 
 
 class Service:
@@ -112,7 +113,8 @@ class Service:
             token_file=settings.ray_token_file,
             insecure=settings.insecure_ray,
             detached=True,
-            adopt=bool(registry.clients),  # executors holding values of the clients it knows
+            # executors holding values of the clients it knows, for the cluster they ran
+            adopt=bool(registry.clients) and _same_cluster(registry.meta(CLUSTER), spec),
             daemon_dir=settings.state_dir,
             orphan_timeout_s=settings.orphan_timeout_s,
         )
@@ -129,6 +131,7 @@ class Service:
                           admin_token, registry)
             service._lock = lock
             recovery.restore(service, loaded, pool.adopted)
+            registry.set_meta(CLUSTER, pool.spec.to_json())
             service._tasks.spawn(service._expire_clients_forever())
             if pool.discovered:  # nodes labelled later become hosts
                 service._tasks.spawn(watch_nodes(service))
@@ -494,6 +497,19 @@ class Service:
             self.lineage.settled(ready)
         finally:
             self.settling.finish(done, outputs, ready)
+
+
+def _same_cluster(stored: dict[str, Any] | None, spec: ClusterSpec | None) -> bool:
+    """Whether executors started for the `stored` cluster may serve `spec` (None: read from
+    the Ray nodes' labels, whose hosts keep their names). A changed cluster file starts
+    afresh: its hosts' devices may differ from what the old executors have."""
+    if stored is None or spec is None:
+        return True
+    if stored != spec.to_json():
+        log.warning("the cluster differs from the one the running executors were started for: "
+                    "new executors (the values on the old ones are lost)")
+        return False
+    return True
 
 
 def _specs(values: list[Any], avals: Sequence[Aval], s: Slice, field: str) -> tuple[Spec, ...]:
