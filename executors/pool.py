@@ -91,12 +91,12 @@ async def _answer(ref: Any) -> Any:
 class ExecutorPool(IslandLifecycle):
     _reads_per_host = READS_PER_HOST
 
-    def __init__(self, handles: Mapping[str, Any], own_ray: ray_start.OwnRay | None,
+    def __init__(self, handles: Mapping[str, Any], connection: ray_start.Connection | None,
                  groups: Mapping[str, tuple[str, ...]] | None = None) -> None:
         self._handles = dict(handles)
         # island -> its hosts in process order, for islands that are one JAX distributed group
         self.groups = dict(groups or {})
-        self._own_ray = own_ray  # the Ray it started, to stop with it
+        self._ray = connection  # how it joined Ray (None: Ray was joined before), undone at shutdown
         self._seq = {h: itertools.count() for h in handles}
         self._lock = threading.Lock()
         self._plans: set[tuple[str, str]] = set()  # (host, plan key) already sent
@@ -214,7 +214,7 @@ class ExecutorPool(IslandLifecycle):
         `spec`, the islands are those the Ray nodes' labels name (`cluster_from_nodes`), each
         executor pinned to its node; with none labelled, the default shape, placed by Ray."""
         # A Ray this process has already joined is used as it is: whoever joined it chose how.
-        owns = None if ray.is_initialized() else ray_start.connect(
+        joined = None if ray.is_initialized() else ray_start.connect(
             options.address, namespace=options.namespace, num_cpus=options.num_cpus,
             object_store_bytes=options.object_store_bytes, token_file=options.token_file,
             insecure=options.insecure, daemon_dir=options.daemon_dir,
@@ -241,7 +241,7 @@ class ExecutorPool(IslandLifecycle):
                    new_actor(host, options.namespace, options.wait_timeout_s, options.in_flight, generation,
                              options.detached)
                    for name, host in specs.items()}
-        pool = cls(handles, owns, groups)
+        pool = cls(handles, joined, groups)
         pool.ordered = options.ordered
         pool.spec, pool._specs, pool._options = spec, specs, options
         pool.discovered = discovered
@@ -255,7 +255,7 @@ class ExecutorPool(IslandLifecycle):
                                    if not set(hosts) & set(taken)))
             pool._channels = await pool._open_channels(pool._handles)
             await pool._tell_peers(pool._handles)
-            if owns is not None:  # its agents are surely up once executors, started through them, answer
+            if joined is not None and joined.owned:  # agents are up once executors started by them answer
                 await pool.reports(options.group_timeout_s)
                 ray_start.check_own()
         except BaseException:
@@ -462,8 +462,6 @@ class ExecutorPool(IslandLifecycle):
             except Exception as e:  # a host already gone is what shutdown wants
                 log.debug("kill: %s", e)
         self._handles.clear()
-        if self._own_ray is not None:
-            self._own_ray.stop()
-        elif ray.is_initialized() and keep_executors:
-            ray.shutdown()  # the executors stay on the Ray it joined
+        if self._ray is not None:
+            self._ray.close()
 

@@ -32,7 +32,7 @@ import logging
 import os
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,28 +52,47 @@ class UnsafeRay(InvalidArgument):
 
 
 @dataclass(frozen=True)
-class OwnRay:
-    """A Ray this process started: in its own tree, or a daemon of its state dir."""
+class Connection:
+    """This process's hold on Ray: one it started (`owned`: in its own tree, or the daemon
+    of its state dir) or one it joined; and the environment it had before (`restore`)."""
 
+    owned: bool
     daemon: ray_daemon.Daemon | None = None
+    restore: Mapping[str, str | None] = field(default_factory=dict)
 
-    def stop(self) -> None:
+    def close(self) -> None:
+        """Leave Ray, stop it if this process started it, and put the environment back as
+        it was (so that a Ray started later in this process starts as if this one never had)."""
         if ray.is_initialized():
             ray.shutdown()
         if self.daemon is not None:
             self.daemon.stop()
+        _use_environment(self.restore)
 
 
 def connect(address: str | None, *, namespace: str, num_cpus: int, object_store_bytes: int,
             token_file: Path | None, insecure: bool, daemon_dir: Path | None = None,
-            orphan_timeout_s: float = 600.0) -> OwnRay | None:
+            orphan_timeout_s: float = 600.0) -> Connection:
     """Start a Ray of this process's own (`address=None`) or join the one at `address`, as
-    the module docstring says. Returns the Ray it started (and so owns), else None."""
+    the module docstring says; `Connection.close` undoes it."""
     require_token_auth(ray.__version__)
     owned = address is None
+    env = _own_env(token_file) if owned else _external_env(token_file, insecure)
     # Under `uv run`, Ray would start each worker through uv again; executors run this Python.
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    _use_environment(_own_env(token_file) if owned else _external_env(token_file, insecure))
+    env.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", os.environ.get("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0"))
+    restore = _use_environment(env)
+    try:
+        return _connect(address, owned, restore, namespace=namespace, num_cpus=num_cpus,
+                        object_store_bytes=object_store_bytes, token_file=token_file, insecure=insecure,
+                        daemon_dir=daemon_dir, orphan_timeout_s=orphan_timeout_s)
+    except BaseException:
+        _use_environment(restore)
+        raise
+
+
+def _connect(address: str | None, owned: bool, restore: Mapping[str, str | None], *, namespace: str,
+             num_cpus: int, object_store_bytes: int, token_file: Path | None, insecure: bool,
+             daemon_dir: Path | None, orphan_timeout_s: float) -> Connection:
     common: dict[str, Any] = {"namespace": namespace, "logging_level": "WARNING", "log_to_driver": True}
     if owned and daemon_dir is not None:
         if token_file is None:
@@ -81,8 +100,12 @@ def connect(address: str | None, *, namespace: str, num_cpus: int, object_store_
         daemon = ray_daemon.find(daemon_dir) or ray_daemon.start(
             daemon_dir, num_cpus=num_cpus, object_store_bytes=object_store_bytes, token_file=token_file,
             orphan_timeout_s=orphan_timeout_s)
-        ray.init(address=daemon.address, **common)
-        return OwnRay(daemon)  # checked by `check_own` once its first workers run
+        try:
+            ray.init(address=daemon.address, **common)
+        except BaseException:
+            daemon.stop()
+            raise
+        return Connection(True, daemon, restore)  # checked by `check_own` once its workers run
     if owned:
         ray.init(address="local", num_cpus=num_cpus, object_store_memory=object_store_bytes,
                  include_dashboard=False, _system_config={"enable_metrics_collection": False},
@@ -95,17 +118,17 @@ def connect(address: str | None, *, namespace: str, num_cpus: int, object_store_
                             f"token in {token_file} (mode 0600) or in RAY_AUTH_TOKEN; a Ray without "
                             "token authentication is joined only with --insecure-ray") from None
     if owned:
-        return OwnRay()  # checked by `check_own` once its first workers run
+        return Connection(True, None, restore)  # checked by `check_own` once its workers run
     if insecure:
         log.warning("joining Ray at %s without checking that it requires its token "
                     "(--insecure-ray): anyone who can reach it can run code there", address)
-        return None
+        return Connection(False, None, restore)
     try:
         check_nodes(ray.nodes(), loopback=False)
     except BaseException:
         ray.shutdown()
         raise
-    return None
+    return Connection(False, None, restore)
 
 
 def check_own() -> None:
@@ -194,9 +217,10 @@ def _refuse_disabled_auth() -> None:
                         "authentication (unset it; to join an external Ray without it, see --insecure-ray)")
 
 
-def _use_environment(env: Mapping[str, str | None]) -> None:
+def _use_environment(env: Mapping[str, str | None]) -> dict[str, str | None]:
     """Put `env` in this process's environment (for Ray's daemons and workers to inherit) and
-    make Ray in this process read it again."""
+    make Ray in this process read it again; returns what it replaced."""
+    previous = {name: os.environ.get(name) for name in env}
     for name, value in env.items():
         if value is None:
             os.environ.pop(name, None)
@@ -210,7 +234,9 @@ def _use_environment(env: Mapping[str, str | None]) -> None:
     from ray._private import ray_constants
     from ray._raylet import AuthenticationTokenLoader, Config
 
-    if env.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") == "0":
-        ray_constants.ENABLE_RAY_CLUSTER = False
+    cluster = os.environ.get(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR)
+    ray_constants.ENABLE_RAY_CLUSTER = (not ray_constants.IS_WINDOWS_OR_OSX if cluster is None
+                                        else cluster.lower() in ("1", "true"))
     Config.initialize("")  # RAY_AUTH_MODE
     AuthenticationTokenLoader.instance().reset_cache()  # the token (a new one on each start)
+    return previous

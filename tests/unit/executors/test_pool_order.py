@@ -57,7 +57,7 @@ class Handle:
 def test_every_host_sees_one_order_whatever_threads_submit(notify):
     logs = {h: [] for h in HOSTS}
     lock = threading.Lock()
-    pool = ExecutorPool({h: Handle(logs[h], lock) for h in HOSTS}, own_ray=None)
+    pool = ExecutorPool({h: Handle(logs[h], lock) for h in HOSTS}, connection=None)
     plan = {h: HostPlan(h, (), (), (), (), ()) for h in HOSTS}
 
     def submit(worker: int) -> None:
