@@ -32,7 +32,9 @@ async def list_islands(caller: CallerDep, service: ServiceDep) -> list[IslandPub
     to the admin only; a client sees its own admitted cost and that a collective failed."""
     rm = service.rm
     admin = isinstance(caller, Admin)
-    hosts = rm.hosts()
+    # One snapshot of the islands before the hosts are asked (a host may join meanwhile).
+    summaries = rm.island_summary()
+    hosts = [h for summary in summaries for h in summary["hosts"]]
 
     async def stats(host: str) -> dict | None:
         try:
@@ -43,7 +45,7 @@ async def list_islands(caller: CallerDep, service: ServiceDep) -> list[IslandPub
     all_stats = dict(zip(hosts, await asyncio.gather(*(stats(h) for h in hosts)), strict=True))
     islands = []
     solo = set(rm.solo_hosts())
-    for summary in rm.island_summary():
+    for summary in summaries:
         host_rows = []
         for h in summary["hosts"]:
             st = all_stats[h]
