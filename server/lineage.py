@@ -87,8 +87,8 @@ class Lineage:
         self._refs.update(origin.inputs)
 
     def settled(self, ready: Iterable[str]) -> None:
-        """These buffers are computed on every host holding them: their runs are done once
-        all of a run's outputs are."""
+        """These buffers are computed on every host holding them (or released: nobody reads
+        them): their runs are done once all of a run's outputs are."""
         ready = set(ready)
         for b in ready:
             origin = self.origins.get(b)

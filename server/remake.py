@@ -59,7 +59,7 @@ def _run(service: Service, owner: ClientRecord, steps: list[Step]) -> None:
     for step in steps:
         if isinstance(step, Put):
             s = _slice(service, owner, step.upload.slice_id, step.buffer_id)
-            _put(service, owner, s, target(step.buffer_id, s.hosts), step.upload)
+            queued_put(service, owner, s, target(step.buffer_id, s.hosts), step.upload)
             continue
         assert isinstance(step, Repeat)
         o = step.origin
@@ -79,8 +79,8 @@ def _run(service: Service, owner: ClientRecord, steps: list[Step]) -> None:
             service.gangs.later([t], lambda h=h, t=t: service.pool.delete(h, [t]))
 
 
-def _put(service: Service, owner: ClientRecord, s: Slice, b: str, u: Upload) -> None:
-    """Put an upload again as `b`, queued on its island like a run: an island that is
+def queued_put(service: Service, owner: ClientRecord, s: Slice, b: str, u: Upload) -> None:
+    """Put an upload (again) as `b`, queued on its island like a run: an island that is
     restarting (the usual reason its values were lost) takes it once its new executors are up."""
     mesh = service.mesh(s)
 

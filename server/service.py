@@ -46,7 +46,7 @@ from server.programs import Programs
 from server.quotas import Quotas
 from server.records import BufferRecord, ClientRecord, ComputationRecord, new_id, output_ids
 from server.registry import Registry
-from server.remake import usable
+from server.remake import queued_put, usable
 from server.settings import Settings
 from server.settling import Settling
 from server.state import read_secret, secret
@@ -321,9 +321,13 @@ class Service:
             )
         self.check_room(owner, [aval])
         rec = BufferRecord(new, owner.id, s.id, tuple(s.hosts), aval, spec)
-        self.pool.put(rec.hosts, rec.id, data, aval.dtype, aval.shape, self.mesh(s), spec.to_json())
+        upload = Upload(data, s.id, aval, spec)
+        if s.island in self.restarting:  # for its new executors, once they are up
+            queued_put(self, owner, s, rec.id, upload)
+        else:
+            self.pool.put(rec.hosts, rec.id, data, aval.dtype, aval.shape, self.mesh(s), spec.to_json())
         self.registry.add_buffers(owner, [rec])
-        self.lineage.uploaded(rec.id, Upload(data, s.id, aval, spec))
+        self.lineage.uploaded(rec.id, upload)
         return rec
 
     def check_room(self, owner: ClientRecord, avals: Sequence[Aval], submits: int = 0) -> None:
@@ -494,7 +498,8 @@ class Service:
                 self.restart_when_broken(self.rm.host_island(host), cause)
             ready = {b for b in outputs if (rec := self.buffers.get(b)) is not None
                      and settlement.ready[b] == len(rec.hosts) and b not in self.lost}
-            self.lineage.settled(ready)
+            # (an output the client released already counts as made: its run is repeatable)
+            self.lineage.settled(ready | {b for b in outputs if b not in self.buffers})
         finally:
             self.settling.finish(done, outputs, ready)
 

@@ -1,3 +1,5 @@
+import threading
+
 import httpx
 import numpy as np
 import pytest
@@ -54,6 +56,28 @@ def test_requests_without_the_token_are_refused(server):
     assert r.status_code == 401 and "missing credential" in r.json()["detail"]
     r = httpx.get(f"{server.address}/v1/devices", headers={"Authorization": "Bearer wrong"})
     assert r.status_code == 401
+
+
+def test_uploads_while_an_island_restarts_land_on_its_new_executors(c):
+    s = c.slice({"x": 4}, island="b")
+    f = c.jit(lambda a: a - 1, slice=s)
+    f(c.put(np.zeros(4, np.float32), s)).result()  # compiled
+    restarted = threading.Event()
+
+    def restart() -> None:
+        try:
+            c.restart_island("b")
+        finally:
+            restarted.set()
+
+    threading.Thread(target=restart, daemon=True).start()
+    sent = []
+    while not restarted.is_set() or not sent:  # uploads before, during and after the restart
+        x0 = np.full(4, len(sent), np.float32)
+        sent.append((c.put(x0, s), x0))
+    for x, x0 in sent:
+        np.testing.assert_array_equal(x.numpy(), x0)
+        np.testing.assert_array_equal(f(x).numpy(), x0 - 1)
 
 
 def test_an_island_restarted_on_request_makes_its_values_again_and_computes_again(c):
