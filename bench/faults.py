@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -40,26 +39,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 
 import client as isthmus
 from bench.call_latency import fork_exec_allowed, machine
-from bench.soak import soak
-from client.embedded import EmbeddedServer
+from bench.soak import Server, soak
 
 CHAIN = 300
 SOAK_KEYS = ("runs", "succeeded", "typed_failures", "recomputed", "lost", "leaked", "recovery_rate")
 HEAL_DEADLINE_S = 120.0
 
 
-def pids(address: str, token: str) -> dict[str, int]:
-    islands = httpx.get(f"{address}/v1/islands", headers={"Authorization": f"Bearer {token}"},
-                        timeout=30).raise_for_status().json()
-    return {h["name"]: h["pid"] for i in islands for h in i["hosts"] if h["pid"] is not None}
-
-
-def one_round(c: isthmus.Client, address: str, token: str) -> tuple[float, float]:
+def one_round(c: isthmus.Client, server: Server) -> tuple[float, float]:
     s = c.slice({"x": 4}, island="b")
     f = c.jit(lambda v: v * 2.0 + 1.0, slice=s)
     x0 = np.arange(8, dtype=np.float32)
@@ -67,7 +58,7 @@ def one_round(c: isthmus.Client, address: str, token: str) -> tuple[float, float
     y = c.put(x0, s)
     for _ in range(CHAIN):
         y = f(y)
-    os.kill(pids(address, token)[s.hosts[0]], signal.SIGKILL)
+    os.kill(server.pids()[s.hosts[0]], signal.SIGKILL)
     killed = time.monotonic()
     try:
         y.numpy()
@@ -87,14 +78,7 @@ def one_round(c: isthmus.Client, address: str, token: str) -> tuple[float, float
     return detection, heal
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def restart_round(c: isthmus.Client, server: EmbeddedServer, state: Path,
-                  port: int) -> tuple[EmbeddedServer, float]:
+def restart_round(c: isthmus.Client, server: Server) -> float:
     """Kill the server, start it again; the seconds until an old handle reads back."""
     s = c.slice({"x": 2}, island="a")
     f = c.jit(lambda v: v * 2.0 + 1.0, slice=s)
@@ -106,15 +90,12 @@ def restart_round(c: isthmus.Client, server: EmbeddedServer, state: Path,
         return f(f(v))
 
     np.testing.assert_array_equal(twice(x).numpy(), (x0 * 2.0 + 1.0) * 2.0 + 1.0)
-    os.kill(server.pid, signal.SIGKILL)
     killed = time.monotonic()
-    server.process.wait(30)
-    server.stop()
-    again = EmbeddedServer.start(state, port=port)
+    server.restart()  # SIGKILL, then started again on the same port and state dir
     np.testing.assert_array_equal(x.numpy(), x0)
     took = time.monotonic() - killed
     np.testing.assert_array_equal(twice(x).numpy(), (x0 * 2.0 + 1.0) * 2.0 + 1.0)
-    return again, took
+    return took
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -127,21 +108,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     samples: list[dict[str, float]] = []
     restarts: list[float] = []
     with tempfile.TemporaryDirectory(prefix="isthmus-faults-") as tmp:
-        state, port = Path(tmp) / "state", free_port()
-        env = {"ISTHMUS_HEALTH_PROBE_S": "1"}
         with fork_exec_allowed():
-            server = EmbeddedServer.start(state, port=port, env=env)
+            server = Server(Path(tmp) / "state", {"ISTHMUS_HEALTH_PROBE_S": "1"})
         try:
-            token = (state / "token").read_text().strip()
-            with isthmus.connect(server.address, token=token, name="bench.faults") as c:
+            with isthmus.connect(server.address, token=server.token, name="bench.faults") as c:
                 for k in range(args.kills):
-                    detection, heal = one_round(c, server.address, token)
+                    detection, heal = one_round(c, server)
                     samples.append({"detection_s": detection, "heal_s": heal})
                     print(f"  kill {k + 1}: detected in {detection:.3f}s, healed in {heal:.3f}s",
                           file=sys.stderr)
                 for k in range(args.restarts):
                     with fork_exec_allowed():
-                        server, took = restart_round(c, server, state, port)
+                        took = restart_round(c, server)
                     restarts.append(took)
                     print(f"  server restart {k + 1}: old handles served {took:.3f}s after the kill",
                           file=sys.stderr)

@@ -51,6 +51,7 @@ import numpy as np
 
 import client as isthmus
 from client.embedded import EmbeddedServer
+from executors.ray_watcher import read_record, session_members
 
 HELD = 6  # results each client holds at once
 SETTLE_S = 120.0  # the longest the ledger waits for the islands to drain
@@ -81,14 +82,19 @@ class Counts:
         return self.faults_recovered / faults if faults else 1.0
 
 
+def free_port() -> int:
+    """A port free on loopback now (a server started again takes the same one)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 class Server:
     """The server under test: one state dir and port, restarted in place."""
 
     def __init__(self, state: Path, env: dict[str, str]) -> None:
         self.state, self.env = state, env
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
+        self.port = free_port()
         self.process = EmbeddedServer.start(state, port=self.port, env=env)
         self.address = self.process.address
         self.token = (state / "token").read_text().strip()
@@ -98,17 +104,21 @@ class Server:
         return httpx.get(f"{self.address}{path}", headers={"Authorization": f"Bearer {self.token}"},
                          timeout=30).raise_for_status().json()
 
+    def pids(self) -> dict[str, int]:
+        """Each host that is up: its executor's pid (as the admin sees it)."""
+        return {h["name"]: h["pid"] for i in self.admin("/v1/islands") for h in i["hosts"]
+                if h["pid"] is not None and h["status"] == "up"}
+
     def kill_a_host(self, rng: random.Random) -> str | None:
         try:
-            hosts = [h for i in self.admin("/v1/islands") for h in i["hosts"]
-                     if h["pid"] is not None and h["status"] == "up"]
+            pids = self.pids()
         except httpx.HTTPError:
             return None
-        if not hosts:
+        if not pids:
             return None
-        host = rng.choice(hosts)
-        os.kill(host["pid"], signal.SIGKILL)
-        return str(host["name"])
+        host = rng.choice(sorted(pids))
+        os.kill(pids[host], signal.SIGKILL)
+        return host
 
     def restart(self) -> None:
         os.kill(self.process.pid, signal.SIGKILL)
@@ -241,18 +251,14 @@ def ledger(server: Server, counts: Counts) -> None:
 
 
 def _executor_processes(state: Path) -> int:
-    """Executor processes in the Ray daemon's session (by the watcher's pid in ray.json)."""
-    try:
-        sid = int(json.loads((state / "ray.json").read_text())["pid"])
-    except (OSError, ValueError, KeyError):
+    """Executor processes in the Ray daemon's session (its watcher's, in ray.json)."""
+    record = read_record(state)
+    if record is None:
         return 0
     count = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in session_members(int(str(record["pid"]))):
         try:
-            if os.getsid(int(entry.name)) == sid and b"RayHost" in (entry / "cmdline").read_bytes():
-                count += 1
+            count += b"RayHost" in Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
     return count

@@ -117,6 +117,8 @@ def start(state_dir: Path, *, num_cpus: int, object_store_bytes: int, token_file
                               f"already runs for state dir {state_dir}: join it or stop it first")
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     log_path = state_dir / LOG
+    # Ray's processes, and its workers (the executors), inherit this environment: they
+    # import Isthmus's modules from here even where it is not installed.
     package_root = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)

@@ -3,8 +3,6 @@ Ray daemon a server starts apart from itself (executors/ray_daemon.py)."""
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,6 +10,7 @@ from pathlib import Path
 import psutil
 
 from client.embedded import EmbeddedServer
+from executors.ray_watcher import read_record, session_members
 
 
 @contextmanager
@@ -27,18 +26,16 @@ def own_server(state: Path, env: dict[str, str]) -> Iterator[tuple[str, str]]:
 
 def daemon_processes(state: Path) -> list[psutil.Process]:
     """The processes of the state dir's Ray daemon: its watcher's session (by pid)."""
-    try:
-        sid = int(json.loads((state / "ray.json").read_text())["pid"])
-    except (OSError, ValueError, KeyError):
+    record = read_record(state)
+    if record is None:
         return []
-    return [p for p in psutil.process_iter() if _sid(p.pid) == sid]
-
-
-def _sid(pid: int) -> int | None:
-    try:
-        return os.getsid(pid)
-    except OSError:
-        return None
+    processes = []
+    for pid in session_members(int(str(record["pid"]))):
+        try:
+            processes.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    return processes
 
 
 def kill_daemon(state: Path) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 
@@ -20,19 +19,14 @@ import pytest
 from servers import kill_daemon
 
 import client as isthmus
+from bench.soak import free_port
 from client.embedded import EmbeddedServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_a_server_killed_and_started_again_carries_on_with_the_clients_handles(tmp_path: Path) -> None:
-    state, port = tmp_path / "state", _free_port()
+    state, port = tmp_path / "state", free_port()
     servers: list[EmbeddedServer] = []
     try:
         servers.append(EmbeddedServer.start(state, port=port))
