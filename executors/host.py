@@ -244,7 +244,7 @@ class Host:
         stay. Returns where the new server's numbering starts, and the buffers held."""
         with self._cond:
             dropped = len(self._ops)
-            self._next = max(self._next, *(k + 1 for k in self._ops)) if self._ops else self._next
+            self._next = max([self._next, *(k + 1 for k in self._ops)])
             self._ops.clear()
             base = self._next
         self._forgotten.clear()
