@@ -89,7 +89,8 @@ def queued_put(service: Service, owner: ClientRecord, s: Slice, b: str, u: Uploa
         return _nothing()
 
     sub = Submission(new_id("put"), owner.id, tuple(sorted(s.hosts)), 1.0)
-    service.gangs.submit(s.island, sub, start, [], outputs=[b])
+    # `b` is touched until the put is numbered on its hosts: a read waits for that.
+    service.gangs.submit(s.island, sub, start, [b], outputs=[b])
 
 
 async def _nothing() -> None:

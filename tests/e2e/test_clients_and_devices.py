@@ -74,7 +74,10 @@ def test_uploads_while_an_island_restarts_land_on_its_new_executors(c):
     sent = []
     while not restarted.is_set() or not sent:  # uploads before, during and after the restart
         x0 = np.full(4, len(sent), np.float32)
-        sent.append((c.put(x0, s), x0))
+        x = c.put(x0, s)
+        if len(sent) % 3 == 0:  # a read at once waits for the put queued behind the restart
+            np.testing.assert_array_equal(x.numpy(), x0)
+        sent.append((x, x0))
     for x, x0 in sent:
         np.testing.assert_array_equal(x.numpy(), x0)
         np.testing.assert_array_equal(f(x).numpy(), x0 - 1)
