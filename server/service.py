@@ -12,8 +12,8 @@ import base64
 import binascii
 import logging
 import time
-from collections.abc import Awaitable, Coroutine, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 from executors import ExecutorPool, RayOptions, State
 from executors.ray_daemon import ServerLock, hold_server_lock
@@ -47,6 +47,7 @@ from server.quotas import Quotas
 from server.records import BufferRecord, ClientRecord, ComputationRecord, new_id, output_ids
 from server.registry import Registry
 from server.remake import queued_put, usable
+from server.restarts import Restarts
 from server.settings import Settings
 from server.settling import Settling
 from server.state import read_secret, secret
@@ -54,6 +55,7 @@ from server.store import open_store
 from server.tasks import Tasks
 
 log = logging.getLogger("isthmus.server")
+T = TypeVar("T")
 CLUSTER = "cluster"  # the registry's note of the cluster the executors were started for
 
 
@@ -81,7 +83,7 @@ class Service:
         window = settings.gang_window if settings.gang_order else 1 << 30
         self.gangs = Gangs(rm.islands(), settings.gang_policy, window)
         self.settling = Settling()  # results known ready from the hosts' answers
-        self.restarting: set[str] = set()  # islands whose executors are being replaced
+        self.restarting = Restarts()  # islands whose executors are being replaced
         self._tasks = Tasks()
         self._lock: ServerLock | None = None  # on the state dir, while this server runs
         self.healer = Healer(self)
@@ -374,6 +376,9 @@ class Service:
     async def wait(self, rec: BufferRecord) -> str:
         """Wait until the buffer settles on every host; raise its remote cause if it failed.
         A lost buffer is made again first, where its lineage allows (`server.remake`)."""
+        return await self._despite_restart(rec, self._wait)
+
+    async def _wait(self, rec: BufferRecord) -> str:
         usable(self, rec)
         await self._admitted(rec)
         if await self.settling.ready(rec.id, self.settings.fetch_timeout_s):
@@ -383,14 +388,37 @@ class Service:
         return "ready"
 
     async def fetch(self, owner: ClientRecord, buffer_id: str) -> tuple[BufferRecord, bytes]:
-        rec = usable(self, self.buffer(owner, buffer_id))
+        rec = self.buffer(owner, buffer_id)
+        return rec, await self._despite_restart(rec, self._fetch)
+
+    async def _fetch(self, rec: BufferRecord) -> bytes:
+        usable(self, rec)
         timeout = self.settings.fetch_timeout_s
         await self._admitted(rec)
         if len(rec.hosts) == 1:
-            return rec, await self.pool.fetch(rec.hosts[0], rec.id, timeout)
+            return await self.pool.fetch(rec.hosts[0], rec.id, timeout)
         parts = await asyncio.gather(*(self.pool.fetch_shards(h, rec.id, timeout) for h in rec.hosts))
         whole = assemble(rec.aval.shape, parse_dtype(rec.aval.dtype), [s for shards in parts for s in shards])
-        return rec, whole.tobytes()
+        return whole.tobytes()
+
+    async def _despite_restart(self, rec: BufferRecord, read: Callable[[BufferRecord], Awaitable[T]]) -> T:
+        """Read a buffer; a read cut off by its island's restart (the executor it asked went
+        with the old ones) waits for the restart and reads the value made again."""
+        try:
+            return await read(rec)
+        except Unavailable:
+            islands = {self.rm.host_island(h) for h in rec.hosts}
+            if not any(i in self.restarting for i in islands) and rec.id not in self.lost:
+                raise
+            try:
+                await asyncio.wait_for(asyncio.gather(*(self.restarting.over(i) for i in islands)),
+                                       self.settings.fetch_timeout_s)
+            except TimeoutError:
+                raise Unavailable(f"buffer {rec.id}: its island is still restarting after "
+                                  f"{self.settings.fetch_timeout_s:g}s") from None
+            if rec.id not in self.lost:  # the restart did not take it: the failure stands
+                raise
+        return await read(rec)
 
     async def _admitted(self, rec: BufferRecord) -> None:
         """Wait (bounded) until no queued call or run touches the buffer."""

@@ -1,0 +1,32 @@
+"""The islands whose executors are being replaced, and a wait for a restart's end.
+
+Whoever starts a restart adds the island (`Service.restart_island`, `server.healing`), and
+`Service.restart_claimed` discards it when the restart is over, failed or not: whoever
+waits on `over` then goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+
+class Restarts:
+    def __init__(self) -> None:
+        self._over: dict[str, asyncio.Event] = {}
+
+    def __contains__(self, island: object) -> bool:
+        return island in self._over
+
+    def add(self, island: str) -> None:
+        self._over.setdefault(island, asyncio.Event())
+
+    def discard(self, island: str) -> None:
+        event = self._over.pop(island, None)
+        if event is not None:
+            event.set()
+
+    async def over(self, island: str) -> None:
+        """Return once the island is not restarting (at once if it is not now)."""
+        event = self._over.get(island)
+        if event is not None:
+            await event.wait()
