@@ -28,6 +28,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import pickle
@@ -161,7 +162,13 @@ class Channel:
                 return answer
             call_id, self._next = self._next, self._next + 1
             self._pending[call_id] = answer
-        self._send((call_id, method, args))
+        try:
+            self._send((call_id, method, args))
+        except Unavailable as e:
+            with self._lock:
+                self._pending.pop(call_id, None)
+            if not answer.done():
+                answer.set_exception(e)
         return answer
 
     def tell(self, method: str, *args: Any) -> None:
@@ -171,10 +178,24 @@ class Channel:
         self._send((0, method, args))
 
     def _send(self, message: Any) -> None:
-        if threading.get_ident() == self._thread:
+        """Write a frame; `Unavailable` where the connection has ended and the reader has not
+        yet seen it (a write to a closed transport raises)."""
+        if threading.get_ident() != self._thread:
+            self._loop.call_soon_threadsafe(self._write_later, message)
+            return
+        try:
+            if self._writer.is_closing():
+                raise RuntimeError("the transport is closing")
             _write(self._writer, message)
-        else:
-            self._loop.call_soon_threadsafe(_write, self._writer, message)
+        except (RuntimeError, OSError) as e:
+            raise Unavailable(f"host {self.host}: the executor's channel was lost: {e}") from None
+
+    def _write_later(self, message: Any) -> None:
+        """(On the loop.) Where the connection has ended, the frame is dropped: the reader's
+        end fails every pending answer."""
+        if not self._writer.is_closing():
+            with contextlib.suppress(RuntimeError, OSError):
+                _write(self._writer, message)
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         why, lost = "closed", True

@@ -22,6 +22,7 @@ def own_server(state: Path, env: dict[str, str]) -> Iterator[tuple[str, str]]:
         yield srv.address, (state / "token").read_text().strip()
     finally:
         srv.stop()
+        (state.parent / "server.log").write_text("".join(srv.log))  # kept with the test's tmp dir
 
 
 def daemon_processes(state: Path) -> list[psutil.Process]:

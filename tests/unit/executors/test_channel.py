@@ -133,3 +133,16 @@ def test_connecting_where_nothing_listens_is_unavailable():
             await Channel.connect("h9", "127.0.0.1", 1, SECRET, timeout=5)
 
     asyncio.run(scenario())
+
+
+def test_a_request_on_a_connection_ended_before_the_reader_saw_it_fails_unavailable():
+    async def scenario():
+        channel = await opened(Target())
+        channel._writer.transport.abort()  # ended; the reader has not run since
+        with pytest.raises(Unavailable, match="channel was lost"):
+            channel.tell("note", 1)
+        with pytest.raises(Unavailable, match="channel was lost"):
+            await asyncio.wrap_future(channel.call("add", 2, 3))
+        channel.close()
+
+    asyncio.run(scenario())
