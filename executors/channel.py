@@ -278,3 +278,88 @@ class Link:
     def _close(self) -> None:
         self.closed = True
         self._sock.close()
+
+
+# -- peers' sends, read by threads --------------------------------------------------------
+
+
+class PeerListener:
+    """Where peer executors' `Link`s connect: a thread per connection reads its frames and
+    calls the target's method at once, in that thread (no event loop between the wire and
+    the host: a value another host sends reaches the waiting dispatch thread a hop sooner).
+
+    The same rules as `serve`: the first frame, within `AUTH_TIMEOUT_S`, must be the secret
+    (read through `secret`, so a new server's secret applies to connections made after it);
+    a frame is at most `MAX_REQUEST` bytes; only `methods` are called, and only as requests
+    that want no answer. At most `MAX_PEERS` connections are open at once; more are closed.
+    """
+
+    MAX_PEERS = 256
+
+    def __init__(self, target: object, secret: Callable[[], bytes], address: str,
+                 methods: Collection[str]) -> None:
+        self._target = target
+        self._secret = secret
+        self._allowed = frozenset(methods)
+        self._sock = socket.create_server((address, 0))
+        self.port: int = self._sock.getsockname()[1]
+        self._open = threading.BoundedSemaphore(self.MAX_PEERS)
+        threading.Thread(target=self._accept, name="peer-accept", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:  # closed
+                return
+            if not self._open.acquire(blocking=False):
+                log.warning("channel: over %d peer connections; one more was closed", self.MAX_PEERS)
+                conn.close()
+                continue
+            threading.Thread(target=self._serve, args=(conn,), name="peer", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            with conn:
+                conn.settimeout(AUTH_TIMEOUT_S)
+                secret = self._secret()
+                if not hmac.compare_digest(_read_frame(conn, len(secret)), secret):
+                    log.warning("channel: a peer connection without the secret was closed")
+                    return
+                conn.settimeout(None)
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                while True:
+                    call_id, method, args = pickle.loads(_read_frame(conn, MAX_REQUEST))
+                    if call_id or method not in self._allowed:
+                        log.warning("channel: a peer asked for %r (answered: %s); not served",
+                                    method, bool(call_id))
+                        continue
+                    try:
+                        getattr(self._target, method)(*args)
+                    except Exception:
+                        log.exception("channel: a peer's %s failed", method)
+        except (EOFError, OSError, ValueError, pickle.UnpicklingError) as e:
+            log.info("channel: a peer connection ended: %s", e or type(e).__name__)
+        finally:
+            self._open.release()
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def _read_frame(conn: socket.socket, limit: int) -> bytearray:
+    (size,) = HEADER.unpack(_read_exactly(conn, HEADER.size))
+    if size > limit:
+        raise ValueError(f"a frame of {size} bytes, over the limit of {limit}")
+    return _read_exactly(conn, size)
+
+
+def _read_exactly(conn: socket.socket, size: int) -> bytearray:
+    data = bytearray(size)
+    view, got = memoryview(data), 0
+    while got < size:
+        n = conn.recv_into(view[got:])
+        if n == 0:
+            raise EOFError("the peer closed the connection")
+        got += n
+    return data

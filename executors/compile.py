@@ -7,6 +7,7 @@ declared must be the ones the artifact carries, or compiling fails with both nam
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,10 +36,17 @@ def named(mesh: Mesh, spec: Spec) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(*spec.entries))
 
 
+@functools.lru_cache(maxsize=1024)
+def sharding_of(mesh: DeviceMesh, spec: Spec) -> NamedSharding:
+    """A slice's sharding, built once per process: the devices a mesh names never change in
+    a process, and building one costs more than a small value's placement."""
+    return named(make_mesh(mesh), spec)
+
+
 def place(array: Any, mesh: DeviceMesh, spec: Spec) -> Any:
     """A host array on a slice's devices, ready; on a slice spanning hosts, this process's
     shards of it (every host of the slice places the same whole array)."""
-    sharding = named(make_mesh(mesh), spec)
+    sharding = sharding_of(mesh, spec)
     if sharding.is_fully_addressable:
         return jax.block_until_ready(jax.device_put(array, sharding))
     placed = jax.make_array_from_callback(np.shape(array), sharding, lambda index: array[index])

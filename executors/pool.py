@@ -110,7 +110,7 @@ class ExecutorPool(IslandLifecycle):
         self._generation = 0  # of replaced executors (their actor names carry it)
         self._reads = {h: asyncio.Semaphore(READS_PER_HOST) for h in handles}
         self._secret = secrets.token_bytes(SECRET_BYTES)  # what an executor's channel asks first
-        self.addresses: dict[str, tuple[str, int]] = {}  # host -> its executor's channel
+        self.addresses: dict[str, tuple[str, int]] = {}  # host -> where its executor takes peers' sends
         self.discovered = False  # its islands came from the Ray nodes' labels (it may grow)
         # Told (host, why) on the event loop when a host's executor is lost (its channel ended).
         self.on_host_lost: Callable[[str, str], None] | None = None
@@ -138,11 +138,11 @@ class ExecutorPool(IslandLifecycle):
         timeout = self._options.group_timeout_s
 
         async def one(host: str, handle: Any) -> Channel:
-            address, port = await self._await(handle.open_channel.remote(self._secret), host, timeout,
-                                              "open its channel")
+            address, port, peer_port = await self._await(handle.open_channel.remote(self._secret), host,
+                                                         timeout, "open its channel")
             channel = await Channel.connect(host, address, port, self._secret, timeout)
             channel.on_lost = lambda why: self._lost(host, channel, why)
-            self.addresses[host] = (address, port)
+            self.addresses[host] = (address, peer_port)
             return channel
 
         opened = await asyncio.gather(*(one(h, a) for h, a in handles.items()), return_exceptions=True)

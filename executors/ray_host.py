@@ -4,9 +4,10 @@ Contract:
 - The server's requests on every call's path reach the actor over its channel
   (`executors.channel`, methods `DIRECT`); the rest are actor calls.
 - A value one host sends another inside a program (`Runner`'s `Send`) goes executor to
-  executor without the server: over the peer's channel, which the dispatch thread writes
-  itself (`channel.Link`, opened on first use with the secret the server uses; the pool
-  hands every executor its peers' addresses, `set_peer_addresses`). A payload over
+  executor without the server: over a link to the peer's listener, which the dispatch
+  thread writes itself and a thread of the peer's reads (`channel.Link`, `PeerListener`;
+  opened on first use with the secret the server uses; the pool hands every executor its
+  peers' addresses, `set_peer_addresses`). A payload over
   `PEER_FRAME_BYTES`, or one for a peer whose channel is unknown or lost, goes as an actor
   call through Ray's object store instead. A frame costs tens of microseconds where an actor
   call from an executor costs milliseconds on a small machine (docs/benchmarks.md). Either
@@ -26,7 +27,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from executors.channel import Link, serve
+from executors.channel import Link, PeerListener, serve
 from executors.host import Host
 from executors.messages import Payload, Shards, Whole
 from ir import Unavailable
@@ -46,7 +47,8 @@ DIRECT = frozenset({"run", "run_batch", "wait", "fetch", "fetch_shards", "put", 
                     "states", "stats", "expect"})
 TOLD = frozenset({"put", "delete", "forget", "skip", "expect"})  # nobody reads their answer
 DIRECT_PUT_BYTES = 8 << 20
-SERVED = DIRECT | {"deliver"}  # what an executor's channel answers: the server's, and peers' sends
+SERVED = DIRECT  # what an executor's channel answers: the server's requests
+PEER_SERVED = frozenset({"deliver"})  # what the peers' listener calls: their sends
 PEER_FRAME_BYTES = 8 << 20  # a larger send goes through Ray's object store
 CONNECT_TIMEOUT_S = 10.0
 
@@ -124,7 +126,8 @@ class RayHost(Host):
         super().__init__(host, wait_timeout_s, in_flight)
         self._namespace = namespace
         self._peers: dict[str, Any] = {}  # host -> its actor
-        self._addresses: dict[str, tuple[str, int]] = {}  # host -> its channel
+        self._addresses: dict[str, tuple[str, int]] = {}  # host -> its peers' listener
+        self._peer_listener: PeerListener | None = None
         self._links: dict[str, Link] = {}  # host -> the open link to its channel
         self._links_lock = threading.Lock()
         self._secret = b""
@@ -139,11 +142,15 @@ class RayHost(Host):
             port = sock.getsockname()[1]
         return f"{self._address}:{port}"
 
-    async def open_channel(self, secret: bytes) -> tuple[str, int]:
-        """Listen for the server's direct requests and peers' sends (`executors.channel`);
-        the address and port."""
+    async def open_channel(self, secret: bytes) -> tuple[str, int, int]:
+        """Listen for the server's direct requests, and for peers' sends (`executors.channel`;
+        the peers' listener once per executor, taking the latest server's secret); the
+        address, the server's port and the peers' port."""
         self._secret = secret
-        return await serve(self, secret, self._address, SERVED)
+        if self._peer_listener is None:
+            self._peer_listener = PeerListener(self, lambda: self._secret, self._address, PEER_SERVED)
+        address, port = await serve(self, secret, self._address, SERVED)
+        return address, port, self._peer_listener.port
 
     def set_peers(self, peers: Mapping[str, Any]) -> None:
         """Use these actors for these hosts from now on (after an island's hosts restarted)."""

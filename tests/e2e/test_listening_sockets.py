@@ -90,8 +90,9 @@ def grpc_refusal(port: int, token: str) -> str | None:
 
 
 def channel_refusal(port: int) -> str | None:
-    """An executor's channel (`executors.channel`): a peer whose first frame is not the
-    pool's secret, asking for the host's stats, is closed unanswered."""
+    """An executor's channel or its peers' listener (`executors.channel`): a peer whose first
+    frame is not the pool's secret, asking for the host's stats, is closed unanswered (reset,
+    where the rest of what it sent was left unread)."""
     wrong = os.urandom(SECRET_BYTES)
     request = pickle.dumps((1, "stats", ()))
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
@@ -100,6 +101,8 @@ def channel_refusal(port: int) -> str | None:
             answer = sock.recv(1)
         except TimeoutError:
             return None
+        except ConnectionResetError:
+            return "reset unanswered"
     return "closed unanswered" if answer == b"" else None
 
 

@@ -3,10 +3,12 @@ the method allowlist, answers out of order, and a lost connection failing every 
 
 import asyncio
 import pickle
+import socket
+import threading
 
 import pytest
 
-from executors.channel import HEADER, MAX_REQUEST, Channel, serve
+from executors.channel import HEADER, MAX_REQUEST, Channel, Link, PeerListener, serve
 from ir import RemoteError, Unavailable
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
@@ -146,3 +148,56 @@ def test_a_request_on_a_connection_ended_before_the_reader_saw_it_fails_unavaila
         channel.close()
 
     asyncio.run(scenario())
+
+
+class Sink:
+    """A peer listener's target: what it was told, and an event once `n` arrived."""
+
+    def __init__(self, n: int) -> None:
+        self.got: list[int] = []
+        self.n = n
+        self.all_in = threading.Event()
+
+    def deliver(self, k: int) -> None:
+        self.got.append(k)
+        if len(self.got) == self.n:
+            self.all_in.set()
+
+    def hidden(self, k: int) -> None:
+        self.got.append(-k)
+
+
+def test_a_peer_link_delivers_in_order_and_only_what_is_served():
+    sink = Sink(100)
+    listener = PeerListener(sink, lambda: SECRET, "127.0.0.1", ("deliver",))
+    link = Link.connect("h0", "127.0.0.1", listener.port, SECRET, timeout=5)
+    link.tell("hidden", 1)  # not served: skipped, the connection goes on
+    for k in range(100):
+        link.tell("deliver", k)
+    assert sink.all_in.wait(10)
+    assert sink.got == list(range(100))
+    link.close()
+    listener.close()
+
+
+def closed(sock: socket.socket) -> bool:
+    """The other end closed the connection (with unread data behind it: reset)."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_a_peer_connection_without_the_secret_or_over_the_limit_is_closed():
+    sink = Sink(1)
+    listener = PeerListener(sink, lambda: SECRET, "127.0.0.1", ("deliver",))
+    with socket.create_connection(("127.0.0.1", listener.port), timeout=5) as sock:
+        wrong = b"w" * len(SECRET)
+        sock.sendall(HEADER.pack(len(wrong)) + wrong)
+        sock.sendall(HEADER.pack(5) + pickle.dumps((0, "deliver", (1,)))[:5])
+        assert closed(sock)  # nothing delivered
+    with socket.create_connection(("127.0.0.1", listener.port), timeout=5) as sock:
+        sock.sendall(HEADER.pack(len(SECRET)) + SECRET + HEADER.pack(MAX_REQUEST + 1))
+        assert closed(sock)
+    assert sink.got == []
+    listener.close()
