@@ -61,6 +61,7 @@ from ir.plan import Enter, Exit, Merge, NextIteration, Switch
 log = logging.getLogger("isthmus.executors")
 FINISHED_RUNS = 4096  # finished run ids remembered, so late deliveries to them are dropped
 IN_FLIGHT = 8  # computations issued and not known finished, per host (see docs/architecture.md)
+FITTING_KEPT = 1024  # pairs of shardings known to fit each other, or not
 Deliver = Callable[[str, str, str, Payload], None]  # (to host, run id, tag, payload)
 
 
@@ -112,6 +113,8 @@ class Runner:
         self._layouts: dict[str, Layout] = {}  # plan key -> its frames (loop heads)
         self._aborts: dict[str, list[Abort]] = {}  # run -> peers that left a loop early
         self._executables: dict[str, _Executable] = {}  # by key: what each step needs of it
+        self._ready: dict[str, tuple[Any, _Executable]] = {}  # by key: the compiled executable
+        self._fitting: dict[tuple[int, int, int], tuple[Any, Any, bool]] = {}  # `_fits`, known
 
     # -- on arrival (actor thread) ---------------------------------------------------------
 
@@ -180,6 +183,7 @@ class Runner:
             self._layouts.pop(key, None)
         for key in executables:
             self._executables.pop(key, None)
+            self._ready.pop(key, None)
 
     @property
     def plans(self) -> int:
@@ -324,21 +328,23 @@ class Runner:
 
         args = [env[v] for v in step.inputs]
         failure = blocked(args)
-        if failure is None:
+        ready = self._ready.get(step.key)
+        if failure is None and ready is None:
             try:
                 exe = self._executable(step.key).result(timeout)
+                ready = self._ready[step.key] = (exe, self._known(step.key, exe))
             except FutureTimeout:
                 where = f" (in {frames.where()})" if len(frames) else ""
                 failure = Failure(f"{step.label}{where}: executable {step.key} not compiled "
                                   f"within {timeout:g}s")
             except Failure as f:
                 failure = f
-        if failure is not None:
+        if failure is not None or ready is None:
             for value in step.outputs:
                 env[value] = failure
             return
-        known = self._known(step.key, exe)
-        args = [a if a.sharding is s or a.sharding.is_equivalent_to(s, a.ndim) else jax.device_put(a, s)
+        exe, known = ready
+        args = [a if self._fits(a, s) else jax.device_put(a, s)
                 for a, s in zip(args, known.in_shardings, strict=True)]
         if known.spans_hosts:
             self.drain()  # alone: nothing else of this host in flight while its collectives run
@@ -347,6 +353,22 @@ class Runner:
             results = exe(*args)
             self._issue(step.label, results)
         env.update(zip(step.outputs, results, strict=True))
+
+    def _fits(self, array: Any, sharding: Any) -> bool:
+        """Whether the array is laid out as the executable takes it. Asked once per pair of
+        sharding objects (a chain's outputs share one object, its inputs another), as the
+        comparison costs more than issuing a small computation's share of it."""
+        if array.sharding is sharding:
+            return True
+        pair = (id(array.sharding), id(sharding), array.ndim)
+        known = self._fitting.get(pair)
+        if known is not None and known[0] is array.sharding and known[1] is sharding:
+            return known[2]
+        if len(self._fitting) >= FITTING_KEPT:
+            self._fitting.clear()
+        fits = array.sharding.is_equivalent_to(sharding, array.ndim)
+        self._fitting[pair] = (array.sharding, sharding, fits)  # (kept alive: ids stay theirs)
+        return fits
 
     def _known(self, key: str, exe: Any) -> _Executable:
         """What a step needs of an executable each time, worked out once per key."""
@@ -379,10 +401,9 @@ class Runner:
             self._finish_oldest()
 
     def _finish_oldest(self) -> None:
-        import jax
-
         try:
-            jax.block_until_ready(self._issued.popleft()[2])
+            for array in self._issued.popleft()[2]:
+                array.block_until_ready()
         except Exception as e:  # the arrays carry the error to whoever reads them
             self._failed(f"{type(e).__name__}: {e}")
 

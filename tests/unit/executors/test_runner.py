@@ -132,3 +132,18 @@ async def test_a_finished_run_leaves_no_mailbox_and_drops_late_deliveries(pair):
     assert isinstance(await b.fetch(1, "out"), Failed)  # the receive timed out; the run is over
     b.deliver("r0", "t0@a0", Whole(np.ones(3, np.float32)))  # too late
     assert not b.runner._mail and not b.runner._runs
+
+
+async def test_a_run_after_its_executable_was_forgotten_fails_and_names_it(pair):
+    a, _ = pair
+    f32 = jax.ShapeDtypeStruct((3,), jnp.float32)
+    assert await a.compile("double", artifact(lambda x: (x * 2,), f32), ON0, [[]], [[]]) is None
+    plan = HostPlan("a0", ((0, "%0"),), (Compute("double", ("%0",), ("%1",), "double"),), (0,),
+                    ((0, "%1"),), ())
+    a.put(0, "in", np.ones(3, np.float32).tobytes(), "float32", (3,), ON0, [])
+    await a.run(1, message(plan, "r0", args=[("%0", "in")], results=[("%1", "out0")]), plan)
+    assert isinstance(await a.fetch(2, "out0"), Ready)  # the executable is known to the runner now
+    a.forget(3, {"double": 1}, [])
+    await a.run(4, message(plan, "r1", args=[("%0", "in")], results=[("%1", "out1")]), plan)
+    reply = await a.fetch(5, "out1")
+    assert isinstance(reply, Failed) and "executable double was deleted" in reply.cause
