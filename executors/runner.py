@@ -459,7 +459,7 @@ class Runner:
         else:
             value = whole([shard for p in parts
                            for shard in (p.shards if isinstance(p, Shards) else [(_full(p.array), p.array)])])
-        return place(value, step.mesh, step.spec)
+        return value if step.on_host else place(value, step.mesh, step.spec)
 
 
 def _tag(tag: str, source: str) -> str:

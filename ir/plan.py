@@ -84,6 +84,9 @@ class Recv:
     tag: str
     mesh: DeviceMesh
     spec: Spec
+    # A loop's or branch's predicate, which only control steps read: kept in host memory,
+    # never placed on a device (placing it would cost more than reading it).
+    on_host: bool = False
 
 
 @dataclass(frozen=True)
@@ -225,7 +228,8 @@ def step_line(s: Step) -> str:
         case Send():
             return f"send {s.input} to {','.join(s.to)} tag {s.tag}"
         case Recv():
-            return f"{s.output} = recv from {','.join(s.sources)} tag {s.tag}"
+            where = " (host memory)" if s.on_host else ""
+            return f"{s.output} = recv from {','.join(s.sources)} tag {s.tag}{where}"
         case Enter():
             return f"{_values(s.outputs)} = enter {s.frame} {_values(s.inputs)}"
         case Merge():

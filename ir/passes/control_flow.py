@@ -73,7 +73,8 @@ def _broadcast(walk: Lowering, pred: str, hosts: list[str], frame: str, guard: s
         tag, received = f"p.{frame}", f"%{frame}.p"
         walk.emit((sources[0],), Send(pred, tuple(others), tag), guard)
         for h in others:
-            walk.emit((h,), Recv(received, (sources[0],), tag, walk.mesh_of_host(h), Spec(())), guard)
+            walk.emit((h,), Recv(received, (sources[0],), tag, walk.mesh_of_host(h), Spec(()), on_host=True),
+                      guard)
             names[h] = received
     return names
 
