@@ -49,7 +49,8 @@ def test_a_loop_over_two_islands_lowers_to_the_five_primitives_on_each_host():
     switch_b = next(s for s in b.steps if isinstance(s, Switch))
     assert switch_b.pred == pred_recv.output and switch_b.inputs == ()
     # only control steps read it: it stays in host memory, while a body value is placed
-    assert pred_recv.on_host and not any(s.on_host for s in b.steps if isinstance(s, Recv) and s is not pred_recv)
+    others = [s for s in b.steps if isinstance(s, Recv) and s is not pred_recv]
+    assert pred_recv.on_host and others and not any(s.on_host for s in others)
     # b0's body steps run under the body's pivot: dead once the loop is over.
     body = [i for i, s in enumerate(b.steps) if b.guard(i) == switch_b.pivots[1]]
     assert [type(b.steps[i]).__name__ for i in body] == ["Recv", "Compute", "Send"]
