@@ -316,7 +316,12 @@ class PeerListener:
                 log.warning("channel: over %d peer connections; one more was closed", self.MAX_PEERS)
                 conn.close()
                 continue
-            threading.Thread(target=self._serve, args=(conn,), name="peer", daemon=True).start()
+            try:
+                threading.Thread(target=self._serve, args=(conn,), name="peer", daemon=True).start()
+            except RuntimeError:  # no thread to be had: this peer sends through Ray instead
+                log.exception("channel: no thread for a peer connection; it was closed")
+                self._open.release()
+                conn.close()
 
     def _serve(self, conn: socket.socket) -> None:
         try:

@@ -23,6 +23,7 @@ from ir import (
     Conflict,
     DeviceMesh,
     InvalidArgument,
+    IsthmusError,
     MeshAxes,
     NotFound,
     Placement,
@@ -407,7 +408,7 @@ class Service:
         try:
             return await read(rec)
         except Unavailable:
-            islands = {self.rm.host_island(h) for h in rec.hosts}
+            islands = self._islands_of(rec.hosts)
             if not any(i in self.restarting for i in islands) and rec.id not in self.lost:
                 raise
             try:
@@ -419,6 +420,16 @@ class Service:
             if rec.id not in self.lost:  # the restart did not take it: the failure stands
                 raise
         return await read(rec)
+
+    def _islands_of(self, hosts: Sequence[str]) -> set[str]:
+        """The islands of these hosts (one the resource manager no longer knows is skipped)."""
+        islands = set()
+        for h in hosts:
+            try:
+                islands.add(self.rm.host_island(h))
+            except IsthmusError:
+                continue
+        return islands
 
     async def _admitted(self, rec: BufferRecord) -> None:
         """Wait (bounded) until no queued call or run touches the buffer."""
