@@ -23,6 +23,8 @@ Contract:
 - `Link` is a peer executor's end, for requests that want no answer (a program's sends from
   host to host): a plain blocking socket written by the thread that sends, with no event
   loop between the sender and the wire. A failed write closes it and raises `Unavailable`.
+- `PeerListener` is where `Link`s connect (a port of its own on each executor): a thread per
+  connection reads the frames and calls the method at once, under the rules of `serve`.
 """
 
 from __future__ import annotations
@@ -345,6 +347,8 @@ class PeerListener:
                         log.exception("channel: a peer's %s failed", method)
         except (EOFError, OSError, ValueError, pickle.UnpicklingError) as e:
             log.info("channel: a peer connection ended: %s", e or type(e).__name__)
+        except Exception:  # a frame that is no request: the connection ends, the host goes on
+            log.exception("channel: a peer connection sent what is not a request; it was closed")
         finally:
             self._open.release()
 

@@ -201,3 +201,17 @@ def test_a_peer_connection_without_the_secret_or_over_the_limit_is_closed():
         assert closed(sock)
     assert sink.got == []
     listener.close()
+
+
+def test_a_peer_frame_that_is_no_request_ends_only_that_connection():
+    sink = Sink(1)
+    listener = PeerListener(sink, lambda: SECRET, "127.0.0.1", ("deliver",))
+    with socket.create_connection(("127.0.0.1", listener.port), timeout=5) as sock:
+        junk = pickle.dumps("not a request")
+        sock.sendall(HEADER.pack(len(SECRET)) + SECRET + HEADER.pack(len(junk)) + junk)
+        assert closed(sock)
+    link = Link.connect("h0", "127.0.0.1", listener.port, SECRET, timeout=5)
+    link.tell("deliver", 7)  # the listener still serves
+    assert sink.all_in.wait(10) and sink.got == [7]
+    link.close()
+    listener.close()
