@@ -408,12 +408,11 @@ class Service:
         try:
             return await read(rec)
         except Unavailable:
-            islands = self._islands_of(rec.hosts)
-            if not any(i in self.restarting for i in islands) and rec.id not in self.lost:
+            island = self._island(rec)
+            if island not in self.restarting and rec.id not in self.lost:
                 raise
             try:
-                await asyncio.wait_for(asyncio.gather(*(self.restarting.over(i) for i in islands)),
-                                       self.settings.fetch_timeout_s)
+                await asyncio.wait_for(self.restarting.over(island), self.settings.fetch_timeout_s)
             except TimeoutError:
                 raise Unavailable(f"buffer {rec.id}: its island is still restarting after "
                                   f"{self.settings.fetch_timeout_s:g}s") from None
@@ -421,15 +420,13 @@ class Service:
                 raise
         return await read(rec)
 
-    def _islands_of(self, hosts: Sequence[str]) -> set[str]:
-        """The islands of these hosts (one the resource manager no longer knows is skipped)."""
-        islands = set()
-        for h in hosts:
-            try:
-                islands.add(self.rm.host_island(h))
-            except IsthmusError:
-                continue
-        return islands
+    def _island(self, rec: BufferRecord) -> str:
+        """The buffer's island (its slice's hosts are all on one); "" for a host the resource
+        manager no longer knows, which no restart will bring back."""
+        try:
+            return self.rm.host_island(rec.hosts[0])
+        except IsthmusError:
+            return ""
 
     async def _admitted(self, rec: BufferRecord) -> None:
         """Wait (bounded) until no queued call or run touches the buffer."""
