@@ -19,8 +19,12 @@ is computed on island a. Modes, measured in one run on one machine (median of ro
 
 `ratios.ingraph_vs_client_loop` is the paper's comparison (its claim: about 5x). Every
 mode's result is checked against a Python loop of the same float32 arithmetic.
-`parallel_iterations` is 1 (iterations of a loop do not overlap yet), so the in-graph rate
-is that of one iteration's latency.
+`ingraph` runs one iteration at a time on each host (`parallel_iterations` 1, the default);
+`ingraph_parallel_4` and `ingraph_parallel_16` are the same loop with up to 4 or 16 at once
+(`c.program(parallel_iterations=...)`): island a's counter and predicate may then run ahead
+of the value still crossing to island b and back. The three are timed round by round in
+turn, so that drift on a shared machine touches them alike; `parallel_iterations` in the
+JSON maps 1, 4 and 16 to their rates.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from bench.call_latency import isthmus_client
 from bench.machine import describe
 
 SIZE = 16
+PARALLEL = (1, 4, 16)  # parallel_iterations measured
 
 
 def f(v: Any) -> Any:
@@ -70,6 +75,22 @@ def timed(run: Callable[[], np.ndarray], n: int, rounds: int) -> float:
     return statistics.median(rates)
 
 
+def mode(parallel: int) -> str:
+    return "ingraph" if parallel == 1 else f"ingraph_parallel_{parallel}"
+
+
+def timed_in_turn(runs: dict[str, Callable[[], np.ndarray]], n: int, rounds: int) -> dict[str, list[float]]:
+    """Iterations/s of each run per round, the runs taking turns within each round."""
+    rates: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            out = run()
+            rates[name].append(n / (time.perf_counter() - start))
+            np.testing.assert_allclose(out, expected(n), rtol=1e-6)
+    return rates
+
+
 def measure(c: isthmus.Client, n_graph: int, n_client: int, rounds: int,
             one_host: bool = False) -> dict[str, float]:
     sa = c.slice({"x": 1}, island="a")
@@ -79,9 +100,11 @@ def measure(c: isthmus.Client, n_graph: int, n_client: int, rounds: int,
     x = c.put(np.zeros(SIZE, np.float32), sa)
     zero = c.put(np.int32(0), sa)
 
-    @c.program
-    def ingraph(v: Any, n: Any) -> Any:
-        return isthmus.fori_loop(0, n, lambda i, w: gb(fa(w)), v)
+    def ingraph(parallel: int) -> Any:
+        @c.program(parallel_iterations=parallel, name=f"ingraph_{parallel}")
+        def loop(v: Any, n: Any) -> Any:
+            return isthmus.fori_loop(0, n, lambda i, w: gb(fa(w)), v)
+        return loop
 
     @c.program
     def step(i: Any, v: Any, n: Any) -> Any:
@@ -98,12 +121,13 @@ def measure(c: isthmus.Client, n_graph: int, n_client: int, rounds: int,
         return v.numpy()
 
     bounds = {k: c.put(np.int32(k), sa) for k in (n_graph, 1)}
-    ingraph(x, bounds[1]).result()  # traced, registered, compiled
+    loops = {p: ingraph(p) for p in PARALLEL}
+    for loop in loops.values():
+        loop(x, bounds[1]).result()  # traced, registered, compiled
     client_loop(1)
-    rates = {
-        "ingraph": timed(lambda: ingraph(x, bounds[n_graph]).numpy(), n_graph, rounds),
-        "client_loop": timed(lambda: client_loop(n_client), n_client, rounds),
-    }
+    runs = {mode(p): (lambda loop=loop: loop(x, bounds[n_graph]).numpy()) for p, loop in loops.items()}
+    rates = {name: statistics.median(r) for name, r in timed_in_turn(runs, n_graph, rounds).items()}
+    rates["client_loop"] = timed(lambda: client_loop(n_client), n_client, rounds)
     return rates
 
 
@@ -133,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                    "ingraph_vs_client_loop_one_host": (rates["ingraph_one_host"]
                                                        / rates["client_loop_one_host"]),
                    "jax_while_vs_ingraph": rates["jax_while"] / rates["ingraph"]},
-        "parallel_iterations": {"1": rates["ingraph"]},
+        "parallel_iterations": {str(p): rates[mode(p)] for p in PARALLEL},
         "config": {"iterations": {"ingraph": n_graph, "client_loop": n_client, "jax_while": 100_000,
                                   "ingraph_one_host": n_graph * 5},
                    "rounds": rounds, "size": SIZE},

@@ -140,17 +140,19 @@ class Client:
         self._session.flush()
 
     def program(self, fn: Callable[..., Any] | None = None, *, dispatch: str | None = None,
-                fuse: bool | None = None, name: str | None = None) -> Any:
+                fuse: bool | None = None, name: str | None = None, parallel_iterations: int = 1) -> Any:
         """Trace `fn`, whose calls are jitted functions on any slices, into one program.
 
         Calling the result submits one run and returns `Buffer` futures. `dispatch` asks for
         "parallel" (one message per host, the default) or "sequential" dispatch; `fuse`
         whether adjacent computations on one slice become one executable (default: the
-        server's setting). See `client.program`.
+        server's setting); `parallel_iterations` how many iterations of each of its loops a
+        host may run at once, unless the loop says otherwise (`isthmus.while_loop`). See
+        `client.program`.
         """
         if fn is None:
-            return lambda f: ProgramFunction(self._session, f, dispatch, name, fuse)
-        return ProgramFunction(self._session, fn, dispatch, name, fuse)
+            return lambda f: ProgramFunction(self._session, f, dispatch, name, fuse, parallel_iterations)
+        return ProgramFunction(self._session, fn, dispatch, name, fuse, parallel_iterations)
 
     def jit(self, fn: Callable[..., Any] | None = None, *, slice: Slice, in_specs: Any = None,
             out_specs: Any = None, name: str | None = None) -> Any:

@@ -30,6 +30,7 @@ import numpy as np
 
 from client.trace import Names, Trace, Traced, current_trace, tracing
 from ir import Aval, InvalidArgument, ProgramBuilder, Spec, Type
+from ir.ops import MAX_PARALLEL_ITERATIONS
 
 __all__ = ["cond", "fori_loop", "while_loop"]
 
@@ -78,11 +79,13 @@ class _While:
     pred: int
     results: list[int]  # in body, one per carry
     outputs: list[int]
+    parallel_iterations: int
 
     def emit(self, trace: Trace, b: ProgramBuilder, names: Names) -> None:
         cond = _graph(self.cond, b, self.cond_args, [self.pred], names)
         body = _graph(self.body, b, self.body_args, self.results, names)
-        names.update(zip(self.outputs, b.while_([names[v] for v in self.carry], cond, body), strict=True))
+        outs = b.while_([names[v] for v in self.carry], cond, body, self.parallel_iterations)
+        names.update(zip(self.outputs, outs, strict=True))
 
 
 @dataclass
@@ -110,9 +113,28 @@ def _captured(children: Sequence[Trace], already: Sequence[int]) -> list[int]:
     return list(seen)
 
 
-def while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], init_val: Any) -> Any:
-    """`jax.lax.while_loop` in the graph: `while cond_fun(val): val = body_fun(val)`."""
+def check_parallel_iterations(parallel_iterations: Any) -> int:
+    """A loop's `parallel_iterations`, checked: an int from 1 to MAX_PARALLEL_ITERATIONS."""
+    p = parallel_iterations
+    if isinstance(p, bool) or not isinstance(p, int | np.integer) or not 1 <= p <= MAX_PARALLEL_ITERATIONS:
+        raise InvalidArgument(f"parallel_iterations must be an integer from 1 to {MAX_PARALLEL_ITERATIONS}, "
+                              f"found {p!r}")
+    return int(p)
+
+
+def while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], init_val: Any,
+               parallel_iterations: int | None = None) -> Any:
+    """`jax.lax.while_loop` in the graph: `while cond_fun(val): val = body_fun(val)`.
+
+    `parallel_iterations` (default: the program's, 1 unless `c.program` says otherwise):
+    how many iterations each host may run at once. Iteration k + 1 begins on a host once
+    iteration k has taken the body, and its steps run as soon as what they read is there,
+    so a counter and a predicate can run ahead of a value still crossing hosts. A loop
+    whose computations span hosts (an island's JAX group) runs one iteration at a time
+    whatever this asks: its hosts must enter those collectives in one order."""
     trace = _trace("while_loop")
+    parallel = trace.root.parallel_iterations if parallel_iterations is None else \
+        check_parallel_iterations(parallel_iterations)
     init, treedef, paths = _flatten(trace, init_val)
     init = [trace.local(v) for v in init]
     cond, body = trace.child(), trace.child()
@@ -156,7 +178,8 @@ def while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], i
     results += [body.captures[v] for v in captured]  # invariants: returned unchanged
     outputs = [trace.new_value(a, w, t) for a, w, t in zip(avals, weak, carried, strict=True)]
     unused = [trace.new_value(trace.values[v].aval, trace.values[v].weak, trace.typed(v)) for v in captured]
-    trace.add(_While(init + captured, cond, body, cond_args, body_args, pred, results, outputs + unused))
+    trace.add(_While(init + captured, cond, body, cond_args, body_args, pred, results, outputs + unused,
+                     parallel))
     return jax.tree_util.tree_unflatten(treedef, [trace.traced(v) for v in outputs])
 
 
@@ -209,9 +232,11 @@ def cond(pred: Any, true_fun: Callable[..., Any], false_fun: Callable[..., Any],
     return jax.tree_util.tree_unflatten(t_def, [trace.traced(v) for v in outputs])
 
 
-def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any, Any], Any], init_val: Any) -> Any:
+def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any, Any], Any], init_val: Any,
+              parallel_iterations: int | None = None) -> Any:
     """`jax.lax.fori_loop` in the graph: `for i in range(lower, upper): val = body_fun(i, val)`.
-    The counter is an int32[] on the slice of the carry's first typed leaf."""
+    The counter is an int32[] on the slice of the carry's first typed leaf.
+    `parallel_iterations` as in `while_loop`."""
     from client.jit import Function
 
     trace = _trace("fori_loop")
@@ -232,5 +257,5 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any, Any], Any], init_
     start = lower if isinstance(lower, Traced) else np.int32(lower)
     counter = trace.use(trace.leaf(start), where, Spec(()))
     _, carry = while_loop(keep_going, lambda c: (inc(c[0]), body_fun(c[0], c[1])),
-                          (trace.traced(counter), init_val))
+                          (trace.traced(counter), init_val), parallel_iterations)
     return carry

@@ -18,6 +18,7 @@ import numpy as np
 
 from client.arrays import as_array
 from client.buffer import Buffer
+from client.control_flow import check_parallel_iterations
 from client.trace import Trace, tracing
 from ir import Aval, Program, Spec, Type, print_program, to_wire
 
@@ -41,9 +42,10 @@ class Registered:
 
 class ProgramFunction:
     def __init__(self, session: Session, fn: Callable[..., Any], dispatch: str | None = None,
-                 name: str | None = None, fuse: bool | None = None) -> None:
+                 name: str | None = None, fuse: bool | None = None, parallel_iterations: int = 1) -> None:
         if dispatch is not None and dispatch not in DISPATCH:
             raise ValueError(f"dispatch: expected one of {DISPATCH} or None, got {dispatch!r}")
+        self.parallel_iterations = check_parallel_iterations(parallel_iterations)
         self._session = session
         self.fn = fn
         self.dispatch = dispatch
@@ -83,7 +85,7 @@ class ProgramFunction:
         return print_program(self.trace(*args))
 
     def _trace(self, items: list[Buffer | tuple[np.ndarray, bool]], in_tree: Any) -> Registered:
-        trace = Trace(self._session.slices)
+        trace = Trace(self._session.slices, parallel_iterations=self.parallel_iterations)
         traced_args = [trace.argument(x) if isinstance(x, Buffer) else trace.argument(*x) for x in items]
         with tracing(trace):
             out = self.fn(*jax.tree_util.tree_unflatten(in_tree, traced_args))

@@ -121,9 +121,11 @@ class _Transfer:
 
 
 class Trace:
-    def __init__(self, slices: Mapping[str, Slice] | None = None, parent: Trace | None = None) -> None:
+    def __init__(self, slices: Mapping[str, Slice] | None = None, parent: Trace | None = None,
+                 parallel_iterations: int = 1) -> None:
         self.parent = parent
         self.root: Trace = self if parent is None else parent.root
+        self.parallel_iterations = parallel_iterations  # the program's default for its loops
         self._known = slices or {}  # the client's slices, for buffers on a slice no call uses
         self.values: list[_Value] = [] if parent is None else parent.values
         self.args: list[int] = []  # program (or sub-graph) arguments, in order

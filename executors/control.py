@@ -23,6 +23,7 @@ Contract:
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,26 +80,31 @@ class Layout:
     framed: tuple[tuple[int, int], ...]  # (first, last) step index of each outermost frame
     loops: dict[int, str]  # index of a loop's Switch -> its frame
     peers: dict[str, frozenset[str]]  # frame -> the hosts this host exchanges values with in it
+    tails: dict[str, tuple[int, int]]  # frame -> index of its NextIteration and of its Exit
 
     @classmethod
     def of(cls, plan: HostPlan) -> Layout:
         heads, opened, framed, loops = {}, [], [], {}
         peers: dict[str, set[str]] = {}
+        nexts, tails = {}, {}
         for i, s in enumerate(plan.steps):
             if isinstance(s, Merge) and s.frame is not None:
                 heads[s.frame] = i
             elif isinstance(s, Enter):
                 opened.append((i, s.frame))
                 peers[s.frame] = set()
+            elif isinstance(s, NextIteration):
+                nexts[s.frame] = i
             elif isinstance(s, Exit):
                 first, _ = opened.pop()
+                tails[s.frame] = (nexts.get(s.frame, i), i)
                 if not opened:
                     framed.append((first, i))
             elif isinstance(s, Switch) and opened and s.pivots[0] == f"%{opened[-1][1]}.exit":
                 loops[i] = opened[-1][1]
             for _, frame in opened:
                 peers[frame].update(getattr(s, "to", ()), getattr(s, "sources", ()))
-        return cls(heads, tuple(framed), loops, {f: frozenset(h) for f, h in peers.items()})
+        return cls(heads, tuple(framed), loops, {f: frozenset(h) for f, h in peers.items()}, tails)
 
     def inside(self, i: int) -> tuple[int, int] | None:
         return next(((a, b) for a, b in self.framed if a <= i <= b), None)
@@ -118,7 +124,7 @@ def blocked(values: list[Any]) -> Any:
     return next((v for v in values if isinstance(v, Failure)), None)
 
 
-def step(s: ControlStep, i: int, env: dict[str, Any], frames: Frames, layout: Layout,
+def step(s: ControlStep, i: int, env: MutableMapping[str, Any], frames: Frames, layout: Layout,
          guard: Any = None) -> int:
     match s:
         case Enter():
@@ -155,7 +161,7 @@ def _taken(pred: Any) -> int | None:
     return int(bool(value)) if value.dtype == np.bool_ else int(value)
 
 
-def _switch(s: Switch, env: dict[str, Any], frames: Frames) -> None:
+def _switch(s: Switch, env: MutableMapping[str, Any], frames: Frames) -> None:
     pred = env[s.pred]
     try:
         taken = _taken(pred)

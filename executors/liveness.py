@@ -19,11 +19,11 @@ def dead_after(plan: HostPlan, layout: Layout) -> tuple[tuple[str, ...], ...]:
     for i, step in enumerate(plan.steps):
         for value in defines(step):
             last.setdefault(value, i)  # never read: dead once defined
-        for value in _used(plan, i):
+        for value in used(plan, i):
             last[value] = i
     for first, end in layout.framed:  # used inside a loop: kept until its outermost Exit
         for j in range(first, end + 1):
-            for value in (*_used(plan, j), *defines(plan.steps[j])):
+            for value in (*used(plan, j), *defines(plan.steps[j])):
                 last[value] = max(last.get(value, end), end)
     kept = {value for _, value in plan.results}
     by_step: list[list[str]] = [[] for _ in plan.steps]
@@ -33,7 +33,7 @@ def dead_after(plan: HostPlan, layout: Layout) -> tuple[tuple[str, ...], ...]:
     return tuple(tuple(values) for values in by_step)
 
 
-def _used(plan: HostPlan, i: int) -> tuple[str, ...]:
+def used(plan: HostPlan, i: int) -> tuple[str, ...]:
     """What step i reads, its guard (the pivot of its branch) included."""
     guard = plan.guard(i)
     return _reads(plan.steps[i]) + ((guard,) if guard else ())

@@ -40,7 +40,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -51,6 +51,7 @@ import numpy as np
 from executors import control
 from executors.compile import place
 from executors.control import DEAD, Frames, Layout, aborted, blocked
+from executors.iterations import run_frame
 from executors.liveness import dead_after, defines
 from executors.messages import Abort, Dead, Failed, Payload, Shards, Whole
 from executors.shards import distinct_shards, whole
@@ -219,8 +220,15 @@ class Runner:
         dead = self._dead_after(plan)
         i = message.lo
         while i < message.hi:  # a loop's NextIteration jumps back to its head
-            here = i
-            i = self._step(message, plan, i, run)
+            here, step = i, plan.steps[i]
+            if isinstance(step, Enter) and step.parallel > 1:  # the whole loop, iterations overlapping
+                i = self._parallel(message, plan, i, run)
+                for j in range(here, i - 1):  # what the loop's steps were last to read
+                    for value in dead[j]:
+                        run.env.pop(value, None)
+                here = i - 1
+            else:
+                i = self._step(message, plan, i, run.env, run.frames)
             for value in dead[here]:  # no later step reads it, and it is no result: free it now
                 run.env.pop(value, None)
         if message.final:
@@ -271,9 +279,23 @@ class Runner:
         for _, buffer_id in message.results:
             self.store.fail(buffer_id, failure)
 
-    def _step(self, message: RunMessage, plan: HostPlan, i: int, run: _Run) -> int:
-        """Run step i; the index of the next step (a loop's last step may jump back)."""
-        step, env, frames = plan.steps[i], run.env, run.frames
+    def _parallel(self, message: RunMessage, plan: HostPlan, i: int, run: _Run) -> int:
+        """The loop entered at step i, up to its `parallel` iterations at once; the index
+        after its Exit."""
+        def step(j: int, env: MutableMapping[str, Any], frames: Frames, deadline: float | None) -> int:
+            return self._step(message, plan, j, env, frames, deadline)
+
+        def mailboxes(recv: Recv, frames: Frames) -> list[Future[Payload]]:
+            return [self._mailbox(message.run_id, frames.tag(_tag(recv.tag, source)))
+                    for source in recv.sources]
+
+        return run_frame(plan, i, self._layout(plan), run.env, run.frames, step, mailboxes, message.timeout)
+
+    def _step(self, message: RunMessage, plan: HostPlan, i: int, env: MutableMapping[str, Any],
+              frames: Frames, deadline: float | None = None) -> int:
+        """Run step i in `env` at `frames` (a receive waits until `deadline`, monotonic, if
+        given); the index of the next step (a loop's last step may jump back)."""
+        step = plan.steps[i]
         guard = plan.guard(i)
         guarded = None if guard is None else blocked([env.get(guard, DEAD)])
         try:
@@ -295,7 +317,7 @@ class Runner:
             elif isinstance(step, Send):
                 self._send(message.run_id, step, env[step.input], frames)
             elif isinstance(step, Recv):
-                env[step.output] = self._receive(message, step, frames)
+                env[step.output] = self._receive(message, step, frames, deadline)
         except Exception:
             where = f" in {frames.where()}" if len(frames) else ""
             failure = Failure(f"{type(step).__name__.lower()} on host {self.host}{where} failed:\n"
@@ -323,7 +345,7 @@ class Runner:
             except Exception:  # the peer is gone: its own waits are bounded
                 log.exception("host %s: cannot tell host %s it left a loop", self.host, peer)
 
-    def _compute(self, step: Compute, env: dict[str, Any], timeout: float, frames: Frames) -> None:
+    def _compute(self, step: Compute, env: MutableMapping[str, Any], timeout: float, frames: Frames) -> None:
         import jax
 
         args = [env[v] for v in step.inputs]
@@ -432,9 +454,11 @@ class Runner:
         for to in step.to:
             self._deliver(to, run_id, frames.tag(_tag(step.tag, self.host)), payload)
 
-    def _receive(self, message: RunMessage, step: Recv, frames: Frames) -> Any:
-        """Every source host's part, within the run's timeout; the whole value, placed."""
-        deadline = time.monotonic() + message.timeout
+    def _receive(self, message: RunMessage, step: Recv, frames: Frames, deadline: float | None = None) -> Any:
+        """Every source host's part, within the run's timeout (or until `deadline`); the
+        whole value, placed."""
+        if deadline is None:
+            deadline = time.monotonic() + message.timeout
         parts: list[Payload] = []
         tags = [frames.tag(_tag(step.tag, source)) for source in step.sources]
         try:

@@ -82,8 +82,9 @@ class ProgramBuilder:
         target = Type(self.type_of(value).aval, Spec.of(spec), slice)
         return self._add(Op.TRANSFER, (value,), 1, TransferAttrs(target))[0]
 
-    def while_(self, carry: Sequence[str], cond: Graph, body: Graph) -> tuple[str, ...]:
-        return self._add(Op.WHILE, tuple(carry), len(carry), WhileAttrs(cond, body))
+    def while_(self, carry: Sequence[str], cond: Graph, body: Graph,
+               parallel_iterations: int = 1) -> tuple[str, ...]:
+        return self._add(Op.WHILE, tuple(carry), len(carry), WhileAttrs(cond, body, parallel_iterations))
 
     def cond(self, pred: str, operands: Sequence[str], branches: Sequence[Graph]) -> tuple[str, ...]:
         count = len(branches[0].results) if branches else 0

@@ -267,17 +267,25 @@ ATTRS[Op.RESULT], TYPE_RULES[Op.RESULT] = ResultAttrs, _result_rule
 
 # --- WHILE: carry -> carry while cond(carry) --------------------------------------------------
 
+MAX_PARALLEL_ITERATIONS = 64  # a host holds one environment per iteration it runs at once
+
 
 @dataclass(frozen=True)
 class WhileAttrs:
     cond: Graph
     body: Graph
+    # How many iterations a host may run at once (`executors.iterations`); 1: one at a time.
+    parallel_iterations: int = 1
 
     def __post_init__(self) -> None:
         from ir.program import Graph
 
         if not isinstance(self.cond, Graph) or not isinstance(self.body, Graph):
             raise InvalidArgument(f"while: expected cond and body Graphs, found {self.cond!r}, {self.body!r}")
+        p = self.parallel_iterations
+        if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= MAX_PARALLEL_ITERATIONS:
+            raise InvalidArgument(f"while: parallel_iterations must be an integer from 1 to "
+                                  f"{MAX_PARALLEL_ITERATIONS}, found {p!r}")
 
 
 def _while_rule(node: Node, env: Env) -> list[Type]:

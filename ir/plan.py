@@ -91,11 +91,13 @@ class Recv:
 
 @dataclass(frozen=True)
 class Enter:
-    """Values into `frame`; the first step of this host's part of the frame (its iteration 0)."""
+    """Values into `frame`; the first step of this host's part of the frame (its iteration 0).
+    `parallel`: how many of the frame's iterations the host may run at once."""
 
     frame: str
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+    parallel: int = 1
 
 
 @dataclass(frozen=True)
@@ -231,7 +233,8 @@ def step_line(s: Step) -> str:
             where = " (host memory)" if s.on_host else ""
             return f"{s.output} = recv from {','.join(s.sources)} tag {s.tag}{where}"
         case Enter():
-            return f"{_values(s.outputs)} = enter {s.frame} {_values(s.inputs)}"
+            parallel = f" parallel_iterations {s.parallel}" if s.parallel != 1 else ""
+            return f"{_values(s.outputs)} = enter {s.frame} {_values(s.inputs)}{parallel}"
         case Merge():
             what = f"merge {s.frame}" if s.frame else "merge"
             return f"{_values(s.outputs)} = {what} " + " ".join(_values(i) for i in s.inputs)

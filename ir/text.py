@@ -83,7 +83,8 @@ _PRINT: dict[Op, Callable[[Node, Any], str]] = {
     Op.SEND: lambda node, a: f"send {_values(node.inputs)} to {','.join(a.to)} tag {a.tag}",
     Op.RECV: lambda node, a: f"recv {a.type} from {','.join(a.sources)} tag {a.tag}",
     Op.RESULT: lambda node, a: f"result {_values(node.inputs)}".rstrip(),
-    Op.WHILE: lambda node, a: f"while ({_values(node.inputs)})",
+    Op.WHILE: lambda node, a: f"while ({_values(node.inputs)})" + (
+        f" parallel_iterations {a.parallel_iterations}" if a.parallel_iterations != 1 else ""),
     Op.COND: lambda node, a: f"cond {node.inputs[0] if node.inputs else ''} ({_values(node.inputs[1:])})",
 }
 
@@ -289,10 +290,12 @@ def _value_list(text: str, n: int) -> tuple[str, ...]:
 
 
 def _while(rest: str, blocks: list[tuple[str, Graph]], n: int) -> tuple[tuple[str, ...], Attrs]:
-    m = _match(r"\((.*)\)", rest, n, "'while (%carry, ...) cond {'")
+    m = _match(r"\((.*)\)(?: parallel_iterations (\d{1,4}))?", rest, n,
+               "'while (%carry, ...) [parallel_iterations N] cond {'")
     if [w for w, _ in blocks] != ["cond", "body"]:
         raise ParseError(f"line {n}: expected sub-graphs cond and body, found {[w for w, _ in blocks]}")
-    return _value_list(m[1], n), _build(n, lambda: WhileAttrs(blocks[0][1], blocks[1][1]))
+    parallel = int(m[2]) if m[2] else 1
+    return _value_list(m[1], n), _build(n, lambda: WhileAttrs(blocks[0][1], blocks[1][1], parallel))
 
 
 def _cond(rest: str, blocks: list[tuple[str, Graph]], n: int) -> tuple[tuple[str, ...], Attrs]:

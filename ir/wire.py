@@ -80,7 +80,8 @@ _ENCODE: dict[Op, Callable[[Any], dict[str, Any]]] = {
     Op.SEND: lambda a: {"to": list(a.to), "tag": a.tag},
     Op.RECV: lambda a: {"type": _type(a.type), "sources": list(a.sources), "tag": a.tag},
     Op.RESULT: lambda a: {},
-    Op.WHILE: lambda a: {"cond": _graph(a.cond), "body": _graph(a.body)},
+    Op.WHILE: lambda a: {"cond": _graph(a.cond), "body": _graph(a.body), **(
+        {"parallel_iterations": a.parallel_iterations} if a.parallel_iterations != 1 else {})},
     Op.COND: lambda a: {"branches": [_graph(b) for b in a.branches]},
 }
 
@@ -274,6 +275,11 @@ def _hosts(at: _At) -> tuple[str, ...]:
     return tuple(h.text() for h in at.items())
 
 
+def _parallel(at: _At) -> int:
+    """A loop's `parallel_iterations` (absent: 1)."""
+    return 1 if at.value is None else at.integer()
+
+
 _DECODE: dict[Op, Callable[[_At], Attrs]] = {
     Op.ARG: lambda at: ArgAttrs(_read_type(at["type"])),
     Op.COMPUTE: _read_compute,
@@ -285,7 +291,8 @@ _DECODE: dict[Op, Callable[[_At], Attrs]] = {
 # Ops carrying sub-programs: decoded one level deeper.
 _NESTED: dict[Op, Callable[[_At, int], Attrs]] = {
     Op.WHILE: lambda at, d: at.build(
-        lambda: WhileAttrs(_read_graph(at["cond"], d), _read_graph(at["body"], d))),
+        lambda: WhileAttrs(_read_graph(at["cond"], d), _read_graph(at["body"], d),
+                           _parallel(at.optional("parallel_iterations")))),
     Op.COND: lambda at, d: at.build(
         lambda: CondAttrs(tuple(_read_graph(b, d) for b in at["branches"].items()))),
 }

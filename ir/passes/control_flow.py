@@ -25,9 +25,10 @@ A `COND` with predicate `p` and operands `o` becomes, on each participating host
     Merge (branch results on h) -> the cond's results (the one live input)
 
 Sub-graph values are renamed `%<frame>.<graph>.<name>` (`b` body, `c` cond, `kN` branch N)
-so that one run's environment holds every level. The loop runs one iteration at a time per
-host (`parallel_iterations` 1): a host's steps for iteration k+1 start after its steps for
-iteration k.
+so that one run's environment holds every level. A host runs up to the loop's
+`parallel_iterations` iterations of it at once (`Enter.parallel`; `executors.iterations`),
+except where a computation of the loop spans hosts (an island's JAX group): hosts must
+enter those collectives in one order, so such a loop runs one iteration at a time.
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ class Lowering(Protocol):
 
     def hosts_of(self, graphs: list[tuple[Graph, dict[str, str], str]], guard: str | None) -> set[str]:
         """The hosts that `graph(...)` of each of `graphs` would give steps (emitting nothing)."""
+        ...
+
+    def spans_hosts(self, graph: Graph) -> bool:
+        """Whether a computation of `graph`, or of a loop or branch in it, spans hosts."""
         ...
 
 
@@ -95,8 +100,11 @@ def lower_while(walk: Lowering, node: Node, attrs: WhileAttrs, frame: str, guard
                                                (attrs.body, body_names, f"{frame}.b.")], guard))
     on = {h: [i for i, v in enumerate(carry) if h in walk.hosts(v)] for h in hosts}
     moving = {h: [i for i in on[h] if not invariant[i]] for h in hosts}
+    gang = walk.spans_hosts(attrs.cond) or walk.spans_hosts(attrs.body)
+    parallel = 1 if gang else attrs.parallel_iterations
     for h in hosts:
-        walk.emit((h,), Enter(frame, tuple(carry[i] for i in on[h]), tuple(entered[i] for i in on[h])), guard)
+        walk.emit((h,), Enter(frame, tuple(carry[i] for i in on[h]), tuple(entered[i] for i in on[h]),
+                              parallel), guard)
     for h in hosts:
         walk.emit((h,), Merge(frame, tuple((entered[i], nexts[i]) for i in moving[h]),
                               tuple(merged[i] for i in moving[h])), None)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 
 from ir.errors import InvalidArgument
 from ir.node import Node, Op, Type
-from ir.ops import ArgAttrs, ComputeAttrs, RecvAttrs, SendAttrs, TransferAttrs
+from ir.ops import ArgAttrs, ComputeAttrs, CondAttrs, RecvAttrs, SendAttrs, TransferAttrs, WhileAttrs
 from ir.passes.control_flow import lower_cond, lower_while
 from ir.plan import CompileJob, Compute, DeviceMesh, HostPlan, Recv, Reshard, Send, Step, executable_key
 from ir.program import Graph, Placement, Program, SliceDef
@@ -184,6 +184,17 @@ class _Walk:
             return self.recording
         finally:
             self.recording, self.position = outer, position
+
+    def spans_hosts(self, graph: Graph) -> bool:
+        for node in graph.nodes:
+            a = node.attrs
+            if isinstance(a, ComputeAttrs) and len(self.where.hosts(a.slice)) > 1:
+                return True
+            if isinstance(a, WhileAttrs) and (self.spans_hosts(a.cond) or self.spans_hosts(a.body)):
+                return True
+            if isinstance(a, CondAttrs) and any(self.spans_hosts(b) for b in a.branches):
+                return True
+        return False
 
     def graph(self, graph: Graph, names: dict[str, str], prefix: str, guard: str | None) -> list[str]:
         """Emit the steps of `graph` (a sub-graph: `names` maps its args, its values get `prefix`);

@@ -30,7 +30,7 @@ def rewrite_graphs(program: Program, rewrite: GraphRewrite) -> Program:
     def node(n: Node) -> Node:
         if n.op is Op.WHILE:
             assert isinstance(n.attrs, WhileAttrs)
-            return replace(n, attrs=WhileAttrs(graph(n.attrs.cond), graph(n.attrs.body)))
+            return replace(n, attrs=replace(n.attrs, cond=graph(n.attrs.cond), body=graph(n.attrs.body)))
         if n.op is Op.COND:
             assert isinstance(n.attrs, CondAttrs)
             return replace(n, attrs=CondAttrs(tuple(graph(b) for b in n.attrs.branches)))

@@ -26,6 +26,10 @@ def shift(v):
 
 @pytest.fixture
 def fns(c):
+    return islands(c)
+
+
+def islands(c):
     """Small computations on island a (`sa`) and island b (`sb`), and their local twins."""
     sa, sb = c.slice({"x": 2}, island="a"), c.slice({"y": 2}, island="b")
     return {

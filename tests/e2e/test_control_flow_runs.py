@@ -49,14 +49,15 @@ def out_of_memory(v):
     return jnp.sort(jnp.arange(2**40, dtype=jnp.float32) * v[0])[:4] + v
 
 
-def test_a_failure_in_iteration_k_names_it_frees_every_frame_and_the_next_run_succeeds(c):
+@pytest.mark.parametrize("parallel", [1, 8])
+def test_a_failure_in_iteration_k_names_it_frees_every_frame_and_the_next_run_succeeds(c, parallel):
     sa, sb = c.slice({"x": 1}, island="a"), c.slice({"x": 1}, island="b")
     f = c.jit(lambda v: v + 1.0, slice=sa)
     g = c.jit(lambda v: v * 2.0, slice=sb)
     boom = c.jit(out_of_memory, slice=sb)
     is_k = c.jit(lambda i, k: i == k, slice=sa)
 
-    @c.program
+    @c.program(parallel_iterations=parallel)
     def loop(x, k):
         def body(i, v):
             return isthmus.cond(is_k(i, k), boom, g, f(v))

@@ -4,6 +4,7 @@ hand each other values (and the predicate, and dead signals) directly.
 """
 
 import itertools
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +13,7 @@ import pytest
 from test_runner import Wired, artifact
 
 from executors.host import Host
-from executors.messages import Failed, Ready, Shards
+from executors.messages import Dead, Failed, Ready, Shards
 from executors.runner import RunMessage
 from ir import Aval, Placement, ProgramBuilder
 from ir.passes import host_plans, lower
@@ -40,8 +41,9 @@ def compute(b, name, f, ins, args, out, slice_name):
     return value
 
 
-def loop_program(cross: bool):
-    """x, n = while n < 5: (x * 2 [on b0 when cross], n + 1); returns (x, n)."""
+def loop_program(cross: bool, parallel: int = 1):
+    """x, n = while n < 5: (x * 2 [on b0 when cross], n + 1); returns (x, n); up to
+    `parallel` iterations at once on each host."""
     b = ProgramBuilder()
     sa, sb = b.slice("sa", {"x": 1}, island="a"), b.slice("sb", {"x": 1}, island="b")
     x, n = b.arg(F32, (), sa), b.arg(I32, (), sa)
@@ -56,7 +58,7 @@ def loop_program(cross: bool):
     else:
         doubled = compute(body, "double", lambda v: v * 2, None, [bx], F32, sa)
     body.result(doubled, compute(body, "inc", lambda k: k + 1, None, [bn], I32, sa))
-    b.result(*b.while_([x, n], cond.graph(), body.graph()))
+    b.result(*b.while_([x, n], cond.graph(), body.graph(), parallel))
     return b.build()
 
 
@@ -109,11 +111,12 @@ def value(reply, dtype, shape):
     return np.frombuffer(reply.value, dtype).reshape(shape)
 
 
+@pytest.mark.parametrize("parallel", [1, 4])
 @pytest.mark.parametrize("cross", [False, True])
 @pytest.mark.parametrize("start", [0, 3, 9])
-async def test_a_while_loop_across_two_hosts_equals_the_python_loop(hosts, cross, start):
+async def test_a_while_loop_across_two_hosts_equals_the_python_loop(hosts, cross, start, parallel):
     x0 = np.arange(3, dtype=np.float32)
-    (x, n), plans = await run(hosts, loop_program(cross), [x0, np.int32(start)])
+    (x, n), plans = await run(hosts, loop_program(cross, parallel), [x0, np.int32(start)])
     trips = max(0, 5 - start)
     np.testing.assert_array_equal(value(x, np.float32, (3,)), x0 * 2**trips)
     assert value(n, np.int32, ()) == max(start, 5)
@@ -135,10 +138,11 @@ async def test_a_cond_whose_branches_run_on_different_hosts(hosts, sign):
 
 
 
-async def test_a_host_that_loses_the_predicate_tells_its_peers_and_none_waits(hosts):
+@pytest.mark.parametrize("parallel", [1, 4])
+async def test_a_host_that_loses_the_predicate_tells_its_peers_and_none_waits(hosts, parallel):
     """b0 cannot read iteration 0's predicate: it leaves the loop and aborts the frame at a0,
     whose receives from b0 then fail at once with the cause instead of waiting their timeout."""
-    program = loop_program(cross=True)
+    program = loop_program(cross=True, parallel=parallel)
     plans = host_plans(lower(program, PLACES, check=True))
     (pred,) = [s for s in plans["b0"].steps if isinstance(s, Recv) and s.tag.startswith("p.")]
     (frame,) = [s.frame for s in plans["b0"].steps if isinstance(s, Enter)]
@@ -150,3 +154,56 @@ async def test_a_host_that_loses_the_predicate_tells_its_peers_and_none_waits(ho
     for host in hosts.values():
         st = host.stats()
         assert (st["runs"], st["frames"], st["mailboxes"]) == (0, 0, 0), st
+
+
+class Gated(Wired):
+    """As b0: holds its value of iteration k for a0 until a0's predicate of iteration k + 1
+    has come, which a host running one iteration at a time never sends first."""
+
+    def __init__(self, name):
+        super().__init__(name)
+        self.lock = threading.Lock()
+        self.predicates: set[int] = set()
+        self.held: dict[int, tuple] = {}
+
+    def deliver(self, run_id, tag, payload):
+        super().deliver(run_id, tag, payload)
+        if tag.startswith("p."):
+            k = int(tag.rsplit(":", 1)[1])
+            with self.lock:
+                self.predicates.add(k)
+                held = self.held.pop(k - 1, None)
+            if held is not None:
+                self.peers["a0"].deliver(*held)
+
+    def _deliver(self, to, run_id, tag, payload):
+        if not tag.startswith("t") or isinstance(payload, Dead):  # an abort, the last iteration's: at once
+            self.peers[to].deliver(run_id, tag, payload)
+            return
+        k = int(tag.rsplit(":", 1)[1])
+        with self.lock:
+            if k + 1 not in self.predicates:
+                self.held[k] = (run_id, tag, payload)
+                return
+        self.peers[to].deliver(run_id, tag, payload)
+
+
+async def test_with_parallel_iterations_a_host_runs_the_next_iteration_while_it_waits():
+    """a0 gets x back from b0 for iteration k only after it has sent b0 the predicate of
+    iteration k + 1: with two iterations at once it does, and the loop ends right."""
+    hosts = {"a0": Wired("a0"), "b0": Gated("b0")}
+    Wired.peers = hosts
+    try:
+        x0 = np.arange(3, dtype=np.float32)
+        (x, n), plans = await run(hosts, loop_program(cross=True, parallel=2), [x0, np.int32(0)])
+        np.testing.assert_array_equal(value(x, np.float32, (3,)), x0 * 2**5)
+        assert value(n, np.int32, ()) == 5
+        assert hosts["b0"].predicates == set(range(6)) and not hosts["b0"].held  # none timed out
+        assert [s.parallel for s in plans["a0"].steps if isinstance(s, Enter)] == [2]
+        assert any("parallel_iterations 2" in line for line in plans["a0"].text())
+        for host in hosts.values():
+            st = host.stats()
+            assert (st["runs"], st["frames"], st["mailboxes"]) == (0, 0, 0), st
+    finally:
+        for host in hosts.values():
+            host.close()
