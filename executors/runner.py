@@ -27,7 +27,9 @@ Contract:
   frame with the frame and iteration, a step under a dead guard (or reading a dead value)
   defines dead values without running, and a `Send` of a dead value delivers `Dead`, so a
   host whose branch was not taken finishes. The predicate comes from its host as a value
-  like any other, so no iteration involves the server.
+  like any other, so no iteration involves the server. A loop whose `Enter` allows more
+  than one iteration at once runs whole in `executors.iterations` (its iterations'
+  steps interleaved on this thread), the rest of the plan around it as above.
 - A failure never hangs: a `Recv` or an executable that does not arrive within the run's
   timeout fails the value it defines, and every dependent with it; an error XLA reports
   while a computation runs reaches every array computed from it.

@@ -3,7 +3,17 @@
 import pytest
 from ir_placed import on
 
-from ir import Aval, ProgramBuilder
+from ir import (
+    Aval,
+    InvalidArgument,
+    Placement,
+    ProgramBuilder,
+    from_wire,
+    parse_program,
+    print_program,
+    to_wire,
+)
+from ir.ops import WhileAttrs
 from ir.passes import host_plans, lower
 from ir.plan import Enter, Exit, Merge, NextIteration, Recv, Send, Switch
 
@@ -13,7 +23,7 @@ F32, I32, BOOL = Aval((4,), "float32"), Aval((), "int32"), Aval((), "bool")
 PLACES = {"sa": on("a", "a0", 0, 1), "sb": on("b", "b0", 0, 1)}
 
 
-def two_island_loop():
+def two_island_loop(parallel: int = 1):
     """while n < k: x = back(g(move(f(x)))), n = inc(n); f on island a, g on island b; k invariant."""
     b = ProgramBuilder()
     sa, sb = b.slice("sa", {"x": 2}, island="a"), b.slice("sb", {"y": 2}, island="b")
@@ -27,7 +37,7 @@ def two_island_loop():
     (g,) = body.compute("g", b"g", sb, [body.transfer(f, ("y",), sb)], [(F32, ("y",))])
     (n2,) = body.compute("inc", b"inc", sa, [bn], [(I32, ())])
     body.result(body.transfer(g, ("x",), sa), n2, bk)
-    out = b.while_([x, n, k], cond.graph(), body.graph())
+    out = b.while_([x, n, k], cond.graph(), body.graph(), parallel)
     b.result(out[0])
     return b.build()
 
@@ -92,3 +102,26 @@ def test_nested_loops_name_their_frames_apart():
     (plan,) = host_plans(lower(b.build(), {"s": on("a", "a0", 0)}, check=True)).values()
     frames = [s.frame for s in plan.steps if isinstance(s, Enter)]
     assert len(frames) == 2 and len(set(frames)) == 2 and frames[1].startswith(frames[0] + ".")
+
+
+def test_parallel_iterations_travels_in_wire_and_text_and_reaches_every_hosts_enter():
+    program = two_island_loop(parallel=4)
+    assert from_wire(to_wire(program)) == program
+    assert "parallel_iterations 4" in print_program(program)
+    assert parse_program(print_program(program)).graph == program.graph  # (artifacts: by hash)
+    assert "parallel_iterations" not in str(to_wire(two_island_loop()))  # 1: as documents had it
+    plans = host_plans(lower(program, PLACES, check=True))
+    assert {h: [s.parallel for s in p.steps if isinstance(s, Enter)] for h, p in plans.items()} == \
+        {"a0": [4], "b0": [4]}
+    # A computation on a slice spanning two hosts: its hosts enter collectives in one order,
+    # so the loop runs one iteration at a time, whatever it asked.
+    spread = {"sa": Placement("a", (("a0", 0), ("a1", 0))), "sb": PLACES["sb"]}
+    plans = host_plans(lower(program, spread, check=True), {"a0": 0, "a1": 1})
+    assert {s.parallel for p in plans.values() for s in p.steps if isinstance(s, Enter)} == {1}
+
+
+@pytest.mark.parametrize("bad", [0, 65, True, 2.0])
+def test_a_bad_parallel_iterations_is_refused_naming_it(bad):
+    loop = two_island_loop().nodes[3].attrs
+    with pytest.raises(InvalidArgument, match="parallel_iterations"):
+        WhileAttrs(loop.cond, loop.body, bad)
