@@ -66,13 +66,7 @@ def expected(n: int) -> np.ndarray:
 
 def timed(run: Callable[[], np.ndarray], n: int, rounds: int) -> float:
     """Median iterations/s over `rounds` runs of n iterations, each result checked."""
-    rates = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        out = run()
-        rates.append(n / (time.perf_counter() - start))
-        np.testing.assert_allclose(out, expected(n), rtol=1e-6)
-    return statistics.median(rates)
+    return statistics.median(timed_in_turn({"run": run}, n, rounds)["run"])
 
 
 def mode(parallel: int) -> str:

@@ -30,7 +30,7 @@ import numpy as np
 
 from client.trace import Names, Trace, Traced, current_trace, tracing
 from ir import Aval, InvalidArgument, ProgramBuilder, Spec, Type
-from ir.ops import MAX_PARALLEL_ITERATIONS
+from ir.ops import check_parallel_iterations
 
 __all__ = ["cond", "fori_loop", "while_loop"]
 
@@ -111,15 +111,6 @@ def _captured(children: Sequence[Trace], already: Sequence[int]) -> list[int]:
         for v in seen:
             child.local(v)
     return list(seen)
-
-
-def check_parallel_iterations(parallel_iterations: Any) -> int:
-    """A loop's `parallel_iterations`, checked: an int from 1 to MAX_PARALLEL_ITERATIONS."""
-    p = parallel_iterations
-    if isinstance(p, bool) or not isinstance(p, int | np.integer) or not 1 <= p <= MAX_PARALLEL_ITERATIONS:
-        raise InvalidArgument(f"parallel_iterations must be an integer from 1 to {MAX_PARALLEL_ITERATIONS}, "
-                              f"found {p!r}")
-    return int(p)
 
 
 def while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], init_val: Any,

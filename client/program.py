@@ -18,9 +18,9 @@ import numpy as np
 
 from client.arrays import as_array
 from client.buffer import Buffer
-from client.control_flow import check_parallel_iterations
 from client.trace import Trace, tracing
 from ir import Aval, Program, Spec, Type, print_program, to_wire
+from ir.ops import check_parallel_iterations
 
 if TYPE_CHECKING:
     from client.session import Session

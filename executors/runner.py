@@ -225,14 +225,13 @@ class Runner:
             here, step = i, plan.steps[i]
             if isinstance(step, Enter) and step.parallel > 1:  # the whole loop, iterations overlapping
                 i = self._parallel(message, plan, i, run)
-                for j in range(here, i - 1):  # what the loop's steps were last to read
-                    for value in dead[j]:
-                        run.env.pop(value, None)
-                here = i - 1
+                ran: Sequence[int] = range(here, i)  # its steps, its Exit included
             else:
                 i = self._step(message, plan, i, run.env, run.frames)
-            for value in dead[here]:  # no later step reads it, and it is no result: free it now
-                run.env.pop(value, None)
+                ran = (here,)
+            for j in ran:
+                for value in dead[j]:  # no later step reads it, and it is no result: free it now
+                    run.env.pop(value, None)
         if message.final:
             for value, buffer_id in message.results:
                 outcome = run.env.get(value, DEAD)

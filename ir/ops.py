@@ -14,6 +14,7 @@ Contract:
 
 from __future__ import annotations
 
+import numbers
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -282,10 +283,16 @@ class WhileAttrs:
 
         if not isinstance(self.cond, Graph) or not isinstance(self.body, Graph):
             raise InvalidArgument(f"while: expected cond and body Graphs, found {self.cond!r}, {self.body!r}")
-        p = self.parallel_iterations
-        if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= MAX_PARALLEL_ITERATIONS:
-            raise InvalidArgument(f"while: parallel_iterations must be an integer from 1 to "
-                                  f"{MAX_PARALLEL_ITERATIONS}, found {p!r}")
+        object.__setattr__(self, "parallel_iterations", check_parallel_iterations(self.parallel_iterations))
+
+
+def check_parallel_iterations(value: object) -> int:
+    """A loop's `parallel_iterations`, checked (an integer from 1 to MAX_PARALLEL_ITERATIONS)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) \
+            or not 1 <= int(value) <= MAX_PARALLEL_ITERATIONS:
+        raise InvalidArgument(f"parallel_iterations must be an integer from 1 to {MAX_PARALLEL_ITERATIONS}, "
+                              f"found {value!r}")
+    return int(value)
 
 
 def _while_rule(node: Node, env: Env) -> list[Type]:
