@@ -27,9 +27,9 @@ run on one machine, each warmed up, then timed over several rounds (median compu
 
 The size sweep (Fig. 6) makes f `v @ w + 1` on float32[n, n] (rows sharded, w a replicated
 permutation, so values stay exact integers) and times `jax_opbyop` (with the server up but
-idle), `isthmus_opbyop` and `isthmus_chained` back to back per n. `smallest_matching_ms[mode]`
-is the smallest JAX ms per computation at which the mode reaches 95% of JAX op-by-op
-throughput (null if it never does).
+idle), `isthmus_opbyop` and `isthmus_chained` per n, taking turns round by round.
+`smallest_matching_ms[mode]` is the smallest JAX ms per computation at which the mode
+reaches 95% of JAX op-by-op throughput (null if it never does).
 
 Every round's value is checked against `jax.jit` run step by step here, so a broken mode
 fails the run. Only one Ray runs at a time: the baseline's Ray stops before the server's
@@ -130,22 +130,39 @@ RATIO_DEFINITION = (
 # -- timing --------------------------------------------------------------------------------
 
 
+def timed_round(name: str, run: Round, expected: np.ndarray, computations: int, i: int) -> float:
+    """Computations per second of round i of a mode; its value must be `expected`."""
+    gc.collect()
+    start = time.perf_counter()
+    fetch = run()
+    elapsed = time.perf_counter() - start
+    got = fetch()
+    if got.shape != expected.shape or not np.allclose(got, expected):
+        raise BenchError(f"mode {name}: round {i} ended at {np.ravel(got)[:8]}, expected "
+                         f"{np.ravel(expected)[:8]} (the same steps by jax.jit in this process)")
+    return computations / elapsed
+
+
 def measure(name: str, run: Round, expected: np.ndarray, computations: int, rounds: int,
             warmup: int) -> list[float]:
     """Computations per second of each timed round; every round's value must be `expected`."""
-    samples = []
-    for i in range(warmup + rounds):
-        gc.collect()
-        start = time.perf_counter()
-        fetch = run()
-        elapsed = time.perf_counter() - start
-        got = fetch()
-        if got.shape != expected.shape or not np.allclose(got, expected):
-            raise BenchError(f"mode {name}: round {i} ended at {np.ravel(got)[:8]}, expected "
-                             f"{np.ravel(expected)[:8]} (the same steps by jax.jit in this process)")
-        if i >= warmup:
-            samples.append(computations / elapsed)
+    samples = [timed_round(name, run, expected, computations, i) for i in range(warmup + rounds)][warmup:]
     print(f"  {name:<34} {statistics.median(samples):12.1f} computations/s", file=sys.stderr)
+    return samples
+
+
+def measure_in_turn(label: str, modes: dict[str, Round], expected: np.ndarray, computations: int,
+                    rounds: int, warmup: int) -> Samples:
+    """As `measure`, the modes taking turns within each round, so that load drifting on a
+    shared machine weighs on each of them alike."""
+    samples: Samples = {name: [] for name in modes}
+    for i in range(warmup + rounds):
+        for name, run in modes.items():
+            rate = timed_round(f"{label} {name}", run, expected, computations, i)
+            if i >= warmup:
+                samples[name].append(rate)
+    for name, rates in samples.items():
+        print(f"  {f'{label} {name}':<34} {statistics.median(rates):12.1f} computations/s", file=sys.stderr)
     return samples
 
 
@@ -184,16 +201,15 @@ def isthmus_client(target: Target, server: str | None = None) -> Iterator[isthmu
 
 
 def run_sweep(c: isthmus.Client, s: isthmus.Slice, cfg: Config, target: Target) -> dict[int, Samples]:
-    """Per n, JAX op by op here (the server idle), then the Isthmus modes: back to back, so
-    that load drift on a shared machine does not bias their ratio."""
+    """Per n, JAX op by op here (the server idle) and the Isthmus modes, taking turns round
+    by round, so that load drift on a shared machine does not bias their ratio."""
     sweep: dict[int, Samples] = {}
     for m in (matmul(n, target.devices) for n in cfg.sizes):
         want = oracle(m, cfg.steps)
         modes = jax_modes(m, cfg.steps) | isthmus_modes(c, s, m, cfg.steps)
-        sweep[m.x0.shape[0]] = {
-            name: measure(f"{m.name} {name}", modes[name], want, cfg.steps, cfg.sweep_rounds, 1)
-            for name in ("jax_opbyop", *SWEEP_MODES)
-        }
+        sweep[m.x0.shape[0]] = measure_in_turn(
+            m.name, {name: modes[name] for name in ("jax_opbyop", *SWEEP_MODES)}, want, cfg.steps,
+            cfg.sweep_rounds, 1)
     return sweep
 
 

@@ -36,7 +36,7 @@ class Config:
     programs: int = 10  # chain16: programs per round, each waited for
     inflight: int = 8  # *_pipelined: programs submitted back to back per round, then waited for
     sizes: tuple[int, ...] = (64, 192, 384, 768, 1152, 1664)  # sweep: n of float32[n, n]
-    sweep_rounds: int = 3
+    sweep_rounds: int = 5  # per n, the three modes taking turns in each
 
 
 QUICK = Config(rounds=2, warmup=1, programs=3, sizes=(64, 256), sweep_rounds=1)
