@@ -143,32 +143,27 @@ def timed_round(name: str, run: Round, expected: np.ndarray, computations: int, 
     return computations / elapsed
 
 
-def measure(name: str, run: Round, expected: np.ndarray, computations: int, rounds: int,
-            warmup: int) -> list[float]:
-    """Computations per second of each timed round; every round's value must be `expected`."""
-    samples = [timed_round(name, run, expected, computations, i) for i in range(warmup + rounds)][warmup:]
-    print(f"  {name:<34} {statistics.median(samples):12.1f} computations/s", file=sys.stderr)
-    return samples
-
-
-def measure_in_turn(label: str, modes: dict[str, Round], expected: np.ndarray, computations: int,
-                    rounds: int, warmup: int) -> Samples:
-    """As `measure`, the modes taking turns within each round, so that load drifting on a
-    shared machine weighs on each of them alike."""
+def measure_in_turn(modes: dict[str, Round], expected: np.ndarray, computations: int, rounds: int,
+                    warmup: int, label: str = "") -> Samples:
+    """Computations per second of each mode's timed rounds, the modes taking turns within
+    each round, so that load drifting on a shared machine weighs on each of them alike;
+    every round's value must be `expected`. `label` prefixes their printed names."""
     samples: Samples = {name: [] for name in modes}
     for i in range(warmup + rounds):
         for name, run in modes.items():
-            rate = timed_round(f"{label} {name}", run, expected, computations, i)
+            rate = timed_round(f"{label}{name}", run, expected, computations, i)
             if i >= warmup:
                 samples[name].append(rate)
     for name, rates in samples.items():
-        print(f"  {f'{label} {name}':<34} {statistics.median(rates):12.1f} computations/s", file=sys.stderr)
+        print(f"  {label + name:<34} {statistics.median(rates):12.1f} computations/s", file=sys.stderr)
     return samples
 
 
 def measure_all(modes: dict[str, Round], expected: np.ndarray, computations: int, rounds: int,
                 warmup: int) -> Samples:
-    return {m: measure(m, run, expected, computations, rounds, warmup) for m, run in modes.items()}
+    """Each mode's rounds one after another, mode by mode."""
+    return {m: measure_in_turn({m: run}, expected, computations, rounds, warmup)[m]
+            for m, run in modes.items()}
 
 
 @contextmanager
@@ -208,8 +203,8 @@ def run_sweep(c: isthmus.Client, s: isthmus.Slice, cfg: Config, target: Target) 
         want = oracle(m, cfg.steps)
         modes = jax_modes(m, cfg.steps) | isthmus_modes(c, s, m, cfg.steps)
         sweep[m.x0.shape[0]] = measure_in_turn(
-            m.name, {name: modes[name] for name in ("jax_opbyop", *SWEEP_MODES)}, want, cfg.steps,
-            cfg.sweep_rounds, 1)
+            {name: modes[name] for name in ("jax_opbyop", *SWEEP_MODES)}, want, cfg.steps,
+            cfg.sweep_rounds, 1, label=f"{m.name} ")
     return sweep
 
 
