@@ -32,9 +32,10 @@ import ray
 from executors import adoption, ray_start
 from executors.channel import SECRET_BYTES, Channel
 from executors.islands import IslandLifecycle
-from executors.messages import Adopted, Failed, Lost, Ran, Settled, Settlement, State
+from executors.messages import Adopted, Failed, Ran, Settlement, State
 from executors.outbox import Outbox
 from executors.ray_host import DIRECT, DIRECT_PUT_BYTES, TOLD, new_actor
+from executors.replies import settled
 from executors.runner import IN_FLIGHT, RunMessage
 from ir import DeviceMesh, HostPlan, RemoteError, Unavailable
 from resource_manager import (
@@ -51,6 +52,7 @@ log = logging.getLogger("isthmus.executors")
 # Reads a host may have waiting at once: far fewer than the requests a host serves at once
 # (`executors.ray_host.HOST_CONCURRENCY`), so a read never takes the place of what it waits for.
 READS_PER_HOST = 1024
+LATE_EVERY_S = 60.0  # while a host is late with a settle reply, log what it does this often
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,7 @@ class ExecutorPool(IslandLifecycle):
         self.on_host_lost: Callable[[str, str], None] | None = None
         self._channels: dict[str, Channel] = {}
         self.outbox = Outbox(self._call)
+        self._reports: set[asyncio.Task[None]] = set()  # late hosts' stats, being logged
         self.adopted: dict[str, Adopted] = {}  # hosts taken over from a previous server (`start`)
 
     def _new_actor(self, host: HostSpec, generation: int) -> Any:
@@ -384,35 +387,27 @@ class ExecutorPool(IslandLifecycle):
         counts as settled (`Lost`: its outputs fail or are unreachable, never a hang).
         Returns the hosts that report a failed collective (their group is broken), with its
         cause, and how many hosts reported each result computed."""
-        async def one(ref: Any, host: str) -> Settled:
-            try:
-                reply = await self._watched(ref, host, timeout)
-                return reply if isinstance(reply, Ran) else Ran()
-            except (Unavailable, RemoteError) as e:
-                log.warning("host %s: %s", host, e)
-                return Lost(str(e))
-
-        replies = await asyncio.gather(*(one(r, h) for r, h in zip(refs, hosts, strict=True)))
+        replies = await settled(refs, hosts, timeout, LATE_EVERY_S, self._late)
         ran = [(h, r) for h, r in zip(hosts, replies, strict=True) if isinstance(r, Ran)]
         return Settlement({h: r.collective_error for h, r in ran if r.collective_error is not None},
                           Counter(b for _, r in ran for b in r.ready))
 
-    async def _watched(self, ref: Any, host: str, timeout: float, every: float = 60.0) -> Any:
-        """Await a settle reply; while it is late, log what the host is doing every `every`
-        seconds (its running request and for how long, or the sequence number it waits for)."""
-        pending = asyncio.ensure_future(self._await(ref, host, timeout, "settle"))
-        try:
-            while not (await asyncio.wait({pending}, timeout=every))[0]:
-                try:
-                    st = await self.stats(host, timeout=5.0)
-                except (Unavailable, RemoteError) as e:
-                    st = {"error": str(e)}
-                log.warning("host %s has not finished a request after %gs or more: %s", host, every,
-                            {k: st.get(k) for k in ("running", "running_s", "waiting_for", "queued",
-                                                      "completed", "collective_error", "error")})
-            return pending.result()
-        finally:
-            pending.cancel()
+    def _late(self, hosts: list[str]) -> None:
+        """Log what hosts late with a settle reply are doing: their running request and for
+        how long, or the sequence number they wait for."""
+        async def report(host: str) -> None:
+            try:
+                st = await self.stats(host, timeout=5.0)
+            except (Unavailable, RemoteError) as e:
+                st = {"error": str(e)}
+            log.warning("host %s has not finished a request after %gs or more: %s", host, LATE_EVERY_S,
+                        {k: st.get(k) for k in ("running", "running_s", "waiting_for", "queued",
+                                                  "completed", "collective_error", "error")})
+
+        for host in hosts:
+            task = asyncio.ensure_future(report(host))
+            self._reports.add(task)
+            task.add_done_callback(self._reports.discard)
 
     async def fetch_shards(self, host: str, buffer_id: str, timeout: float) -> list[tuple[list[Any], bytes]]:
         return await self._read(host, "fetch_shards", buffer_id, timeout)
