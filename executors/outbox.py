@@ -10,6 +10,9 @@ Contract:
   future from its element of the answer, or with the request's error (a dead host's
   `Unavailable` or `RayActorError`). A request that cannot even be sent fills the messages'
   sequence numbers (`skip`), so the host never waits on a gap.
+- A host's queue leaves at once when it holds `EAGER` messages: a long burst of submissions
+  in one turn (a client's batch of hundreds of calls) reaches the executor while the server
+  still submits the rest, instead of all at the turn's end, so the two work side by side.
 - Coalescing changes nothing of the order: a host takes every request by its number,
   whichever call brought it. It saves an actor call per message: a batch of calls from a
   client (or a window of admissions) costs one call per host.
@@ -30,12 +33,14 @@ from executors.runner import RunMessage
 from ir import HostPlan
 
 Item = tuple[int, RunMessage, HostPlan | None, "Future[Any]"]
+EAGER = 32  # messages queued for one host that leave without waiting for the turn's end
 Call = Callable[..., Any]  # (host, method, *args) -> a future of the answer, or a Ray ObjectRef
 
 
 class Outbox:
-    def __init__(self, call: Call) -> None:
+    def __init__(self, call: Call, eager: int = EAGER) -> None:
         self._call = call
+        self._eager = eager
         self._lock = threading.Lock()
         self._queued: dict[str, list[Item]] = {}
         self._scheduled = False
@@ -44,8 +49,14 @@ class Outbox:
     def add(self, host: str, seq: int, message: RunMessage, plan: HostPlan | None) -> Future[Any]:
         reply: Future[Any] = Future()
         with self._lock:
-            self._queued.setdefault(host, []).append((seq, message, plan, reply))
+            items = self._queued.setdefault(host, [])
+            items.append((seq, message, plan, reply))
+            full = len(items) >= self._eager
+            if full:
+                del self._queued[host]
             schedule, self._scheduled = not self._scheduled, True
+        if full:
+            self._send(host, items)
         if schedule:
             try:
                 asyncio.get_running_loop().call_soon(self.flush)
