@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -41,6 +42,28 @@ def sharding_of(mesh: DeviceMesh, spec: Spec) -> NamedSharding:
     """A slice's sharding, built once per process: the devices a mesh names never change in
     a process, and building one costs more than a small value's placement."""
     return named(make_mesh(mesh), spec)
+
+
+@dataclass(frozen=True, slots=True)
+class HostArray:
+    """A value received whole for devices of this process, still in host memory. A
+    computation takes `array` as its argument as it is: JAX places it while it calls the
+    executable, one transfer and none of `jax.device_put`'s Python (about 25 of a move's
+    microseconds on a small CPU machine). Whatever else needs it on devices places it
+    (`on_devices`); whatever reads it as numpy reads `array`."""
+
+    array: np.ndarray
+    sharding: NamedSharding
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        return np.asarray(self.array, dtype)
+
+
+def on_devices(value: Any) -> Any:
+    """A `HostArray` placed on its devices (ready); any other value as it is."""
+    if isinstance(value, HostArray):
+        return jax.block_until_ready(jax.device_put(value.array, value.sharding))
+    return value
 
 
 def place(array: Any, mesh: DeviceMesh, spec: Spec) -> Any:

@@ -19,7 +19,9 @@ Contract:
   slice through the injected `deliver`, never through the server: `Whole` from a slice on
   one host, this host's distinct `Shards` from a slice spanning hosts. Deliveries are
   tagged `<tag>@<sending host>`, so a `Recv` from a slice spanning hosts waits for each of
-  them, assembles the whole value and places its part. A failed value is sent as its
+  them, assembles the whole value and places its part (a value for this process's devices
+  alone stays in host memory, a `HostArray`, until a computation takes it as its argument:
+  JAX places it as it calls). A failed value is sent as its
   `Failed` cause, so the peer's dependents fail with the same cause.
 - Loops and branches (`ir.plan`'s Switch / Merge / Enter / Exit / NextIteration) run as
   the per-host state machine of `executors.control`: a `NextIteration` may send the step
@@ -51,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from executors import control
-from executors.compile import place
+from executors.compile import HostArray, on_devices, place, sharding_of
 from executors.control import DEAD, Frames, Layout, aborted, blocked
 from executors.iterations import run_frame
 from executors.liveness import dead_after, defines
@@ -240,7 +242,7 @@ class Runner:
                 if isinstance(outcome, Failure):
                     self.store.fail(buffer_id, outcome)
                 else:
-                    self.store.set(buffer_id, outcome)
+                    self.store.set(buffer_id, on_devices(outcome))
             self._finish(message.run_id)
         return self.unfinished_outputs()
 
@@ -314,7 +316,9 @@ class Runner:
             elif isinstance(step, Compute):
                 self._compute(step, env, message.timeout, frames)
             elif isinstance(step, Reshard):
-                env[step.output] = blocked([env[step.input]]) or place(env[step.input], step.mesh, step.spec)
+                value = env[step.input]
+                env[step.output] = blocked([value]) or place(
+                    value.array if isinstance(value, HostArray) else value, step.mesh, step.spec)
             elif isinstance(step, Send):
                 self._send(message.run_id, step, env[step.input], frames)
             elif isinstance(step, Recv):
@@ -367,7 +371,9 @@ class Runner:
                 env[value] = failure
             return
         exe, known = ready
-        args = [a if self._fits(a, s) else jax.device_put(a, s)
+        if known.spans_hosts:
+            args = [on_devices(a) for a in args]
+        args = [a.array if isinstance(a, HostArray) else a if self._fits(a, s) else jax.device_put(a, s)
                 for a, s in zip(args, known.in_shardings, strict=True)]
         if known.spans_hosts:
             self.drain()  # alone: nothing else of this host in flight while its collectives run
@@ -448,6 +454,8 @@ class Runner:
             payload = Dead()
         elif isinstance(value, Failure):
             payload = Failed(value.cause)
+        elif isinstance(value, HostArray):  # received here, sent on as it came
+            payload = Whole(value.array)
         elif value.is_fully_addressable:
             payload = Whole(np.asarray(value))
         else:
@@ -484,7 +492,12 @@ class Runner:
         else:
             value = whole([shard for p in parts
                            for shard in (p.shards if isinstance(p, Shards) else [(_full(p.array), p.array)])])
-        return value if step.on_host else place(value, step.mesh, step.spec)
+        if step.on_host:
+            return value
+        sharding = sharding_of(step.mesh, step.spec)
+        if sharding.is_fully_addressable:  # placed by the computation that takes it
+            return HostArray(value, sharding)
+        return place(value, step.mesh, step.spec)
 
 
 def _tag(tag: str, source: str) -> str:

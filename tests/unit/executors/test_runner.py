@@ -80,6 +80,28 @@ async def test_a_value_crosses_hosts_within_one_run(pair):
     assert b.stats()["buffers"] == 1  # only the result enters the store
 
 
+async def test_a_received_value_stays_in_host_memory_until_a_computation_or_the_store_takes_it(pair):
+    """b0 receives %2, sends it back to a0 as it came, computes inc(%2) (JAX places it as it
+    calls) and returns %2 itself: the stored result is a device array on b0's device."""
+    a, b = pair
+    await compile_both(a, b)
+    pa = HostPlan("a0", ((0, "%0"),), (Compute("double", ("%0",), ("%1",), "double"),
+                                       Send("%1", ("b0",), "t0"), Recv("%5", ("b0",), "t1", ON0, REP)),
+                  (0, 1, 5), ((0, "%5"),), ())
+    pb = HostPlan("b0", (), (Recv("%2", ("a0",), "t0", ON1, REP), Send("%2", ("a0",), "t1"),
+                             Compute("inc", ("%2",), ("%3",), "inc")), (2, 3, 4), ((0, "%2"), (1, "%3")), ())
+    await b.run(0, message(pb, "r0", results=[("%2", "got"), ("%3", "out")]), pb)
+    a.put(0, "in", np.arange(3, dtype=np.float32).tobytes(), "float32", (3,), ON0, [])
+    await a.run(1, message(pa, "r0", args=[("%0", "in")], results=[("%5", "back")]), pa)
+    for host, seq, buffer_id, want in ((b, 1, "got", [0.0, 2.0, 4.0]), (b, 2, "out", [1.0, 3.0, 5.0]),
+                                       (a, 2, "back", [0.0, 2.0, 4.0])):
+        reply = await host.fetch(seq, buffer_id)
+        assert isinstance(reply, Ready), reply
+        assert np.frombuffer(reply.value, np.float32).tolist() == want
+    stored = b.store.future("got").result(5)
+    assert isinstance(stored, jax.Array) and stored.devices() == {jax.local_devices()[1]}
+
+
 async def test_plans_travel_once_and_runs_stay_apart(pair):
     a, b = pair
     await compile_both(a, b)
