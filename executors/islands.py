@@ -25,6 +25,7 @@ from typing import Any
 import ray
 
 from executors.channel import Channel
+from executors.deletes import Deletes
 from executors.outbox import Outbox
 from ir import Unavailable
 from resource_manager import ClusterSpec, DeviceReport, HostSpec, joined_hosts
@@ -50,6 +51,7 @@ class IslandLifecycle:
     spec: ClusterSpec | None
     discovered: bool
     outbox: Outbox
+    deletes: Deletes
 
     async def _form_group(self, handles: Mapping[str, Any], hosts: Sequence[str]) -> None:
         timeout = self._options.group_timeout_s
@@ -109,6 +111,7 @@ class IslandLifecycle:
             raise
         with self._lock:
             self.outbox.drop(hosts, Unavailable(f"island {island} was restarted before this was sent"))
+            self.deletes.drop(hosts)
             self._handles.update(fresh)
             self._channels.update(channels)
             for h in hosts:

@@ -31,6 +31,7 @@ import ray
 
 from executors import adoption, ray_start
 from executors.channel import SECRET_BYTES, Channel
+from executors.deletes import Deletes
 from executors.islands import IslandLifecycle
 from executors.messages import Adopted, Failed, Ran, Settlement, State
 from executors.outbox import Outbox
@@ -118,6 +119,7 @@ class ExecutorPool(IslandLifecycle):
         self.on_host_lost: Callable[[str, str], None] | None = None
         self._channels: dict[str, Channel] = {}
         self.outbox = Outbox(self._call)
+        self.deletes = Deletes(self._numbered_delete, self._schedule_deletes)  # under `self._lock`
         self._reports: set[asyncio.Task[None]] = set()  # late hosts' stats, being logged
         self.adopted: dict[str, Adopted] = {}  # hosts taken over from a previous server (`start`)
 
@@ -191,13 +193,17 @@ class ExecutorPool(IslandLifecycle):
         """Number the request in this host's order and send it; never leave a gap."""
         return self._send_all((host,), method, *args)[0]
 
-    def _send_all(self, hosts: Sequence[str], method: str, *args: Any, direct: bool = True) -> list[Any]:
+    def _send_all(self, hosts: Sequence[str], method: str, *args: Any, direct: bool = True,
+                  writes: Sequence[str] = ()) -> list[Any]:
         """The same request to several hosts, numbered in one atomic step: every host of a
         slice spanning hosts sees it at the same place relative to everything else (the
-        island order that keeps their collectives from waiting on each other in a cycle)."""
+        island order that keeps their collectives from waiting on each other in a cycle).
+        A queued delete of a buffer it `writes` is numbered before it."""
         if not self.ordered and len(hosts) > 1:
             return [self._later(lambda h=h: self._send(h, method, *args)) for h in hosts]
         with self._lock:
+            for host in hosts:
+                self.deletes.before_write(host, writes)
             return [self._numbered(host, method, *args, direct=direct) for host in hosts]
 
     def _numbered(self, host: str, method: str, *args: Any, direct: bool = True) -> Any:
@@ -331,12 +337,14 @@ class ExecutorPool(IslandLifecycle):
         go into the object store once, however many hosts read them."""
         direct = len(hosts) == 1 and len(data) <= DIRECT_PUT_BYTES
         body = ray.put(data) if len(hosts) > 1 else data
-        self._send_all(hosts, "put", buffer_id, body, dtype, list(shape), mesh, spec, direct=direct)
+        self._send_all(hosts, "put", buffer_id, body, dtype, list(shape), mesh, spec, direct=direct,
+                       writes=(buffer_id,))
 
     def _run(self, host: str, message: RunMessage, plan: HostPlan, notify: bool = False) -> Any:
         """Send one run message (under `self._lock`); the plan travels once per host. With
         `notify` it goes through the outbox, coalesced with the others of this turn."""
         carried = None if (host, message.plan_key) in self._plans else plan
+        self.deletes.before_write(host, [b for _, b in message.results])
         seq = next(self._seq[host])
         if notify:
             ref = self.outbox.add(host, seq, message, carried)
@@ -435,12 +443,30 @@ class ExecutorPool(IslandLifecycle):
         return await self._await(self._call(host, "stats"), host, timeout, "stats")
 
     def delete(self, host: str, buffer_ids: Sequence[str]) -> None:
-        """Free buffers on a host; one that is down has lost them already."""
-        if buffer_ids:
-            try:
-                self._send(host, "delete", list(buffer_ids))
-            except Unavailable as e:
-                log.info("delete on host %s skipped: %s", host, e)
+        """Free buffers on a host, with the others released in this turn (`executors.deletes`);
+        one that is down has lost them already."""
+        if buffer_ids and host in self._handles:
+            with self._lock:
+                self.deletes.add(host, buffer_ids)
+
+    def _numbered_delete(self, host: str, buffer_ids: list[str]) -> None:
+        """(Under `self._lock`.)"""
+        try:
+            self._numbered(host, "delete", buffer_ids)
+        except Unavailable as e:
+            log.info("delete on host %s skipped: %s", host, e)
+
+    def _schedule_deletes(self) -> None:
+        """(Under `self._lock`.) The queued deletes leave at the loop's next turn; at once
+        where no loop runs."""
+        try:
+            asyncio.get_running_loop().call_soon(self._flush_deletes)
+        except RuntimeError:
+            self.deletes.flush()
+
+    def _flush_deletes(self) -> None:
+        with self._lock:
+            self.deletes.flush()
 
     def shutdown(self, keep_executors: bool = False) -> None:
         """Stop the executors (unless `keep_executors`: left for the next server to take

@@ -1,6 +1,7 @@
 """The client does not wait: calls issued back to back are queued and travel together, in
 order, and compute what `jax.jit` computes here."""
 
+import base64
 import gc
 
 import jax
@@ -81,3 +82,20 @@ def test_programs_and_calls_queue_together(c):
         want = (want * 3 + 2) * 3
     np.testing.assert_array_equal(outs[-1].numpy(), want)
     assert outs[0].shape == (4,) and outs[0].slice_id == sa.id  # known before anything ran
+
+
+def test_an_id_released_and_named_again_in_one_batch_holds_its_new_value(c):
+    """A release's delete may leave later than the release (coalesced with the turn's), but
+    never after a request that writes the same id again."""
+    s = c.slice({"x": 1})
+    x = "b-" + "ab" * 16
+
+    def put(value):
+        data = base64.b64encode(np.full(4, value, np.float32).tobytes()).decode()
+        return {"op": "put", "id": x, "slice_id": s.id, "dtype": "float32", "shape": [4], "spec": [],
+                "data": data}
+
+    ops = [put(1.0), {"op": "release", "ids": [x]}, put(2.0)]
+    assert c._transport.json("POST", "/v1/batch", json={"ops": ops, "wait": x})["failed"] == []
+    data = c._transport.request("GET", f"/v1/buffers/{x}/data").content
+    np.testing.assert_array_equal(np.frombuffer(data, np.float32), np.full(4, 2.0, np.float32))
