@@ -10,18 +10,18 @@ method is called under the pool's lock, which `send` expects held):
 - `add(host, ids)` queues the ids. The first `add` of a turn has `schedule` arrange a
   `flush` for the loop's next turn; a host's queue is sent at once when it holds `EAGER`
   ids.
-- A delete is numbered when it is sent, later than it would have been alone. That is never
-  too early (the gang scheduler hands a buffer over for deletion only once nothing queued
-  reads it, and a released id is read by nothing after), but a request writing one of its
-  ids again (a client may name a released id anew) must not overtake it:
-  `before_write(host, ids)` sends the host's queue first if it holds one of them.
+- A delete is numbered when it is sent, later than it would have been alone, but no request
+  that names one of its ids overtakes it: `before_use(host, ids)`, called before a request
+  reading or writing `ids` on the host is numbered, sends the host's queue first if it holds
+  one of them. On the server's path that never happens but for a client naming a released
+  id anew (nothing reads a released buffer), so a chain's releases leave together.
 - `drop(hosts)` forgets the queues of hosts whose executors are being replaced: their
   buffers went with them, and the new executors' numbers start afresh.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 
 EAGER = 256  # ids queued for one host that leave without waiting for the turn's end
 
@@ -44,7 +44,7 @@ class Deletes:
             self._scheduled = True
             self._schedule()
 
-    def before_write(self, host: str, buffer_ids: Sequence[str]) -> None:
+    def before_use(self, host: str, buffer_ids: Iterable[str]) -> None:
         queued = self._queued.get(host)
         if queued and any(b in queued for b in buffer_ids):
             self._send_queue(host)

@@ -189,21 +189,21 @@ class ExecutorPool(IslandLifecycle):
             if isinstance(outcome, BaseException):
                 log.warning("host %s did not take its peers' channel addresses: %s", h, outcome)
 
-    def _send(self, host: str, method: str, *args: Any) -> Any:
+    def _send(self, host: str, method: str, *args: Any, uses: Sequence[str] = ()) -> Any:
         """Number the request in this host's order and send it; never leave a gap."""
-        return self._send_all((host,), method, *args)[0]
+        return self._send_all((host,), method, *args, uses=uses)[0]
 
     def _send_all(self, hosts: Sequence[str], method: str, *args: Any, direct: bool = True,
-                  writes: Sequence[str] = ()) -> list[Any]:
+                  uses: Sequence[str] = ()) -> list[Any]:
         """The same request to several hosts, numbered in one atomic step: every host of a
         slice spanning hosts sees it at the same place relative to everything else (the
         island order that keeps their collectives from waiting on each other in a cycle).
-        A queued delete of a buffer it `writes` is numbered before it."""
+        A queued delete of a buffer it `uses` (reads or writes) is numbered before it."""
         if not self.ordered and len(hosts) > 1:
             return [self._later(lambda h=h: self._send(h, method, *args)) for h in hosts]
         with self._lock:
             for host in hosts:
-                self.deletes.before_write(host, writes)
+                self.deletes.before_use(host, uses)
             return [self._numbered(host, method, *args, direct=direct) for host in hosts]
 
     def _numbered(self, host: str, method: str, *args: Any, direct: bool = True) -> Any:
@@ -338,13 +338,13 @@ class ExecutorPool(IslandLifecycle):
         direct = len(hosts) == 1 and len(data) <= DIRECT_PUT_BYTES
         body = ray.put(data) if len(hosts) > 1 else data
         self._send_all(hosts, "put", buffer_id, body, dtype, list(shape), mesh, spec, direct=direct,
-                       writes=(buffer_id,))
+                       uses=(buffer_id,))
 
     def _run(self, host: str, message: RunMessage, plan: HostPlan, notify: bool = False) -> Any:
         """Send one run message (under `self._lock`); the plan travels once per host. With
         `notify` it goes through the outbox, coalesced with the others of this turn."""
         carried = None if (host, message.plan_key) in self._plans else plan
-        self.deletes.before_write(host, [b for _, b in message.results])
+        self.deletes.before_use(host, [b for _, b in (*message.args, *message.results)])
         seq = next(self._seq[host])
         if notify:
             ref = self.outbox.add(host, seq, message, carried)
@@ -430,7 +430,7 @@ class ExecutorPool(IslandLifecycle):
         """A read waits on the host until its turn and its value come; at most READS_PER_HOST
         wait at once (a read is numbered only once it has its place)."""
         async with self._reads[host]:
-            reply = await self._await(self._send(host, method, buffer_id), host, timeout,
+            reply = await self._await(self._send(host, method, buffer_id, uses=(buffer_id,)), host, timeout,
                                       f"{method.replace('_', ' ')} {buffer_id}")
         if isinstance(reply, Failed):
             raise RemoteError(reply.cause)

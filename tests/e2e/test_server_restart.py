@@ -57,8 +57,13 @@ def test_a_server_killed_and_started_again_carries_on_with_the_clients_handles(t
             np.testing.assert_array_equal(x.numpy(), x0)
             np.testing.assert_array_equal(y.numpy(), x0 * 2.0 + 1.0)
             restart_s = time.monotonic() - started
-            with pytest.raises(isthmus.IsthmusError):
-                z.numpy()  # in flight when the server died: failed, typed
+            want = x0
+            for _ in range(300):
+                want = want * np.float32(2.0) + np.float32(1.0)
+            try:  # in flight when the server died: failed, typed; or settled before it died
+                np.testing.assert_array_equal(z.numpy(), want)
+            except isthmus.IsthmusError:
+                pass
             np.testing.assert_array_equal(f(y).numpy(), (x0 * 2.0 + 1.0) * 2.0 + 1.0)
             np.testing.assert_array_equal(step(x).numpy(), (x0 * 2.0 + 1.0) * 2.0 + 1.0)
             w = c.put(x0 + 1, s)

@@ -1,6 +1,6 @@
 """Deletes coalesced per host and turn (`executors.deletes`), with a fake send: one request
-per host a turn, a long queue leaving at once, a write of a queued id never overtaking its
-delete, and the queues of replaced hosts dropped."""
+per host a turn, a long queue leaving at once, a request naming a queued id never
+overtaking its delete, and the queues of replaced hosts dropped."""
 
 import pytest
 
@@ -40,13 +40,13 @@ def test_a_long_queue_leaves_at_once() -> None:
     assert f.sent == [("h0", ["a", "b", "c"])]  # nothing left to send
 
 
-def test_a_write_of_a_queued_id_sends_the_queue_first() -> None:
+def test_a_request_naming_a_queued_id_sends_the_queue_first() -> None:
     f = Fake()
     f.deletes.add("h0", ["a", "b"])
-    f.deletes.before_write("h1", ["a"])  # another host: its queue is empty
-    f.deletes.before_write("h0", ["x"])  # no queued id
+    f.deletes.before_use("h1", ["a"])  # another host: its queue is empty
+    f.deletes.before_use("h0", ["x"])  # no queued id
     assert f.sent == []
-    f.deletes.before_write("h0", ["x", "b"])
+    f.deletes.before_use("h0", ["x", "b"])
     assert f.sent == [("h0", ["a", "b"])]
 
 
