@@ -7,7 +7,11 @@ The computation is a scalar all-reduce over 4 devices plus an add: on a mesh {"x
 `f(v) = v/2 + psum(v)/8 + 1` (`jax.shard_map`) on a float32[4] sharded P("x"); the mean of v
 grows by exactly 1 per step, so a chain's value counts its steps. A round runs 128
 computations, each on the previous one's output, from the same start. Modes, measured in one
-run on one machine, each warmed up, then timed over several rounds (median computations/s):
+run on one machine, each warmed up, then timed over several rounds (median computations/s).
+The JAX and Isthmus modes take turns round by round (the pipelined ones, whose rounds are 8
+programs, after them), JAX's with the server up and idle: drift on a shared machine weighs
+on each of them alike, and both run beside the same processes. The Ray modes run first, on
+a Ray of their own:
 
 - `jax_opbyop`: `jax.jit(f)` called per computation in this process, blocking at the end;
   `jax_fused`: one `jax.jit` looping f (`fori_loop`), called once.
@@ -213,12 +217,9 @@ def run_all(cfg: Config, target: Target, server: str | None = None) -> tuple[Sam
     sweep's per n."""
     w, n = trivial(target.devices), cfg.steps
     expected = oracle(w, n)
-    print("jax.jit in this process", file=sys.stderr)
-    samples = measure_all(jax_modes(w, n), expected, n, cfg.rounds, cfg.warmup)
-
     print("plain Ray actor", file=sys.stderr)
     with local_ray():
-        samples |= measure_all(ray_modes(w, n, target), expected, n, cfg.rounds, cfg.warmup)
+        samples = measure_all(ray_modes(w, n, target), expected, n, cfg.rounds, cfg.warmup)
 
     print(f"Isthmus ({server or 'starting the server'})", file=sys.stderr)
     with isthmus_client(target, server) as c:
@@ -229,7 +230,8 @@ def run_all(cfg: Config, target: Target, server: str | None = None) -> tuple[Sam
         s = c.slice({AXIS: target.devices})
         modes = isthmus_modes(c, s, w, n, cfg.inflight)
         piped = {k: modes.pop(k) for k in list(modes) if k.endswith("_pipelined")}
-        samples |= measure_all(modes, expected, n, cfg.rounds, cfg.warmup)
+        print("  jax.jit in this process, taking turns with them", file=sys.stderr)
+        samples |= measure_in_turn(jax_modes(w, n) | modes, expected, n, cfg.rounds, cfg.warmup)
         samples |= measure_all(piped, expected, n * cfg.inflight, cfg.rounds, cfg.warmup)
         if hosts is not None:
             samples |= measure_all(chain16_modes(c, hosts, cfg), oracle(chain16_workload(), cfg.stages),
