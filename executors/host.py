@@ -130,7 +130,7 @@ class Host:
             queued = len(self._ops)
             gap = self._next if self._ops and self._next not in self._ops else None
         running, started = self._running, self._started
-        if running is None and (oldest := self.runner.oldest_running()) is not None:
+        if running is None and (oldest := self.runner.issued.oldest_running()) is not None:
             running, started = oldest  # issued, and still running on the devices
         return {
             "host": self.host,
@@ -147,8 +147,8 @@ class Host:
             "plans": self.runner.plans,
             **self.runner.open_state(),  # runs, loop frames and mailboxes still open
             "busy_s": self._busy_s,
-            "unfinished": self.runner.unfinished,  # computations issued, not known finished
-            "in_flight": self.runner.in_flight,
+            "unfinished": len(self.runner.issued),  # computations issued, not known finished
+            "in_flight": self.runner.issued.bound,
             "collective_error": self.collective_error,
         }
 
@@ -203,7 +203,7 @@ class Host:
                     # Idle with answers (or device memory) waiting on computations: look
                     # again after a pause that doubles, or at once when a request comes
                     # (issued first, so the devices never wait for this wait).
-                    self._cond.wait(pause if self._notes or self.runner.unfinished else None)
+                    self._cond.wait(pause if self._notes or self.runner.issued else None)
                     pause = min(2 * pause, NOTE_POLL_S[1])
                 if self._closed:
                     self._settle_notes(everything=True)
@@ -229,7 +229,7 @@ class Host:
         while self._notes and (everything or _computed(self._notes[0][1])):
             self._notes.popleft()[0].set_result(None)
             settled = True
-        self.runner.prune()
+        self.runner.issued.prune()
         return settled
 
     def close(self) -> None:

@@ -11,10 +11,10 @@ Contract:
 - Steps run in plan order on the host's dispatch thread, the only thread that issues
   computations to XLA. A computation on this host's devices is issued without waiting for
   it (XLA's asynchronous dispatch: its outputs are futures that later steps consume), and
-  at most `in_flight` are left unfinished: issuing one more first waits for the oldest. A
-  computation spanning hosts (an island's JAX group) runs alone: every issued computation
-  finishes first, and it finishes before the next step. Values of a run live in a per-run
-  environment; only the program's results enter the store.
+  `executors.issued` bounds those left unfinished (`in_flight` of them, not counting those
+  a later one read from). A computation spanning hosts (an island's JAX group) runs alone:
+  every issued computation finishes first, and it finishes before the next step. Values
+  of a run live in a per-run environment; only the program's results enter the store.
 - `Send` hands the value (host memory, numpy) straight to every host of the receiving
   slice through the injected `deliver`, never through the server: `Whole` from a slice on
   one host, this host's distinct `Shards` from a slice spanning hosts. Deliveries are
@@ -55,6 +55,7 @@ import numpy as np
 from executors import control
 from executors.compile import HostArray, on_devices, place, sharding_of
 from executors.control import DEAD, Frames, Layout, aborted, blocked
+from executors.issued import Issued
 from executors.iterations import run_frame
 from executors.liveness import dead_after, defines
 from executors.messages import Abort, Dead, Failed, Payload, Shards, Whole
@@ -111,9 +112,7 @@ class Runner:
         self._finished: deque[str] = deque(maxlen=FINISHED_RUNS)
         self._finished_set: set[str] = set()
         self._lock = threading.Lock()
-        self.in_flight = max(1, in_flight)
-        # issued computations, oldest first: (label, when issued, outputs)
-        self._issued: deque[tuple[str, float, Any]] = deque()
+        self.issued = Issued(in_flight, failed)  # computations issued, not known finished
         self._dead: dict[str, tuple[tuple[str, ...], ...]] = {}  # plan key -> values dead after each step
         self._layouts: dict[str, Layout] = {}  # plan key -> its frames (loop heads)
         self._aborts: dict[str, list[Abort]] = {}  # run -> peers that left a loop early
@@ -254,9 +253,8 @@ class Runner:
         return dead
 
     def unfinished_outputs(self) -> list[Any]:
-        """The outputs of issued computations not known to have finished: every older one has
-        (issuing past the bound waits for the oldest), so these are all a caller waits for."""
-        return [outputs for _, _, outputs in self._issued]
+        """The outputs to wait for, to know that every computation issued so far has finished."""
+        return self.issued.outputs()
 
     def _argument(self, buffer_id: str, timeout: float) -> Any:
         try:
@@ -376,11 +374,11 @@ class Runner:
         args = [a.array if isinstance(a, HostArray) else a if self._fits(a, s) else jax.device_put(a, s)
                 for a, s in zip(args, known.in_shardings, strict=True)]
         if known.spans_hosts:
-            self.drain()  # alone: nothing else of this host in flight while its collectives run
+            self.issued.drain()  # alone: nothing else of this host in flight while its collectives run
             results = jax.block_until_ready(exe(*args))
         else:
             results = exe(*args)
-            self._issue(step.label, results)
+            self.issued.issue(step.label, args, results)
         env.update(zip(step.outputs, results, strict=True))
 
     def _fits(self, array: Any, sharding: Any) -> bool:
@@ -410,43 +408,6 @@ class Runner:
             known = self._executables[key] = _Executable(
                 tuple(shardings), not all(s.is_fully_addressable for s in every))
         return known
-
-    def _issue(self, label: str, results: Sequence[Any]) -> None:
-        """Track an issued computation; past the bound, wait for the oldest to finish."""
-        self._issued.append((label, time.perf_counter(), results))
-        while len(self._issued) > self.in_flight:
-            self._finish_oldest()
-
-    def prune(self) -> None:
-        """Forget the issued computations that have finished, oldest first, without waiting
-        (dispatch thread only): their outputs are then held only where they are kept (the
-        store, a run's values), and device memory is freed once those let go."""
-        while self._issued and all(getattr(r, "is_ready", lambda: True)() for r in self._issued[0][2]):
-            self._finish_oldest()  # finished: returns at once (reporting a failure, if any)
-
-    def drain(self) -> None:
-        """Wait until every issued computation has finished (failed ones included)."""
-        while self._issued:
-            self._finish_oldest()
-
-    def _finish_oldest(self) -> None:
-        try:
-            for array in self._issued.popleft()[2]:
-                array.block_until_ready()
-        except Exception as e:  # the arrays carry the error to whoever reads them
-            self._failed(f"{type(e).__name__}: {e}")
-
-    @property
-    def unfinished(self) -> int:
-        return len(self._issued)
-
-    def oldest_running(self) -> tuple[str, float] | None:
-        """The label and issue time (perf_counter) of the oldest issued computation still
-        running, if any (read from any thread: it only looks)."""
-        for label, issued, results in list(self._issued):
-            if not all(getattr(r, "is_ready", lambda: True)() for r in results):
-                return label, issued
-        return None
 
     def _send(self, run_id: str, step: Send, value: Any, frames: Frames) -> None:
         payload: Payload
