@@ -28,7 +28,7 @@ import os
 import threading
 import time
 import traceback
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -38,15 +38,17 @@ import numpy as np
 from executors.compile import compile_artifact, make_mesh, place
 from executors.messages import Adopted, Failed, Payload, Ran, Ready, Reply, State
 from executors.runner import IN_FLIGHT, RunMessage, Runner
+from executors.settler import Settler
 from executors.shards import distinct_shards
 from executors.store import BufferStore, Failure
 from ir import DeviceMesh, HostPlan, Spec, parse_dtype
 
 log = logging.getLogger("isthmus.executors")
 QUICK_BYTES = 1 << 16  # a computed buffer this small is read on the event loop
-# How long the idle dispatch thread waits before it looks again whether the computations an
-# answer waits on have finished: from the first, doubling up to the second (seconds).
-NOTE_POLL_S = (20e-6, 250e-6)
+# How long the idle dispatch thread waits before it looks again whether the computations it
+# issued have finished, to let go of their outputs: from the first, doubling up to the second
+# (seconds). Answers do not wait for this: the settler's thread wakes when they may go.
+PRUNE_S = (1e-3, 0.1)
 FORGOTTEN_KEPT = 65_536  # forgotten executable keys remembered (a late call on one fails at once)
 
 
@@ -70,8 +72,7 @@ class Host:
         self._cond = threading.Condition()
         self._completed = 0
         self._running: str | None = None
-        # answers waiting for the computations their requests issued: (future, outputs)
-        self._notes: deque[tuple[Future[Any], Any]] = deque()
+        self._settler = Settler(f"settle-{host}")  # answers waiting for their computations
         self._started = 0.0  # when the op now running started (perf_counter)
         self._busy_s = 0.0
         self.collective_error: str | None = None  # the first failed cross-host collective
@@ -182,8 +183,8 @@ class Host:
             try:
                 result = op()
             finally:
-                if settle and result:
-                    self._notes.append((finished, result))
+                if settle and result and (self._settler or not _computed(result)):
+                    self._settler.add(finished, result)
                 else:
                     finished.set_result(None if settle else result)
 
@@ -196,17 +197,14 @@ class Host:
     def _dispatch(self) -> None:
         while True:
             with self._cond:
-                pause = NOTE_POLL_S[0]
+                pause = PRUNE_S[0]
                 while self._next not in self._ops and not self._closed:
-                    if self._settle_notes():
-                        continue
-                    # Idle with answers (or device memory) waiting on computations: look
-                    # again after a pause that doubles, or at once when a request comes
-                    # (issued first, so the devices never wait for this wait).
-                    self._cond.wait(pause if self._notes or self.runner.issued else None)
-                    pause = min(2 * pause, NOTE_POLL_S[1])
+                    self.runner.issued.prune()
+                    # Idle with computations recorded: look again after a pause that
+                    # doubles, or at once when a request comes.
+                    self._cond.wait(pause if self.runner.issued else None)
+                    pause = min(2 * pause, PRUNE_S[1])
                 if self._closed:
-                    self._settle_notes(everything=True)
                     return
                 op, label = self._ops.pop(self._next)
                 self._next += 1
@@ -220,22 +218,13 @@ class Host:
                 self._busy_s += time.perf_counter() - start
                 self._completed += 1
                 self._running = None
-            self._settle_notes()
-
-    def _settle_notes(self, everything: bool = False) -> bool:
-        """Settle, oldest first, the answers whose computations have finished (dispatch
-        thread only; never waits). Whether any settled."""
-        settled = False
-        while self._notes and (everything or _computed(self._notes[0][1])):
-            self._notes.popleft()[0].set_result(None)
-            settled = True
-        self.runner.issued.prune()
-        return settled
+            self.runner.issued.prune()
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
             self._cond.notify()
+        self._settler.close()
 
     def adopt(self, cause: str) -> Adopted:
         """A new server takes this host over (the one that numbered its requests is gone):
