@@ -45,8 +45,6 @@ class Settler:
             self._cond.notify()
 
     def _settle(self) -> None:
-        import jax
-
         while True:
             with self._cond:
                 while not self._answers and not self._closed:
@@ -54,15 +52,21 @@ class Settler:
                 if self._closed:
                     return
                 future, arrays = self._answers[0]
-            for array in jax.tree_util.tree_leaves(arrays):
-                try:
-                    array.block_until_ready()
-                except Exception:  # failed: finished all the same
-                    pass
-            with self._cond:
-                if self._answers and self._answers[0][0] is future:  # (not settled by `close`)
-                    self._answers.popleft()
-                    _set(future)
+            self._settle_once(future, arrays)
+            del future, arrays  # held while idle, they would keep the arrays alive
+
+    def _settle_once(self, future: Future[Any], arrays: Any) -> None:
+        import jax
+
+        for array in jax.tree_util.tree_leaves(arrays):
+            try:
+                array.block_until_ready()
+            except Exception:  # failed: finished all the same
+                pass
+        with self._cond:
+            if self._answers and self._answers[0][0] is future:  # (not settled by `close`)
+                self._answers.popleft()
+                _set(future)
 
 
 def _set(future: Future[Any]) -> None:

@@ -1,7 +1,9 @@
 """Answers settled once their computations finish (`executors.settler`), with stand-in
 arrays the test computes by hand."""
 
+import gc
 import threading
+import weakref
 from concurrent.futures import Future
 
 import pytest
@@ -70,3 +72,15 @@ def test_close_settles_what_still_waits():
     s.close()
     assert all(a.done() for a in answers)
     never.computed.set()  # the thread, still waiting on it, then ends without settling twice
+
+
+def test_a_settled_answer_leaves_its_arrays_to_whoever_else_holds_them(settler):
+    array = Array()
+    held = weakref.ref(array)
+    answer: Future[None] = Future()
+    settler.add(answer, [[array]])
+    array.computed.set()
+    answer.result(timeout=10)
+    del array
+    gc.collect()
+    assert held() is None  # the idle thread keeps nothing alive (device memory, on a host)
