@@ -100,3 +100,25 @@ def test_changes_are_queued_and_committed_together_by_flush(tmp_path: Path) -> N
     assert reader.execute("SELECT COUNT(*) FROM records").fetchone()[0] == 4
     reader.close()
     reg.close()
+
+
+async def test_a_turns_changes_are_committed_after_what_the_turn_scheduled(tmp_path: Path) -> None:
+    import asyncio
+    import sqlite3
+
+    path = tmp_path / "state.db"
+    reg = Registry(open_store(path))
+    reader = sqlite3.connect(path)
+    committed_when_sent: list[int] = []
+
+    def send() -> None:  # a run message leaving at the turn's end (`executors.outbox`)
+        committed_when_sent.append(reader.execute("SELECT COUNT(*) FROM records").fetchone()[0])
+
+    reg.add_client(ClientRecord("cl-1", "a"))
+    asyncio.get_running_loop().call_soon(send)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert committed_when_sent == [0]  # the message did not wait for the commit
+    assert reader.execute("SELECT COUNT(*) FROM records").fetchone()[0] == 1  # nor anyone's flush
+    reader.close()
+    reg.close()
