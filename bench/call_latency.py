@@ -215,6 +215,8 @@ def fork_exec_allowed() -> Iterator[None]:
 @contextlib.contextmanager
 def local_ray() -> Iterator[None]:
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    # Its workers at this process's priority, as Isthmus's own Ray runs its executors.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     with fork_exec_allowed():
         # address="local": a Ray of its own even where this machine runs another cluster
         ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING",

@@ -8,8 +8,10 @@ Contract:
   every server it has to loopback, requires the token in `token_file` (without one, a
   token made for this start that only this process and its children hold), and exports no
   metrics from its nodes (with ray[default] installed, the autoscaler's and the
-  dashboard's own exporters remain, on loopback). With `daemon_dir` it runs apart from
-  this process, and outlives it; without, in this process's own tree.
+  dashboard's own exporters remain, on loopback). Its workers (the executors) run at the
+  priority of the process that starts it, not at Ray's default nice 15, unless
+  RAY_worker_niceness says otherwise. With `daemon_dir` it runs apart from this process,
+  and outlives it; without, in this process's own tree.
 - An external Ray (`address`) is joined with the token in `token_file` when that file
   exists, else with the one Ray finds itself (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH,
   ~/.ray/auth_token).
@@ -190,6 +192,9 @@ def _own_env(token_file: Path | None) -> dict[str, str | None]:
         # the loopback, and GCS, raylet, workers and agents bind to it, not to every interface.
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         "RAY_AUTH_MODE": "token",
+        # Ray starts its workers at nice 15, behind everything else on the machine; the
+        # executors' work is the latency a client waits for (docs/architecture.md).
+        "RAY_worker_niceness": os.environ.get("RAY_worker_niceness", "0"),
     }
     if token_file is not None:
         env |= {"RAY_AUTH_TOKEN_PATH": str(token_file), "RAY_AUTH_TOKEN": None}  # the variable would win

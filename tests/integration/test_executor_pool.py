@@ -145,3 +145,8 @@ def test_a_dead_host_is_an_error_not_a_hang_and_its_island_restarts(pool):
     # The new executors know each other's channels: a send goes over them at once.
     np.testing.assert_array_equal(move(pool, 8, "again"), np.arange(8, dtype=np.float32) + 1)
     assert run(pool.stats("a0", 30))["peer_sends"] == {"link": 1, "ray": 0}
+
+
+def test_executors_run_at_the_priority_of_the_process_that_started_ray(pool):
+    pid = run(pool.stats("a0", 30))["pid"]
+    assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, 0)
