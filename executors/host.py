@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from executors.compile import compile_artifact, make_mesh, place
+from executors.issued import computed
 from executors.messages import Adopted, Failed, Payload, Ran, Ready, Reply, State
 from executors.runner import IN_FLIGHT, RunMessage, Runner
 from executors.settler import Settler
@@ -183,7 +184,7 @@ class Host:
             try:
                 result = op()
             finally:
-                if settle and result and (self._settler or not _computed(result)):
+                if settle and result and (self._settler or not computed(result)):
                     self._settler.add(finished, result)
                 else:
                     finished.set_result(None if settle else result)
@@ -417,16 +418,6 @@ class Host:
         return [State.PENDING if (s := self.store.state(b)) is State.MISSING else s for b in buffer_ids]
 
 
-def _computed(arrays: Any) -> bool:
-    """Every array has been computed (or has failed: an error counts as finished)."""
-    import jax
-
-    try:
-        return all(a.is_ready() for a in jax.tree_util.tree_leaves(arrays) if hasattr(a, "is_ready"))
-    except Exception:
-        return True
-
-
 def _sound(array: Any) -> bool:
     """A computed array holds no error (reading it would not raise)."""
     try:
@@ -437,7 +428,7 @@ def _sound(array: Any) -> bool:
 
 
 def _quick(array: Any) -> bool:
-    return getattr(array, "nbytes", QUICK_BYTES) < QUICK_BYTES and _computed(array)
+    return getattr(array, "nbytes", QUICK_BYTES) < QUICK_BYTES and computed(array)
 
 
 def _finished(array: Any) -> None:

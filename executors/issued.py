@@ -61,7 +61,7 @@ class Issued:
 
     def prune(self) -> None:
         """Drop the oldest records whose computations have finished, without waiting."""
-        while self._records and all(_computed(a) for a in self._records[0].outputs):
+        while self._records and computed(self._records[0].outputs):
             self._finish_oldest()  # finished: returns at once (telling a failure, if any)
 
     def drain(self) -> None:
@@ -73,7 +73,7 @@ class Issued:
         """The label and issue time (perf_counter) of the oldest recorded computation still
         running, if any (from any thread: it only looks)."""
         for record in list(self._records):
-            if not all(_computed(a) for a in record.outputs):
+            if not computed(record.outputs):
                 return record.label, record.issued
         return None
 
@@ -92,6 +92,11 @@ class Issued:
                 del self._makers[id(array)]
 
 
-def _computed(array: Any) -> bool:
-    is_ready = getattr(array, "is_ready", None)
-    return is_ready is None or is_ready()
+def computed(arrays: Any) -> bool:
+    """Every array has been computed (or has failed: an error counts as finished)."""
+    import jax
+
+    try:
+        return all(a.is_ready() for a in jax.tree_util.tree_leaves(arrays) if hasattr(a, "is_ready"))
+    except Exception:
+        return True

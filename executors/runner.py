@@ -214,7 +214,7 @@ class Runner:
         if plan is None:
             cause = f"host {self.host} has no plan {message.plan_key} (the server must send it first)"
             self._fail_results(message, Failure(cause))
-            return self.unfinished_outputs()
+            return self.issued.outputs()
         with self._lock:
             run = self._runs.setdefault(message.run_id, _Run())
         for value, buffer_id in message.args:
@@ -243,7 +243,7 @@ class Runner:
                 else:
                     self.store.set(buffer_id, on_devices(outcome))
             self._finish(message.run_id)
-        return self.unfinished_outputs()
+        return self.issued.outputs()
 
     def _dead_after(self, plan: HostPlan) -> tuple[tuple[str, ...], ...]:
         """Per step, the values to free after it (`executors.liveness`), once per plan."""
@@ -251,10 +251,6 @@ class Runner:
         if dead is None:
             dead = self._dead[plan.key] = dead_after(plan, self._layout(plan))
         return dead
-
-    def unfinished_outputs(self) -> list[Any]:
-        """The outputs to wait for, to know that every computation issued so far has finished."""
-        return self.issued.outputs()
 
     def _argument(self, buffer_id: str, timeout: float) -> Any:
         try:
