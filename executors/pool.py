@@ -200,7 +200,7 @@ class ExecutorPool(IslandLifecycle):
         island order that keeps their collectives from waiting on each other in a cycle).
         A queued delete of a buffer it `uses` (reads or writes) is numbered before it."""
         if not self.ordered and len(hosts) > 1:
-            return [self._later(lambda h=h: self._send(h, method, *args)) for h in hosts]
+            return [self._later(lambda h=h: self._send(h, method, *args, uses=uses)) for h in hosts]
         with self._lock:
             for host in hosts:
                 self.deletes.before_use(host, uses)
