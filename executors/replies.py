@@ -18,11 +18,14 @@ Contract (`settled`, called on the loop's thread):
   `call_soon_threadsafe`); nothing happens once the future is done or cancelled.
 - While hosts are late, every `every` seconds `late(hosts)` is called with those that have
   not answered yet (to log what they are doing).
+- A wait leaves nothing for the garbage collector: what it made is freed by reference
+  counting once it has ended (its timers cancelled), as one is made per call.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -40,58 +43,68 @@ log = logging.getLogger("isthmus.executors")
 def settled(refs: Sequence[Any], hosts: Sequence[str], timeout: float, every: float,
             late: Callable[[list[str]], None]) -> asyncio.Future[list[Settled]]:
     """The hosts' answers, settled (see the module)."""
-    loop = asyncio.get_running_loop()
-    out: asyncio.Future[list[Settled]] = loop.create_future()
-    got: list[Settled | None] = [None] * len(refs)
-    left = len(refs)
+    answers = _Answers(hosts, timeout, every, late)
+    for i, ref in enumerate(refs):
+        _when_answered(answers.loop, ref, functools.partial(answers.answered, i), answers.out)
+    if not refs:
+        answers.out.set_result([])
+    return answers.out
 
-    def put(i: int, reply: Settled) -> None:
-        nonlocal left
-        if out.done() or got[i] is not None:
+
+class _Answers:
+    """One run's answers as they come. Methods, not closures: a closure that schedules itself
+    (the late watch) is a reference cycle, which only the garbage collector frees; one a
+    call made the server's full collections frequent (docs/benchmarks.md)."""
+
+    __slots__ = ("_deadline", "_every", "_got", "_hosts", "_late", "_left", "_watcher", "loop", "out")
+
+    def __init__(self, hosts: Sequence[str], timeout: float, every: float,
+                 late: Callable[[list[str]], None]) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.out: asyncio.Future[list[Settled]] = self.loop.create_future()
+        self._hosts = hosts
+        self._got: list[Settled | None] = [None] * len(hosts)
+        self._left = len(hosts)
+        self._every, self._late = every, late
+        self._deadline = self.loop.call_later(timeout, self._expire, timeout)
+        self._watcher = self.loop.call_later(every, self._watch)
+        self.out.add_done_callback(self._stop)
+
+    def answered(self, i: int, value: Any, error: BaseException | None) -> None:
+        if error is None:
+            self._put(i, value if isinstance(value, Ran) else Ran())
+        elif isinstance(error, Unavailable | RemoteError):
+            self._put(i, Lost(str(error)))
+        elif isinstance(error, ray.exceptions.RayActorError):
+            self._put(i, Lost(f"host {self._hosts[i]} is down: {error}"))
+        elif isinstance(error, ray.exceptions.RayTaskError):
+            self._put(i, Lost(f"settle on host {self._hosts[i]} failed: {error}"))
+        elif not self.out.done():
+            self.out.set_exception(error)
+
+    def _put(self, i: int, reply: Settled) -> None:
+        if self.out.done() or self._got[i] is not None:
             return
         if isinstance(reply, Lost):
-            log.warning("host %s: %s", hosts[i], reply.cause)
-        got[i] = reply
-        left -= 1
-        if left == 0:
-            out.set_result([r for r in got if r is not None])
+            log.warning("host %s: %s", self._hosts[i], reply.cause)
+        self._got[i] = reply
+        self._left -= 1
+        if self._left == 0:
+            self.out.set_result([r for r in self._got if r is not None])
 
-    def expire() -> None:
-        for i, host in enumerate(hosts):
-            put(i, Lost(f"host {host} did not answer settle within {timeout:g}s"))
+    def _expire(self, timeout: float) -> None:
+        for i, host in enumerate(self._hosts):
+            self._put(i, Lost(f"host {host} did not answer settle within {timeout:g}s"))
 
-    def watch() -> None:
-        nonlocal watcher
-        if out.done():
+    def _watch(self) -> None:
+        if self.out.done():
             return
-        late([h for h, r in zip(hosts, got, strict=True) if r is None])
-        watcher = loop.call_later(every, watch)
+        self._late([h for h, r in zip(self._hosts, self._got, strict=True) if r is None])
+        self._watcher = self.loop.call_later(self._every, self._watch)
 
-    def answered(i: int, value: Any, error: BaseException | None) -> None:
-        if error is None:
-            put(i, value if isinstance(value, Ran) else Ran())
-        elif isinstance(error, Unavailable | RemoteError):
-            put(i, Lost(str(error)))
-        elif isinstance(error, ray.exceptions.RayActorError):
-            put(i, Lost(f"host {hosts[i]} is down: {error}"))
-        elif isinstance(error, ray.exceptions.RayTaskError):
-            put(i, Lost(f"settle on host {hosts[i]} failed: {error}"))
-        elif not out.done():
-            out.set_exception(error)
-
-    deadline = loop.call_later(timeout, expire)
-    watcher = loop.call_later(every, watch)
-
-    def stop(_: asyncio.Future[list[Settled]]) -> None:
-        deadline.cancel()
-        watcher.cancel()
-
-    out.add_done_callback(stop)
-    for i, ref in enumerate(refs):
-        _when_answered(loop, ref, lambda value, error, i=i: answered(i, value, error), out)
-    if not refs:
-        out.set_result([])
-    return out
+    def _stop(self, _: asyncio.Future[list[Settled]]) -> None:
+        self._deadline.cancel()
+        self._watcher.cancel()
 
 
 def _when_answered(loop: asyncio.AbstractEventLoop, ref: Any,

@@ -3,6 +3,7 @@ replies in order, futures of futures, a host's failure or silence as `Lost`, ans
 other threads, late hosts reported, and a bug failing the wait."""
 
 import asyncio
+import gc
 import threading
 from concurrent.futures import Future
 
@@ -117,3 +118,33 @@ def test_no_hosts_settle_at_once() -> None:
         return await settled([], [], 10.0, 10.0, lambda hosts: None)
 
     assert run(main()) == []
+
+
+@pytest.mark.parametrize("late_reported", [False, True])
+def test_a_settled_wait_leaves_no_garbage_for_the_collector(late_reported: bool) -> None:
+    """Every call waits this way: what a wait made must be freed as it ends, not left in
+    reference cycles for the garbage collector to find (they made full collections frequent
+    on a busy server)."""
+    async def wait_once() -> None:
+        ref: Future[object] = Future()
+        waiting = settled([ref], ["h0"], 10.0, 0.0 if late_reported else 10.0, lambda hosts: None)
+        if late_reported:
+            await asyncio.sleep(0.001)  # the watch has reported the host, and looks again
+        ref.set_result(Ran())
+        await waiting
+        await asyncio.sleep(0)  # the wait's own end: its timers are cancelled
+
+    async def main() -> int:
+        await wait_once()  # whatever the loop makes once, on its first use
+        gc.collect()
+        for _ in range(20):
+            await wait_once()
+        return gc.collect()
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        assert run(main()) == 0
+    finally:
+        if enabled:
+            gc.enable()
