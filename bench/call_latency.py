@@ -1,6 +1,6 @@
 """Per-call latency of a trivial computation through Isthmus, against JAX and a plain Ray actor.
 
-    python -m bench.call_latency --json /tmp/call_latency.json [--iters 300] [--repeats 3]
+    python -m bench.call_latency --json /tmp/call_latency.json [--iters 300] [--repeats 9]
 
 The computation is `a + 1` on a float32[8] held on one CPU device, chained: each call's output
 is the next call's input. Six modes, all measured in one run on the same machine:
@@ -14,11 +14,14 @@ is the next call's input. Six modes, all measured in one run on the same machine
   `isthmus_pipelined`: `y = f(y)` back to back (chained futures), `.result()` at the end.
 
 Each mode is warmed up (compile, first calls), then timed `--repeats` times over `--iters`
-calls; the median of the repeats is reported in microseconds per call. Every mode's final
-value must equal the number of calls it made, or the run fails: a broken mode cannot report a
-fast time. Only one Ray runs at a time: the baseline's own Ray is shut down before the Isthmus
-server starts its own. This baseline imports Ray directly, as a user would; it is the one
-place outside `executors/` that does.
+calls; the median of the repeats is reported in microseconds per call. Single repeats move a
+lot on a shared machine (pipelined ones by half within one run here): nine by default. Every
+mode's final value must equal the number of calls it made, or the run fails: a broken mode
+cannot report a fast time. The modes take turns repeat by repeat, so that drift on a shared
+machine weighs on each of them alike (measured apart, the Ray baseline and Isthmus moved by
+a third between runs minutes apart): the Isthmus server starts first, with its own Ray, then
+the baseline's Ray starts in this process beside it. This baseline imports Ray directly, as
+a user would; it is the one place outside `executors/` that does.
 
 Beside the modes, two requests isolate parts of an Isthmus call (`components_us`): an HTTP
 round trip the server answers without an executor (`Client.buffers()`), and an upload
@@ -45,7 +48,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -169,15 +172,26 @@ def time_calls(run: Callable[[int], None], iters: int, repeats: int, warmup: int
     return samples
 
 
-def measure(mode: Mode, iters: int, repeats: int, warmup: int) -> list[float]:
-    """Time a mode, then check that its chain ends where that many calls must leave it."""
-    samples = time_calls(mode.run, iters, repeats, warmup)
+def measure_in_turn(modes: Sequence[Mode], iters: int, repeats: int, warmup: int) -> dict[str, list[float]]:
+    """µs per call of each mode's `repeats` timed runs of `iters` calls, the modes taking turns
+    in each repeat after `warmup` untimed calls each; then check that every chain ends where
+    that many calls must leave it."""
+    for mode in modes:
+        mode.run(warmup)
+    samples: dict[str, list[float]] = {mode.name: [] for mode in modes}
+    for _ in range(repeats):
+        for mode in modes:
+            gc.collect()
+            start = time.perf_counter()
+            mode.run(iters)
+            samples[mode.name].append((time.perf_counter() - start) / iters * 1e6)
     expected = float(warmup + repeats * iters)
-    got = mode.value()
-    if got != expected:
-        raise BenchError(f"mode {mode.name}: expected the chain to end at {expected:g} "
-                         f"(warm-up {warmup} + {repeats} x {iters} calls), found {got:g}")
-    print(f"  {mode.name:<34} {statistics.median(samples):10.1f} us/call", file=sys.stderr)
+    for mode in modes:
+        got = mode.value()
+        if got != expected:
+            raise BenchError(f"mode {mode.name}: expected the chain to end at {expected:g} "
+                             f"(warm-up {warmup} + {repeats} x {iters} calls), found {got:g}")
+        print(f"  {mode.name:<34} {statistics.median(samples[mode.name]):10.1f} us/call", file=sys.stderr)
     return samples
 
 
@@ -249,30 +263,24 @@ def isthmus_client(server: str | None = None) -> Iterator[isthmus.Client]:
 
 def run_all(iters: int, repeats: int, warmup: int, server: str | None = None
             ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """Every mode's samples, then the Isthmus components' samples (µs per call)."""
-    samples: dict[str, list[float]] = {}
-    components: dict[str, list[float]] = {}
-
-    def time_modes(*modes: Mode) -> None:
-        for m in modes:
-            samples[m.name] = measure(m, iters, repeats, warmup)
-
-    print("jax.jit in this process", file=sys.stderr)
-    a, b = JaxLoop(), JaxLoop()
-    time_modes(Mode("jax_jit", a.sync, a.value), Mode("jax_jit_async", b.pipelined, b.value))
-
-    print("plain Ray actor", file=sys.stderr)
-    with local_ray():
-        r1, r2 = RayActorLoop(), RayActorLoop()
-        time_modes(Mode("ray_actor_sync", r1.sync, r1.value),
-                   Mode("ray_actor_pipelined", r2.pipelined, r2.value))
-
-    print(f"Isthmus ({server or 'starting the server'})", file=sys.stderr)
+    """Every mode's samples, taken in turn, then the Isthmus components' samples (µs per
+    call). The server starts before the baseline's Ray: what starting that Ray sets in this
+    process's environment stays out of the server's."""
+    print(f"Isthmus ({server or 'starting the server'}), a plain Ray actor and jax.jit here, "
+          "taking turns", file=sys.stderr)
     with isthmus_client(server) as c:
         s = c.slice({"x": 1})
         i1, i2 = IsthmusLoop(c, s), IsthmusLoop(c, s)
-        time_modes(Mode("isthmus_sync", i1.sync, i1.value),
-                   Mode("isthmus_pipelined", i2.pipelined, i2.value))
+        with local_ray():
+            a, b = JaxLoop(), JaxLoop()
+            r1, r2 = RayActorLoop(), RayActorLoop()
+            samples = measure_in_turn([
+                Mode("jax_jit", a.sync, a.value), Mode("jax_jit_async", b.pipelined, b.value),
+                Mode("ray_actor_sync", r1.sync, r1.value),
+                Mode("ray_actor_pipelined", r2.pipelined, r2.value),
+                Mode("isthmus_sync", i1.sync, i1.value), Mode("isthmus_pipelined", i2.pipelined, i2.value),
+            ], iters, repeats, warmup)
+        components: dict[str, list[float]] = {}
         for name, run in isthmus_components(c, s).items():
             components[name] = time_calls(run, iters, repeats, warmup)
             print(f"  {name:<34} {statistics.median(components[name]):10.1f} us/call", file=sys.stderr)
@@ -319,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.call_latency", description=__doc__.split("\n")[0])
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--iters", type=int, default=300, help="calls per timed repeat (default 300)")
-    p.add_argument("--repeats", type=int, default=3, help="timed repeats per mode (default 3)")
+    p.add_argument("--repeats", type=int, default=9, help="timed repeats per mode (default 9)")
     p.add_argument("--warmup", type=int, default=20, help="untimed calls first (default 20)")
     p.add_argument("--server", help="a running server's address (admin token in ISTHMUS_TOKEN) "
                                     "instead of a local one")

@@ -8,10 +8,10 @@ The computation is a scalar all-reduce over 4 devices plus an add: on a mesh {"x
 grows by exactly 1 per step, so a chain's value counts its steps. A round runs 128
 computations, each on the previous one's output, from the same start. Modes, measured in one
 run on one machine, each warmed up, then timed over several rounds (median computations/s).
-The JAX and Isthmus modes take turns round by round (the pipelined ones, whose rounds are 8
-programs, after them), JAX's with the server up and idle: drift on a shared machine weighs
-on each of them alike, and both run beside the same processes. The Ray modes run first, on
-a Ray of their own:
+The JAX, Ray and Isthmus modes take turns round by round (the pipelined ones, whose rounds
+are 8 programs, after them), each with the others' processes up and idle: drift on a shared
+machine weighs on each of them alike, and all run beside the same processes. The Ray modes
+run on a Ray of their own, started beside the server's:
 
 - `jax_opbyop`: `jax.jit(f)` called per computation in this process, blocking at the end;
   `jax_fused`: one `jax.jit` looping f (`fori_loop`), called once.
@@ -36,12 +36,12 @@ idle), `isthmus_opbyop` and `isthmus_chained` per n, taking turns round by round
 reaches 95% of JAX op-by-op throughput (null if it never does).
 
 Every round's value is checked against `jax.jit` run step by step here, so a broken mode
-fails the run. Only one Ray runs at a time: the baseline's Ray stops before the server's
-starts. The JAX and Ray baselines get NPROC=8 (XLA's CPU client thread pool, by default the
-core count): with 2 threads, back-to-back asynchronous 4-device collectives deadlock in
-XLA's rendezvous; they need 2 per device. The Isthmus server runs with its defaults: its
-executors keep up to 8 computations in flight with a pool of 2 threads per device, which
-cannot deadlock (docs/architecture.md).
+fails the run. The server starts first: what starting the baseline's Ray sets in this
+process's environment stays out of the server's. The JAX and Ray baselines get NPROC=8
+(XLA's CPU client thread pool, by default the core count): with 2 threads, back-to-back
+asynchronous 4-device collectives deadlock in XLA's rendezvous; they need 2 per device.
+The Isthmus server runs with its defaults: its executors keep up to 8 computations in
+flight with a pool of 2 threads per device, which cannot deadlock (docs/architecture.md).
 
 `--server URL` measures a running server instead of starting one (its admin token in
 ISTHMUS_TOKEN; the CPU shape above): `bench.multinode` points it at a multi-node Ray.
@@ -217,10 +217,6 @@ def run_all(cfg: Config, target: Target, server: str | None = None) -> tuple[Sam
     sweep's per n."""
     w, n = trivial(target.devices), cfg.steps
     expected = oracle(w, n)
-    print("plain Ray actor", file=sys.stderr)
-    with local_ray():
-        samples = measure_all(ray_modes(w, n, target), expected, n, cfg.rounds, cfg.warmup)
-
     print(f"Isthmus ({server or 'starting the server'})", file=sys.stderr)
     with isthmus_client(target, server) as c:
         if not callable(getattr(c, "program", None)):
@@ -230,8 +226,10 @@ def run_all(cfg: Config, target: Target, server: str | None = None) -> tuple[Sam
         s = c.slice({AXIS: target.devices})
         modes = isthmus_modes(c, s, w, n, cfg.inflight)
         piped = {k: modes.pop(k) for k in list(modes) if k.endswith("_pipelined")}
-        print("  jax.jit in this process, taking turns with them", file=sys.stderr)
-        samples |= measure_in_turn(jax_modes(w, n) | modes, expected, n, cfg.rounds, cfg.warmup)
+        with local_ray():
+            print("  jax.jit in this process and a plain Ray actor, taking turns with them", file=sys.stderr)
+            samples = measure_in_turn(jax_modes(w, n) | ray_modes(w, n, target) | modes, expected, n,
+                                      cfg.rounds, cfg.warmup)
         samples |= measure_all(piped, expected, n * cfg.inflight, cfg.rounds, cfg.warmup)
         if hosts is not None:
             samples |= measure_all(chain16_modes(c, hosts, cfg), oracle(chain16_workload(), cfg.stages),
