@@ -10,8 +10,9 @@ computations, each on the previous one's output, from the same start. Modes, mea
 run on one machine, each warmed up, then timed over several rounds (median computations/s).
 The JAX, Ray and Isthmus modes take turns round by round (the pipelined ones, whose rounds
 are 8 programs, after them), each with the others' processes up and idle: drift on a shared
-machine weighs on each of them alike, and all run beside the same processes. The Ray modes
-run on a Ray of their own, started beside the server's:
+machine weighs on each of them alike, and all run beside the same processes; the ratio of
+two modes that took turns is the median of their per-round ratios (`bench.paired`). The Ray
+modes run on a Ray of their own, started beside the server's:
 
 - `jax_opbyop`: `jax.jit(f)` called per computation in this process, blocking at the end;
   `jax_fused`: one `jax.jit` looping f (`fori_loop`), called once.
@@ -99,6 +100,7 @@ from bench.dispatch_modes import (
     trivial,
 )
 from bench.machine import nvidia_gpus
+from bench.paired import ratio
 from client.embedded import EmbeddedServer
 
 MATCH = 0.95  # a mode matches JAX op by op from this fraction of its throughput
@@ -126,8 +128,9 @@ RATIOS: dict[str, tuple[str, str]] = {
     "chained_fused_pipelined_vs_ray_chained": ("isthmus_chained_fused_pipelined", "ray_chained"),
 }
 RATIO_DEFINITION = (
-    "ratio 'A_vs_B' = computations_per_s[A] / computations_per_s[B] (medians); 1.0 is parity, "
-    "larger means A is faster"
+    "ratio 'A_vs_B' = computations/s of A over B: the median of the per-round ratios where A and "
+    "B took turns round by round, else the ratio of their medians (ratios_of_medians: always the "
+    "latter); 1.0 is parity, larger means A is faster"
 )
 
 
@@ -212,9 +215,10 @@ def run_sweep(c: isthmus.Client, s: isthmus.Slice, cfg: Config, target: Target) 
     return sweep
 
 
-def run_all(cfg: Config, target: Target, server: str | None = None) -> tuple[Samples, dict[int, Samples]]:
-    """Every mode's samples (chain16's only where the target has four hosts), and the size
-    sweep's per n."""
+def run_all(cfg: Config, target: Target, server: str | None = None
+            ) -> tuple[Samples, frozenset[str], dict[int, Samples]]:
+    """Every mode's samples (chain16's only where the target has four hosts), the modes that
+    took turns round by round, and the size sweep's per n."""
     w, n = trivial(target.devices), cfg.steps
     expected = oracle(w, n)
     print(f"Isthmus ({server or 'starting the server'})", file=sys.stderr)
@@ -230,6 +234,7 @@ def run_all(cfg: Config, target: Target, server: str | None = None) -> tuple[Sam
             print("  jax.jit in this process and a plain Ray actor, taking turns with them", file=sys.stderr)
             samples = measure_in_turn(jax_modes(w, n) | ray_modes(w, n, target) | modes, expected, n,
                                       cfg.rounds, cfg.warmup)
+        in_turn = frozenset(samples)
         samples |= measure_all(piped, expected, n * cfg.inflight, cfg.rounds, cfg.warmup)
         if hosts is not None:
             samples |= measure_all(chain16_modes(c, hosts, cfg), oracle(chain16_workload(), cfg.stages),
@@ -239,21 +244,23 @@ def run_all(cfg: Config, target: Target, server: str | None = None) -> tuple[Sam
                   file=sys.stderr)
         print("size sweep", file=sys.stderr)
         sweep = run_sweep(c, s, cfg, target)
-    return samples, sweep
+    return samples, in_turn, sweep
 
 
 # -- the report ----------------------------------------------------------------------------
 
 
 def sweep_report(sweep: dict[int, Samples]) -> tuple[list[dict[str, Any]], dict[str, float | None]]:
-    """Per size: rates, and rates relative to JAX op by op; per Isthmus mode, the smallest matching ms."""
+    """Per size: rates, and rates relative to JAX op by op (the modes took turns: paired round
+    by round); per Isthmus mode, the smallest matching ms."""
     rows: list[dict[str, Any]] = []
     for n, samples in sweep.items():
         rates = {m: statistics.median(v) for m, v in samples.items()}
         base = rates.pop("jax_opbyop")
         rows.append({"n": n, "jax_ms_per_computation": 1e3 / base,
                      "computations_per_s": {"jax_opbyop": base, **rates},
-                     "relative_to_jax": {m: v / base for m, v in rates.items()}})
+                     "relative_to_jax": {m: ratio(samples[m], samples["jax_opbyop"], in_turn=True)
+                                         for m in rates}})
     smallest: dict[str, float | None] = {}
     for mode in SWEEP_MODES:
         matching = [r["jax_ms_per_computation"] for r in rows if r["relative_to_jax"][mode] >= MATCH]
@@ -276,7 +283,8 @@ def describe_machine(target: Target) -> dict[str, Any]:
     return m
 
 
-def report(samples: Samples, sweep: dict[int, Samples], cfg: Config, target: Target) -> dict[str, Any]:
+def report(samples: Samples, in_turn: frozenset[str], sweep: dict[int, Samples], cfg: Config,
+           target: Target) -> dict[str, Any]:
     rates = {m: statistics.median(v) for m, v in samples.items()}
     rows, smallest = sweep_report(sweep)
     m = describe_machine(target)
@@ -284,12 +292,15 @@ def report(samples: Samples, sweep: dict[int, Samples], cfg: Config, target: Tar
         "computations_per_s": rates,
         "programs_per_s": {k: v / cfg.stages for k, v in rates.items() if "chain16" in k},
         "smallest_matching_ms": smallest,
-        "ratios": {name: rates[a] / rates[b] if a in rates and b in rates else None
-                   for name, (a, b) in RATIOS.items()},
+        "ratios": {name: ratio(samples[a], samples[b], in_turn=a in in_turn and b in in_turn)
+                   if a in rates and b in rates else None for name, (a, b) in RATIOS.items()},
+        "ratios_of_medians": {name: rates[a] / rates[b] if a in rates and b in rates else None
+                              for name, (a, b) in RATIOS.items()},
         "ratio_definition": RATIO_DEFINITION,
         "smallest_matching_definition": (
             f"the smallest JAX op-by-op ms per computation in the size sweep at which the mode "
-            f"reaches >= {MATCH:.0%} of JAX op-by-op computations/s; null if it never does"),
+            f"reaches >= {MATCH:.0%} of JAX op-by-op computations/s (the median of the per-round "
+            f"ratios, as they took turns); null if it never does"),
         "size_sweep": rows,
         "samples_per_s": samples,
         "machine": m,
