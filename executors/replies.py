@@ -53,8 +53,8 @@ def settled(refs: Sequence[Any], hosts: Sequence[str], timeout: float, every: fl
 
 class _Answers:
     """One run's answers as they come. Methods, not closures: a closure that schedules itself
-    (the late watch) is a reference cycle, which only the garbage collector frees; one a
-    call made the server's full collections frequent (docs/benchmarks.md)."""
+    (the late watch) is a reference cycle, which only the garbage collector frees, and one
+    such cycle a call made the server's full collections frequent (docs/benchmarks.md)."""
 
     __slots__ = ("_deadline", "_every", "_got", "_hosts", "_late", "_left", "_watcher", "loop", "out")
 

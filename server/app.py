@@ -40,10 +40,12 @@ def create_app(settings: Settings) -> FastAPI:
         # crossed that many times a second, so the same live objects were scanned again and
         # again, promoted, and scanned in full collections; about a tenth of the server's
         # time under pipelined calls. Cyclic garbage is still collected, later.
+        thresholds = gc.get_threshold()
         gc.set_threshold(GC_YOUNG)
         try:
             yield
         finally:
+            gc.set_threshold(*thresholds)
             service.close()
 
     app = FastAPI(title="Isthmus", version=VERSION, lifespan=lifespan,
