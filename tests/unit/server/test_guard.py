@@ -3,6 +3,7 @@
 The guard runs in front of a stand-in app whose 'service' only says who a credential is;
 the checks are the guard's own (pure ASGI, no Ray)."""
 
+import gc
 from dataclasses import dataclass, field
 
 import httpx
@@ -13,7 +14,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from server.auth import ADMIN
-from server.errors import Unauthorized
+from server.errors import PayloadTooLarge, Unauthorized
 from server.guard import Guard
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
@@ -129,3 +130,29 @@ async def test_a_chunked_body_is_counted_and_refused_once_past_the_limit():
     r = await ask(service, "POST", "/v1/buffers", content=small(), headers=h)
     assert r.json()["bytes"] == 4
 
+
+
+async def test_a_body_refused_when_chunked_is_freed_without_the_collector():
+    """What was read of a body past its limit sits in the frames of the refusal's traceback,
+    and the refusal in one of them: the guard unlinks it, so nothing waits for the collector."""
+    service = Service()
+    h = {"Authorization": "Bearer s-alice"}
+
+    async def chunks():
+        for _ in range(64):
+            yield b"x" * (64 << 10)
+
+    def refusals() -> int:
+        return sum(isinstance(o, PayloadTooLarge) for o in gc.get_objects())
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        gc.collect()
+        before = refusals()
+        for _ in range(3):
+            assert (await ask(service, "POST", "/v1/buffers", content=chunks(), headers=h)).status_code == 413
+        assert refusals() == before
+    finally:
+        if enabled:
+            gc.enable()
