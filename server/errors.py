@@ -53,13 +53,6 @@ def status_of(error: IsthmusError) -> int:
     return next((code for cls, code in STATUS if isinstance(error, cls)), 500)
 
 
-def response(error: IsthmusError) -> JSONResponse:
-    code = status_of(error)
-    headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, OverQuota) else None
-    return JSONResponse(status_code=code, content={"error": type(error).__name__, "detail": str(error)},
-                        headers=headers)
-
-
 def forget(error: BaseException) -> None:
     """Unlink an answered error from where it was raised. Its traceback's frames hold the
     request and its body (up to the route's limit), and FastAPI keeps the error in a local
@@ -70,10 +63,18 @@ def forget(error: BaseException) -> None:
     error.__context__ = None
 
 
+def response(error: IsthmusError) -> JSONResponse:
+    """The answer to an error; the error is unlinked from where it was raised (`forget`)."""
+    forget(error)
+    code = status_of(error)
+    headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, OverQuota) else None
+    return JSONResponse(status_code=code, content={"error": type(error).__name__, "detail": str(error)},
+                        headers=headers)
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(IsthmusError)
     async def _handle(_: Request, error: IsthmusError) -> JSONResponse:
-        forget(error)
         return response(error)
 
     @app.exception_handler(RequestValidationError)

@@ -42,7 +42,7 @@ class Guard:
                         else service.settings.max_json_mb)
             receive = await _bounded(scope, receive, headers, limit_mb)
         except IsthmusError as e:
-            errors.forget(e)  # (a body too large: what was read of it is in its frames)
+            # (answering unlinks e, and with it what was read of a body too large)
             await errors.response(e)(scope, receive, send)
             return
         scope.setdefault("state", {})["caller"] = caller
