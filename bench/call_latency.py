@@ -163,31 +163,26 @@ class IsthmusLoop:
         return float(self._y.numpy()[0])
 
 
-def time_calls(run: Callable[[int], None], iters: int, repeats: int, warmup: int) -> list[float]:
-    """µs per call of each of `repeats` timed runs of `iters` calls, after `warmup` untimed ones."""
-    run(warmup)
-    samples = []
+def time_in_turn(runs: dict[str, Callable[[int], None]], iters: int, repeats: int,
+                 warmup: int) -> dict[str, list[float]]:
+    """µs per call of each run's `repeats` timed runs of `iters` calls, taking turns in each
+    repeat, after `warmup` untimed calls each."""
+    for run in runs.values():
+        run(warmup)
+    samples: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
-        gc.collect()
-        start = time.perf_counter()
-        run(iters)
-        samples.append((time.perf_counter() - start) / iters * 1e6)
+        for name, run in runs.items():
+            gc.collect()
+            start = time.perf_counter()
+            run(iters)
+            samples[name].append((time.perf_counter() - start) / iters * 1e6)
     return samples
 
 
 def measure_in_turn(modes: Sequence[Mode], iters: int, repeats: int, warmup: int) -> dict[str, list[float]]:
-    """µs per call of each mode's `repeats` timed runs of `iters` calls, the modes taking turns
-    in each repeat after `warmup` untimed calls each; then check that every chain ends where
-    that many calls must leave it."""
-    for mode in modes:
-        mode.run(warmup)
-    samples: dict[str, list[float]] = {mode.name: [] for mode in modes}
-    for _ in range(repeats):
-        for mode in modes:
-            gc.collect()
-            start = time.perf_counter()
-            mode.run(iters)
-            samples[mode.name].append((time.perf_counter() - start) / iters * 1e6)
+    """The modes' samples (`time_in_turn`); then check that every chain ends where that many
+    calls must leave it."""
+    samples = time_in_turn({mode.name: mode.run for mode in modes}, iters, repeats, warmup)
     expected = float(warmup + repeats * iters)
     for mode in modes:
         got = mode.value()
@@ -283,10 +278,9 @@ def run_all(iters: int, repeats: int, warmup: int, server: str | None = None
                 Mode("ray_actor_pipelined", r2.pipelined, r2.value),
                 Mode("isthmus_sync", i1.sync, i1.value), Mode("isthmus_pipelined", i2.pipelined, i2.value),
             ], iters, repeats, warmup)
-        components: dict[str, list[float]] = {}
-        for name, run in isthmus_components(c, s).items():
-            components[name] = time_calls(run, iters, repeats, warmup)
-            print(f"  {name:<34} {statistics.median(components[name]):10.1f} us/call", file=sys.stderr)
+        components = time_in_turn(isthmus_components(c, s), iters, repeats, warmup)
+        for name, us in components.items():
+            print(f"  {name:<34} {statistics.median(us):10.1f} us/call", file=sys.stderr)
     return samples, components
 
 
