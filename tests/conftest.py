@@ -3,6 +3,7 @@ per test session in its own process group and stopped by its pid at the end."""
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -67,3 +68,16 @@ def connect(server: object) -> Iterator[Callable[..., object]]:
 @pytest.fixture
 def c(connect: Callable[..., object]) -> object:
     return connect()
+
+
+@pytest.fixture
+def collector_off() -> Iterator[None]:
+    """Automatic garbage collection off for the test (explicit `gc.collect()` still works):
+    what a test checks is freed must be freed by reference counting alone."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

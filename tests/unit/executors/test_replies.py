@@ -121,6 +121,7 @@ def test_no_hosts_settle_at_once() -> None:
 
 
 @pytest.mark.parametrize("late_reported", [False, True])
+@pytest.mark.usefixtures("collector_off")
 def test_a_settled_wait_leaves_no_garbage_for_the_collector(late_reported: bool) -> None:
     """Every call waits this way: what a wait made must be freed as it ends, not left in
     reference cycles for the garbage collector to find (they made full collections frequent
@@ -142,10 +143,4 @@ def test_a_settled_wait_leaves_no_garbage_for_the_collector(late_reported: bool)
             await wait_once()
         return gc.collect()
 
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        assert run(main()) == 0
-    finally:
-        if enabled:
-            gc.enable()
+    assert run(main()) == 0
