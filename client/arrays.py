@@ -1,7 +1,16 @@
-"""Arguments as the client sends them: leaves as canonical numpy arrays, one spec per leaf."""
+"""Arguments as the client sends them: leaves as canonical numpy arrays, one spec per leaf.
+
+Below the client every value is plain data: an aval (shape, dtype) and bytes. A leaf's
+`View` says how the client shows it to the user's functions: weakly typed (a Python
+scalar, as JAX types it), or as typed PRNG keys (`jax.random.key`), which travel and are
+stored as their key data (`jax.random.key_data`: uint32, the key's shape plus the
+implementation's trailing dimensions) and are wrapped again inside each computation.
+"""
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -9,6 +18,19 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from ir import InvalidArgument, Spec
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """How the client shows one leaf's data: weakly typed, or as PRNG keys of `key`'s
+    implementation (e.g. "threefry2x32")."""
+
+    weak: bool = False
+    key: str | None = None
+
+
+PLAIN = View()
+WEAK = View(weak=True)
 
 
 def _is_spec(x: Any) -> bool:
@@ -31,8 +53,46 @@ def leaf_specs(specs: Any, tree: Any, what: str) -> list[Spec]:
     return out
 
 
-def as_array(x: Any) -> tuple[np.ndarray, bool]:
-    """A leaf as a numpy array of JAX's canonical dtype, and whether it is weakly typed."""
+def call_specs(specs: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Spec]:
+    """One `Spec` per leaf of `(args, kwargs)`: `specs` is one spec for every leaf, or a
+    prefix of the positional arguments, keyword arguments then being replicated (as
+    `jax.jit`'s `in_shardings` cover the positional ones)."""
+    if _is_spec(specs):
+        return leaf_specs(specs, (args, kwargs), "in_specs")
+    return leaf_specs(specs, args, "in_specs") + leaf_specs(None, kwargs, "in_specs")
+
+
+def is_key(x: Any) -> bool:
+    """Whether `x` is an array of typed PRNG keys."""
+    dtype = getattr(x, "dtype", None)
+    return dtype is not None and not isinstance(dtype, np.dtype) and jax.dtypes.issubdtype(
+        dtype, jax.dtypes.prng_key)
+
+
+def as_array(x: Any) -> tuple[np.ndarray, View]:
+    """A leaf as a numpy array of JAX's canonical dtype, and how the client shows it: weakly
+    typed (a Python scalar), typed keys (sent as their key data), or plainly."""
+    if is_key(x):
+        return np.asarray(jax.random.key_data(x)), View(key=str(jax.random.key_impl(x)))
     weak = type(x) in (int, float, complex)  # np.float64 subclasses float but is not weak
     array = np.asarray(x)
-    return array.astype(jax.dtypes.canonicalize_dtype(array.dtype), copy=False), weak
+    return array.astype(jax.dtypes.canonicalize_dtype(array.dtype), copy=False), WEAK if weak else PLAIN
+
+
+@functools.lru_cache(maxsize=16)
+def key_type(impl: str) -> tuple[int, np.dtype]:
+    """How many trailing dimensions an implementation's key data adds, and its key dtype."""
+    key = jax.random.key(0, impl=impl)
+    return jax.random.key_data(key).ndim, key.dtype
+
+
+def wrap(data: Any, view: View) -> Any:
+    """Inside a computation: the leaf as the user's function sees it."""
+    return data if view.key is None else jax.random.wrap_key_data(data, impl=view.key)
+
+
+def unwrap(value: Any) -> tuple[Any, View]:
+    """Inside a computation: a result leaf as data, and how the client shows it."""
+    if is_key(value):
+        return jax.random.key_data(value), View(key=str(jax.random.key_impl(value)))
+    return value, WEAK if getattr(value, "weak_type", False) else PLAIN

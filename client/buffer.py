@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from client.arrays import PLAIN, View, key_type
 from ir import Aval, IsthmusError, Spec, parse_dtype
 
 
@@ -30,18 +32,23 @@ class Futures(Protocol):
 
 
 class Shaped:
-    """Shape, dtype and rank from an `aval`: what every array-like value of the client shows."""
+    """Shape, dtype and rank from an `aval` (its data) and a `view` (`client.arrays`): what
+    every array-like value of the client shows. Typed keys show the keys' shape and dtype."""
 
     __slots__ = ()
     aval: Aval
+    view: View
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return self.aval.shape
+        if self.view.key is None:
+            return self.aval.shape
+        trailing, _ = key_type(self.view.key)
+        return self.aval.shape[:len(self.aval.shape) - trailing]
 
     @property
-    def dtype(self) -> np.dtype:
-        return parse_dtype(self.aval.dtype)
+    def dtype(self) -> Any:
+        return parse_dtype(self.aval.dtype) if self.view.key is None else key_type(self.view.key)[1]
 
     @property
     def ndim(self) -> int:
@@ -49,14 +56,16 @@ class Shaped:
 
 
 class Buffer(Shaped):
-    __slots__ = ("__weakref__", "_futures", "_value", "aval", "error", "id", "slice_id", "spec")
+    __slots__ = ("__weakref__", "_futures", "_value", "aval", "error", "id", "key", "slice_id", "spec")
 
-    def __init__(self, futures: Futures, buffer_id: str, slice_id: str, aval: Aval, spec: Spec) -> None:
+    def __init__(self, futures: Futures, buffer_id: str, slice_id: str, aval: Aval, spec: Spec,
+                 key: str | None = None) -> None:
         self._futures = futures
         self.id = buffer_id
         self.slice_id = slice_id
-        self.aval = aval
+        self.aval = aval  # of the data the executors hold: for typed keys, their key data
         self.spec = spec
+        self.key = key  # typed PRNG keys of this implementation, or None
         self._value: np.ndarray | None = None
         # Set when the server refused the submission that makes it (or it could not be sent).
         self.error: IsthmusError | None = None
@@ -67,6 +76,10 @@ class Buffer(Shaped):
             self._futures.release(self.id)
         except Exception:  # interpreter shutdown: nothing left to tell
             pass
+
+    @property
+    def view(self) -> View:  # type: ignore[override]
+        return PLAIN if self.key is None else View(key=self.key)
 
     @property
     def sharding(self) -> PartitionSpec:
@@ -84,9 +97,23 @@ class Buffer(Shaped):
         return self
 
     def numpy(self) -> np.ndarray:
-        """Fetch the value (once) as a numpy array; raise as `result` does if it failed."""
+        """Fetch the value (once) as a numpy array; raise as `result` does if it failed.
+        Typed keys have no numpy form (as in JAX): `keys()` fetches them."""
+        if self.key is not None:
+            raise TypeError(f"buffer {self.id} holds PRNG keys ({self.dtype}{list(self.shape)}), which "
+                            "have no numpy form: .keys() fetches them as a JAX key array")
+        return self._data()
+
+    def keys(self) -> Any:
+        """Fetch typed PRNG keys as a JAX key array (as `jax.random.key` makes them)."""
+        if self.key is None:
+            raise TypeError(f"buffer {self.id} holds {self.aval}, not PRNG keys: .numpy() fetches it")
+        return jax.random.wrap_key_data(self._data(), impl=self.key)
+
+    def _data(self) -> np.ndarray:
         if self._value is None:
-            value = np.frombuffer(self._futures.fetch(self), dtype=self.dtype).reshape(self.shape)
+            value = np.frombuffer(self._futures.fetch(self), dtype=parse_dtype(self.aval.dtype))
+            value = value.reshape(self.aval.shape)
             value.flags.writeable = False
             self._value = value
         return self._value
@@ -96,4 +123,5 @@ class Buffer(Shaped):
         return value.astype(dtype) if dtype is not None else np.array(value) if copy else value
 
     def __repr__(self) -> str:
-        return f"Buffer({self.id}, {self.aval}, {self.spec}, slice={self.slice_id})"
+        keys = "" if self.key is None else f" keys={self.key}"
+        return f"Buffer({self.id}, {self.aval}{keys}, {self.spec}, slice={self.slice_id})"

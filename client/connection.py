@@ -127,7 +127,9 @@ class Client:
         here; small arrays still travel together, in one request with what was queued."""
         leaves, treedef = jax.tree_util.tree_flatten(tree)
         specs = leaf_specs(spec, tree, "specs")
-        bufs = [self._session.put(as_array(x)[0], slice.id, s) for x, s in zip(leaves, specs, strict=True)]
+        arrays = [as_array(x) for x in leaves]
+        bufs = [self._session.put(a, slice.id, s, view.key)
+                for (a, view), s in zip(arrays, specs, strict=True)]
         self._session.flush()
         for b in bufs:
             if b.error is not None:

@@ -130,8 +130,8 @@ def while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], i
     init = [trace.local(v) for v in init]
     cond, body = trace.child(), trace.child()
     avals = [trace.values[v].aval for v in init]
-    weak = [trace.values[v].weak for v in init]
-    cond_args = [cond.new_arg(a, w, trace.typed(v)) for v, a, w in zip(init, avals, weak, strict=True)]
+    views = [trace.values[v].view for v in init]
+    cond_args = [cond.new_arg(a, w, trace.typed(v)) for v, a, w in zip(init, avals, views, strict=True)]
     with tracing(cond):
         pred_tree = cond_fun(jax.tree_util.tree_unflatten(treedef, [cond.traced(v) for v in cond_args]))
     pred_leaves, _, _ = _flatten(cond, pred_tree)
@@ -140,7 +140,7 @@ def while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], i
         raise InvalidArgument(f"while_loop: cond_fun must return one bool[] scalar; it returned ({found})")
     pred = cond.local(pred_leaves[0])
     types = [cond.typed(v) for v in cond_args]  # the cond may have typed an array argument
-    body_args = [body.new_arg(a, w, t) for a, w, t in zip(avals, weak, types, strict=True)]
+    body_args = [body.new_arg(a, w, t) for a, w, t in zip(avals, views, types, strict=True)]
     with tracing(body):
         out = body_fun(jax.tree_util.tree_unflatten(treedef, [body.traced(v) for v in body_args]))
     out_leaves, out_def, _ = _flatten(body, out)
@@ -150,9 +150,9 @@ def while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], i
     results = []
     for k, (v, path) in enumerate(zip(out_leaves, paths, strict=True)):
         found = body.values[v].aval
-        if found != avals[k]:
-            raise InvalidArgument(f"while_loop: carry leaf {path}: body_fun returns {found}, "
-                                  f"the carry (init_val) is {avals[k]}")
+        if found != avals[k] or body.values[v].view.key != views[k].key:
+            raise InvalidArgument(f"while_loop: carry leaf {path}: body_fun returns {_shown(body, v)}, "
+                                  f"the carry (init_val) is {_shown(trace, init[k])}")
         want = body.typed(body_args[k]) or body.typed(v)
         if want is None:
             raise InvalidArgument(f"while_loop: carry leaf {path} has no slice: pass it through a jitted "
@@ -167,8 +167,8 @@ def while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], i
     cond_args += [cond.captures[v] for v in captured]
     body_args += [body.captures[v] for v in captured]
     results += [body.captures[v] for v in captured]  # invariants: returned unchanged
-    outputs = [trace.new_value(a, w, t) for a, w, t in zip(avals, weak, carried, strict=True)]
-    unused = [trace.new_value(trace.values[v].aval, trace.values[v].weak, trace.typed(v)) for v in captured]
+    outputs = [trace.new_value(a, w, t) for a, w, t in zip(avals, views, carried, strict=True)]
+    unused = [trace.new_value(trace.values[v].aval, trace.values[v].view, trace.typed(v)) for v in captured]
     trace.add(_While(init + captured, cond, body, cond_args, body_args, pred, results, outputs + unused,
                      parallel))
     return jax.tree_util.tree_unflatten(treedef, [trace.traced(v) for v in outputs])
@@ -194,7 +194,7 @@ def cond(pred: Any, true_fun: Callable[..., Any], false_fun: Callable[..., Any],
     branches, args, outs = [], [], []
     for fn in (false_fun, true_fun):
         child = trace.child()
-        a = [child.new_arg(trace.values[v].aval, trace.values[v].weak, trace.values[v].type) for v in ops]
+        a = [child.new_arg(trace.values[v].aval, trace.values[v].view, trace.values[v].type) for v in ops]
         with tracing(child):
             out = fn(*jax.tree_util.tree_unflatten(treedef, [child.traced(v) for v in a]))
         branches.append(child)
@@ -207,9 +207,10 @@ def cond(pred: Any, true_fun: Callable[..., Any], false_fun: Callable[..., Any],
     types = []
     for k, path in enumerate(t_paths):
         t_v, f_v = branches[1].local(t_leaves[k]), branches[0].local(f_leaves[k])
-        t_aval, f_aval = branches[1].values[t_v].aval, branches[0].values[f_v].aval
-        if t_aval != f_aval:
-            raise InvalidArgument(f"cond: result leaf {path}: true_fun returns {t_aval}, false_fun {f_aval}")
+        t_val, f_val = branches[1].values[t_v], branches[0].values[f_v]
+        if t_val.aval != f_val.aval or t_val.view.key != f_val.view.key:
+            raise InvalidArgument(f"cond: result leaf {path}: true_fun returns {_shown(branches[1], t_v)}, "
+                                  f"false_fun {_shown(branches[0], f_v)}")
         want = branches[1].typed(t_v)
         results[1].append(t_v)
         results[0].append(_settle(trace, branches[0], f_v, want))
@@ -217,7 +218,7 @@ def cond(pred: Any, true_fun: Callable[..., Any], false_fun: Callable[..., Any],
     captured = _captured(branches, [])
     for k, child in enumerate(branches):
         args[k] += [child.captures[v] for v in captured]
-    outputs = [trace.new_value(trace.values[r].aval, trace.values[r].weak, t)
+    outputs = [trace.new_value(trace.values[r].aval, trace.values[r].view, t)
                for r, t in zip(results[1], types, strict=True)]
     trace.add(_Cond(p, ops + captured, branches, args, results, outputs))
     return jax.tree_util.tree_unflatten(t_def, [trace.traced(v) for v in outputs])
@@ -250,3 +251,9 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any, Any], Any], init_
     _, carry = while_loop(keep_going, lambda c: (inc(c[0]), body_fun(c[0], c[1])),
                           (trace.traced(counter), init_val), parallel_iterations)
     return carry
+
+
+def _shown(trace: Trace, value: int) -> str:
+    """A value's type as the user's functions see it: its aval, or its typed keys'."""
+    v = trace.values[value]
+    return str(v.aval) if v.view.key is None else f"key<{v.view.key}> keys of data {v.aval}"

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from client.arrays import as_array, leaf_specs
+from client.arrays import View, as_array, call_specs, leaf_specs, unwrap, wrap
 from client.buffer import Buffer
 from client.trace import current_trace
 from ir import Aval, Spec, dtype_name, parse_dtype
@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Export", "Function", "as_array", "leaf_specs"]
 
-Signature = tuple[Any, tuple[tuple[tuple[int, ...], str, bool], ...]]
+Signature = tuple[Any, tuple[tuple[tuple[int, ...], str, View], ...]]  # tree, per leaf its data
+Output = tuple[str, Aval, Spec, str | None]  # an output leaf's slice, aval, spec and key impl
 
 
 @dataclass(frozen=True)
@@ -38,9 +39,9 @@ class Export:
     in_specs: list[Spec]
     out_specs: list[Spec]
     out_avals: list[Aval]
-    out_weak: list[bool]
+    out_views: list[View]
     out_tree: Any
-    outputs: list[tuple[str, Aval, Spec]]  # per output leaf: its slice, aval and spec
+    outputs: list[Output]
 
 
 class Function:
@@ -55,56 +56,60 @@ class Function:
         self._exports: dict[Signature, Export] = {}
         self._registered: dict[Signature, str] = {}
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         trace = current_trace()
         if trace is not None:  # inside `@c.program`: becomes one node of the program
-            return trace.apply(self, args)
-        leaves, in_tree = jax.tree_util.tree_flatten(args)
-        arrays: list[Buffer | tuple[np.ndarray, bool]] = [
+            return trace.apply(self, args, kwargs)
+        leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs))
+        arrays: list[Buffer | tuple[np.ndarray, View]] = [
             x if isinstance(x, Buffer) else as_array(x) for x in leaves
         ]
         sig: Signature = (in_tree, tuple(
-            (a.shape, a.aval.dtype, False) if isinstance(a, Buffer)
+            (a.aval.shape, a.aval.dtype, a.view) if isinstance(a, Buffer)
             else (a[0].shape, dtype_name(a[0].dtype), a[1])
             for a in arrays
         ))
-        exported = self.export(args, sig)
+        exported = self.export(args, kwargs, sig)
         session = self._session
         assert session is not None, "a Function made without a session can only be traced"
         if sig not in self._registered:
             self._registered[sig] = self._register(session, exported)
         # Uploads are queued before the call; their release (when dropped) comes after it.
-        inputs = [x if isinstance(x, Buffer) else session.put(x[0], self.slice.id, spec)
+        inputs = [x if isinstance(x, Buffer) else session.put(x[0], self.slice.id, spec, x[1].key)
                   for x, spec in zip(arrays, exported.in_specs, strict=True)]
         outs = session.call(self._registered[sig], [b.id for b in inputs], exported.outputs)
         return jax.tree_util.tree_unflatten(exported.out_tree, outs)
 
-    def export(self, args: Any, sig: Signature) -> Export:
-        """The artifact for one signature (cached): `args` gives the pytree its specs follow."""
+    def export(self, args: Any, kwargs: dict[str, Any], sig: Signature) -> Export:
+        """The artifact for one signature (cached): `args` and `kwargs` give the pytree its
+        specs follow."""
         if sig not in self._exports:
-            self._exports[sig] = self._export(args, *sig)
+            self._exports[sig] = self._export(args, kwargs, *sig)
         return self._exports[sig]
 
-    def _export(self, args: Any, in_tree: Any,
-                leaves: Sequence[tuple[tuple[int, ...], str, bool]]) -> Export:
+    def _export(self, args: Any, kwargs: dict[str, Any], in_tree: Any,
+                leaves: Sequence[tuple[tuple[int, ...], str, View]]) -> Export:
         s = self.slice
         mesh = s.abstract_mesh
-        in_specs = leaf_specs(self.in_specs, args, "in_specs")
-        avals = [jax.ShapeDtypeStruct(shape, parse_dtype(dtype), weak_type=weak)
-                 for shape, dtype, weak in leaves]
+        in_specs = call_specs(self.in_specs, args, kwargs)
+        avals = [jax.ShapeDtypeStruct(shape, parse_dtype(dtype), weak_type=view.weak)
+                 for shape, dtype, view in leaves]
+        views = [view for _, _, view in leaves]
         axes = s.mesh_axes
         for i, (spec, a) in enumerate(zip(in_specs, avals, strict=True)):
             spec.check(Aval(tuple(a.shape), dtype_name(a.dtype)), axes, f"in_specs (leaf {i})")
-        out_tree_box: list[Any] = []
+        out_box: list[Any] = []
 
         def flat(*flat_args: Any) -> tuple[Any, ...]:
-            out = self.fn(*jax.tree_util.tree_unflatten(in_tree, list(flat_args)))
-            out_leaves, out_tree = jax.tree_util.tree_flatten(out)
-            out_tree_box[:] = [out_tree]
-            return tuple(out_leaves)
+            leaves = [wrap(a, v) for a, v in zip(flat_args, views, strict=True)]
+            fargs, fkwargs = jax.tree_util.tree_unflatten(in_tree, leaves)
+            out_leaves, out_tree = jax.tree_util.tree_flatten(self.fn(*fargs, **fkwargs))
+            data, out_views = zip(*map(unwrap, out_leaves), strict=True) if out_leaves else ((), ())
+            out_box[:] = [out_tree, list(out_views)]
+            return tuple(data)
 
         shapes = jax.eval_shape(flat, *avals)
-        out_tree = out_tree_box[0]
+        out_tree, out_views = out_box
         out_example = jax.tree_util.tree_unflatten(out_tree, list(shapes))
         out_specs = leaf_specs(self.out_specs, out_example, "out_specs")
         out_avals = [Aval(tuple(a.shape), dtype_name(a.dtype)) for a in shapes]
@@ -116,10 +121,9 @@ class Function:
 
         jitted = jax.jit(flat, in_shardings=tuple(map(sharding, in_specs)),
                          out_shardings=tuple(map(sharding, out_specs)))
-        exported = jax.export.export(jitted, platforms=[s.export_platform])(*avals)
-        return Export(bytes(exported.serialize()), in_specs, out_specs, out_avals,
-                      [bool(getattr(a, "weak_type", False)) for a in shapes], out_tree,
-                      [(s.id, a, sp) for a, sp in zip(out_avals, out_specs, strict=True)])
+        artifact = bytes(jax.export.export(jitted, platforms=[s.export_platform])(*avals).serialize())
+        outputs = [(s.id, a, sp, v.key) for a, sp, v in zip(out_avals, out_specs, out_views, strict=True)]
+        return Export(artifact, in_specs, out_specs, out_avals, out_views, out_tree, outputs)
 
     def _register(self, session: Session, exported: Export) -> str:
         record = session.json("POST", "/v1/computations", json={
@@ -133,3 +137,4 @@ class Function:
 
     def __repr__(self) -> str:
         return f"isthmus.Function({self.name} on {self.slice.id})"
+

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
-from client.arrays import as_array
+from client.arrays import View, as_array
 from client.buffer import Buffer
 from client.trace import Trace, tracing
 from ir import Aval, Program, Spec, Type, print_program, to_wire
@@ -37,7 +37,7 @@ class Registered:
     arg_types: list[Type]
     bound: list[Buffer]  # closed-over inputs, uploaded once, passed with every run
     out_tree: Any
-    outputs: list[tuple[str, Aval, Spec]]  # per result: its slice, aval and spec
+    outputs: list[tuple[str, Aval, Spec, str | None]]  # per result: its slice, aval, spec, key impl
 
 
 class ProgramFunction:
@@ -53,22 +53,23 @@ class ProgramFunction:
         self.name = name or getattr(fn, "__name__", "program")
         self._cache: dict[Any, Registered] = {}
 
-    def __call__(self, *args: Any) -> Any:
-        items, traced = self._signature(args)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        items, traced = self._signature((args, kwargs))
         inputs = [
             x if isinstance(x, Buffer)
-            else self._session.put(x[0], t.slice, t.spec)
+            else self._session.put(x[0], t.slice, t.spec, x[1].key)
             for x, t in zip(items, traced.arg_types[:len(items)], strict=True)
         ] + traced.bound
         outs = self._session.run(traced.program_id, [b.id for b in inputs], self.dispatch, traced.outputs)
         return jax.tree_util.tree_unflatten(traced.out_tree, outs)
 
-    def _signature(self, args: tuple[Any, ...]) -> tuple[list[Buffer | tuple[np.ndarray, bool]], Registered]:
-        """The leaves of `args`, and their signature's traced program (traced if new)."""
+    def _signature(self, args: tuple[tuple[Any, ...], dict[str, Any]]
+                   ) -> tuple[list[Buffer | tuple[np.ndarray, View]], Registered]:
+        """The leaves of `(args, kwargs)`, and their signature's traced program (traced if new)."""
         leaves, in_tree = jax.tree_util.tree_flatten(args)
         items = [x if isinstance(x, Buffer) else as_array(x) for x in leaves]
         sig = (in_tree, tuple(
-            ("buffer", x.aval, x.spec, x.slice_id) if isinstance(x, Buffer)
+            ("buffer", x.aval, x.spec, x.slice_id, x.key) if isinstance(x, Buffer)
             else ("array", x[0].shape, x[0].dtype.str, x[1])
             for x in items
         ))
@@ -76,29 +77,31 @@ class ProgramFunction:
             self._cache[sig] = self._trace(items, in_tree)
         return items, self._cache[sig]
 
-    def trace(self, *args: Any) -> Program:
+    def trace(self, *args: Any, **kwargs: Any) -> Program:
         """The IR program these arguments trace to (traced and registered if new)."""
-        return self._signature(args)[1].program
+        return self._signature((args, kwargs))[1].program
 
-    def show(self, *args: Any) -> str:
+    def show(self, *args: Any, **kwargs: Any) -> str:
         """The text form of the program these arguments trace to."""
-        return print_program(self.trace(*args))
+        return print_program(self.trace(*args, **kwargs))
 
-    def _trace(self, items: list[Buffer | tuple[np.ndarray, bool]], in_tree: Any) -> Registered:
+    def _trace(self, items: list[Buffer | tuple[np.ndarray, View]], in_tree: Any) -> Registered:
         trace = Trace(self._session.slices, parallel_iterations=self.parallel_iterations)
         traced_args = [trace.argument(x) if isinstance(x, Buffer) else trace.argument(*x) for x in items]
         with tracing(trace):
-            out = self.fn(*jax.tree_util.tree_unflatten(in_tree, traced_args))
+            args, kwargs = jax.tree_util.tree_unflatten(in_tree, traced_args)
+            out = self.fn(*args, **kwargs)
         out_leaves, out_tree = jax.tree_util.tree_flatten(out)
         program, arg_types = trace.finish(out_leaves)
+        keys = [x.view.key for x in out_leaves]  # each a Traced or a Buffer: `finish` checked
         bound = [
             x if isinstance(x, Buffer) else self._session.put(x, t.slice, t.spec)
             for x, t in zip(trace.bound, arg_types[len(items):], strict=True)
         ]
         record = self._session.json("POST", "/v1/programs",
                                     json={"program": to_wire(program), "name": self.name, "fuse": self.fuse})
-        outputs = [(r["slice_id"], Aval(tuple(r["shape"]), r["dtype"]), Spec.from_json(r["spec"]))
-                   for r in record["results"]]
+        outputs = [(r["slice_id"], Aval(tuple(r["shape"]), r["dtype"]), Spec.from_json(r["spec"]), key)
+                   for r, key in zip(record["results"], keys, strict=True)]
         return Registered(record["id"], program, arg_types, bound, out_tree, outputs)
 
     def __repr__(self) -> str:

@@ -136,26 +136,28 @@ class Session:
     # -- queueing ---------------------------------------------------------------------------
 
     def call(self, computation_id: str, inputs: list[str],
-             outputs: list[tuple[str, Aval, Spec]]) -> list[Buffer]:
-        """Queue a call; `outputs` are each output's slice, aval and spec."""
-        outs = [Buffer(self, new_id(), s, a, sp) for s, a, sp in outputs]
+             outputs: list[tuple[str, Aval, Spec, str | None]]) -> list[Buffer]:
+        """Queue a call; `outputs` are each output's slice, aval, spec and key impl (typed
+        PRNG keys, or None)."""
+        outs = [Buffer(self, new_id(), s, a, sp, k) for s, a, sp, k in outputs]
         self._enqueue(Pending({"op": "call", "computation_id": computation_id, "inputs": inputs,
                                "ids": [b.id for b in outs]}, [weakref.ref(b) for b in outs]))
         return outs
 
     def run(self, program_id: str, inputs: list[str], dispatch: str | None,
-            outputs: list[tuple[str, Aval, Spec]]) -> list[Buffer]:
+            outputs: list[tuple[str, Aval, Spec, str | None]]) -> list[Buffer]:
         """Queue a program run; `outputs` as for `call`."""
-        outs = [Buffer(self, new_id(), s, a, sp) for s, a, sp in outputs]
+        outs = [Buffer(self, new_id(), s, a, sp, k) for s, a, sp, k in outputs]
         self._enqueue(Pending({"op": "run", "program_id": program_id, "inputs": inputs,
                                "ids": [b.id for b in outs], "dispatch": dispatch},
                               [weakref.ref(b) for b in outs]))
         return outs
 
-    def put(self, array: np.ndarray, slice_id: str, spec: Spec) -> Buffer:
-        """Upload an array: queued when small, else sent now (after what is queued)."""
+    def put(self, array: np.ndarray, slice_id: str, spec: Spec, key: str | None = None) -> Buffer:
+        """Upload an array (typed keys' data, if `key` names their impl): queued when small,
+        else sent now (after what is queued)."""
         aval = Aval(tuple(array.shape), dtype_name(array.dtype))
-        buf = Buffer(self, new_id(), slice_id, aval, spec)
+        buf = Buffer(self, new_id(), slice_id, aval, spec, key)
         data = array.tobytes()  # C order, whatever the array's layout
         if len(data) <= INLINE_BYTES:
             self._enqueue(Pending({"op": "put", "id": buf.id, "slice_id": slice_id, "dtype": aval.dtype,

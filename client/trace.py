@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import jax
 import numpy as np
 
-from client.arrays import as_array
+from client.arrays import PLAIN, View, as_array
 from client.buffer import Buffer, Shaped
 from ir import Aval, InvalidArgument, MeshAxes, Program, ProgramBuilder, Spec, Type, dtype_name
 
@@ -56,7 +56,7 @@ def tracing(trace: Trace) -> Iterator[Trace]:
 @dataclass
 class _Value:
     aval: Aval
-    weak: bool
+    view: View  # how the client shows it (`client.arrays`)
     type: Type | None  # None: an array argument not yet consumed
     scope: Trace | None = None  # the trace (graph) that defines it
 
@@ -73,6 +73,10 @@ class Traced(Shaped):
     @property
     def aval(self) -> Aval:  # type: ignore[override]
         return self._trace.values[self._id].aval
+
+    @property
+    def view(self) -> View:  # type: ignore[override]
+        return self._trace.values[self._id].view
 
     def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
         raise InvalidArgument(
@@ -147,17 +151,17 @@ class Trace:
 
     # -- values ------------------------------------------------------------------------------
 
-    def _new(self, aval: Aval, weak: bool, type: Type | None) -> int:
-        self.values.append(_Value(aval, weak, type, self))
+    def _new(self, aval: Aval, view: View, type: Type | None) -> int:
+        self.values.append(_Value(aval, view, type, self))
         return len(self.values) - 1
 
-    def new_value(self, aval: Aval, weak: bool, type: Type | None) -> int:
+    def new_value(self, aval: Aval, view: View, type: Type | None) -> int:
         """A value this trace's next op defines."""
-        return self._new(aval, weak, type)
+        return self._new(aval, view, type)
 
-    def new_arg(self, aval: Aval, weak: bool, type: Type | None) -> int:
+    def new_arg(self, aval: Aval, view: View, type: Type | None) -> int:
         """An argument of this (sub-)graph."""
-        value = self._new(aval, weak, type)
+        value = self._new(aval, view, type)
         self.args.append(value)
         return value
 
@@ -183,18 +187,18 @@ class Trace:
                 raise InvalidArgument(
                     "@program: an array used inside a loop or branch has no slice yet: pass it to a "
                     "jitted function before the loop, or upload it with c.put")
-            self.captures[outer] = self.new_arg(v.aval, v.weak, v.type)
+            self.captures[outer] = self.new_arg(v.aval, v.view, v.type)
         return self.captures[outer]
 
     def typed(self, value: int) -> Type | None:
         return self.values[value].type
 
-    def argument(self, x: Buffer | np.ndarray, weak: bool = False) -> Traced:
+    def argument(self, x: Buffer | np.ndarray, view: View = PLAIN) -> Traced:
         """A program argument: a `Buffer` (typed already) or an array (typed on first use)."""
         if isinstance(x, Buffer):
             value = self._buffer(x)
         else:
-            value = self._new(Aval(tuple(x.shape), dtype_name(x.dtype)), weak, None)
+            value = self._new(Aval(tuple(x.shape), dtype_name(x.dtype)), view, None)
         self.args.append(value)
         return Traced(self, value)
 
@@ -215,8 +219,8 @@ class Trace:
             obj: Buffer | np.ndarray = x
             value = self._buffer(x)
         else:
-            obj, weak = as_array(x)
-            value = self._new(Aval(tuple(obj.shape), dtype_name(obj.dtype)), weak, None)
+            obj, view = as_array(x)
+            value = self._new(Aval(tuple(obj.shape), dtype_name(obj.dtype)), view, None)
         self.bound.append(obj)
         self._originals.append(x)  # kept alive, so its id names it for the whole trace
         self._bound_ids[id(x)] = value
@@ -225,7 +229,7 @@ class Trace:
     def _buffer(self, x: Buffer) -> int:
         if x.slice_id in self._known:
             self._slices.setdefault(x.slice_id, self._known[x.slice_id])
-        return self._new(x.aval, False, Type(x.aval, x.spec, x.slice_id))
+        return self._new(x.aval, x.view, Type(x.aval, x.spec, x.slice_id))
 
     def _encloses(self, trace: Trace) -> bool:
         t: Trace | None = self
@@ -247,26 +251,26 @@ class Trace:
             return value
         key = (value, slice.id, spec)
         if key not in self._moved:
-            self._moved[key] = target = self._new(v.aval, v.weak, want)
+            self._moved[key] = target = self._new(v.aval, v.view, want)
             self._ops.append(_Transfer(value, target))
         return self._moved[key]
 
     # -- the one operation -------------------------------------------------------------------
 
-    def apply(self, fn: Function, args: tuple[Any, ...]) -> Any:
-        leaves, in_tree = jax.tree_util.tree_flatten(args, is_leaf=lambda x: isinstance(x, Traced))
+    def apply(self, fn: Function, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=lambda x: isinstance(x, Traced))
         values = [self.leaf(x) for x in leaves]
         sig = (in_tree, tuple(
-            (self.values[v].aval.shape, self.values[v].aval.dtype, self.values[v].weak) for v in values
+            (self.values[v].aval.shape, self.values[v].aval.dtype, self.values[v].view) for v in values
         ))
-        exported = fn.export(args, sig)
+        exported = fn.export(args, kwargs, sig)
         self._slices[fn.slice.id] = fn.slice
         self.root._slices[fn.slice.id] = fn.slice
         e = exported  # short, for the lines below
         inputs = tuple(self.use(v, fn.slice, spec) for v, spec in zip(values, e.in_specs, strict=True))
         outputs = tuple(
-            self._new(aval, weak, Type(aval, spec, fn.slice.id))
-            for aval, weak, spec in zip(e.out_avals, e.out_weak, e.out_specs, strict=True)
+            self._new(aval, view, Type(aval, spec, fn.slice.id))
+            for aval, view, spec in zip(e.out_avals, e.out_views, e.out_specs, strict=True)
         )
         name = re.sub(r"[\s(){}@%,]", "_", fn.name) or "computation"
         self._ops.append(_Compute(name, exported.artifact, fn.slice, inputs, outputs,

@@ -1,7 +1,9 @@
+import jax
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from client.arrays import PLAIN, WEAK, View, call_specs
 from client.jit import as_array, leaf_specs
 from ir import InvalidArgument, Spec
 
@@ -28,11 +30,28 @@ def test_mismatched_prefix_is_a_clear_error():
 
 
 def test_as_array_canonicalizes_and_marks_python_scalars_weak():
-    a, weak = as_array(1.5)
-    assert a.dtype == np.float32 and weak
-    a, weak = as_array(np.float64(1.5))
-    assert a.dtype == np.float32 and not weak
-    a, weak = as_array(True)
-    assert a.dtype == np.bool_ and not weak
-    a, weak = as_array(np.arange(3, dtype=np.int64))
+    a, view = as_array(1.5)
+    assert a.dtype == np.float32 and view == WEAK
+    a, view = as_array(np.float64(1.5))
+    assert a.dtype == np.float32 and view == PLAIN
+    a, view = as_array(True)
+    assert a.dtype == np.bool_ and view == PLAIN
+    a, view = as_array(np.arange(3, dtype=np.int64))
     assert a.dtype == np.int32
+
+
+def test_typed_keys_travel_as_their_key_data():
+    keys = jax.random.split(jax.random.key(7), 3)
+    a, view = as_array(keys)
+    assert view == View(key="threefry2x32") and a.dtype == np.uint32 and a.shape == (3, 2)
+    np.testing.assert_array_equal(a, jax.random.key_data(keys))
+    a, view = as_array(jax.random.key(1, impl="rbg"))
+    assert view.key == "rbg" and a.shape == (4,)
+    a, view = as_array(jax.random.PRNGKey(0))  # a raw key is plain uint32 data, as in JAX
+    assert view == PLAIN and a.shape == (2,)
+
+
+def test_positional_specs_leave_keyword_arguments_replicated():
+    args, kwargs = (np.zeros(4), np.zeros(4)), {"bias": np.zeros(4)}
+    assert call_specs((P("x"), None), args, kwargs) == [Spec.of(("x",)), Spec(()), Spec(())]
+    assert call_specs(P("x"), args, kwargs) == [Spec.of(("x",))] * 3

@@ -18,7 +18,7 @@ from ir import Aval, Conflict, RemoteError, Spec, Unavailable
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
 F32 = Aval((4,), "float32")
-OUT = [("s-1", F32, Spec(()))]
+OUT = [("s-1", F32, Spec(()), None)]
 
 
 class FakeServer:

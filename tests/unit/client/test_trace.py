@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from client.arrays import PLAIN
 from client.connection import Slice
 from client.jit import Function
 from client.trace import Trace, tracing
@@ -37,7 +38,7 @@ def three_stage(n: int):
         y = f(x)
         return h(g(y), y)
 
-    return trace(program, (np.ones(8, np.float32), False))
+    return trace(program, (np.ones(8, np.float32), PLAIN))
 
 
 def test_calls_become_computes_with_transfers_where_slice_or_spec_change():
@@ -63,9 +64,9 @@ def test_a_value_moved_twice_to_the_same_place_moves_once():
     t = make_slice("t", {"x": 2}, "b")
     f = Function(None, lambda x: x * 2, s, P("x"), P("x"))
     g = Function(None, lambda x, y: x + y, t, P("x"), P("x"))
-    program, _ = trace(lambda x: g(f(x), f(x)), (np.ones(4, np.float32), False))
+    program, _ = trace(lambda x: g(f(x), f(x)), (np.ones(4, np.float32), PLAIN))
     assert sum(n.op is Op.TRANSFER for n in program.nodes) == 2  # two f's, one move each
-    program, _ = trace(lambda x: (lambda y: g(y, y))(f(x)), (np.ones(4, np.float32), False))
+    program, _ = trace(lambda x: (lambda y: g(y, y))(f(x)), (np.ones(4, np.float32), PLAIN))
     assert sum(n.op is Op.TRANSFER for n in program.nodes) == 1
 
 
@@ -74,7 +75,7 @@ def test_closed_over_constants_become_bound_arguments():
     add = Function(None, lambda x, c: x + c, s)
     bias = np.full(3, 2.0, np.float32)
     t = Trace()
-    x = t.argument(np.zeros(3, np.float32), False)
+    x = t.argument(np.zeros(3, np.float32), PLAIN)
     with tracing(t):
         out = add(x, bias)
     program, types = t.finish([out])
@@ -86,6 +87,6 @@ def test_results_must_come_from_the_program():
     s = make_slice("s", {"x": 1}, "a")
     f = Function(None, lambda x: x, s)
     with pytest.raises(InvalidArgument, match="a result must come from a jitted function"):
-        trace(lambda x: (f(x), np.zeros(2)), (np.zeros(2, np.float32), False))
+        trace(lambda x: (f(x), np.zeros(2)), (np.zeros(2, np.float32), PLAIN))
     with pytest.raises(InvalidArgument, match="called no jitted function"):
-        trace(lambda x: x, (np.zeros(2, np.float32), False))
+        trace(lambda x: x, (np.zeros(2, np.float32), PLAIN))

@@ -8,6 +8,7 @@ from jax.sharding import PartitionSpec as P
 from test_trace import make_slice, trace
 
 import client as isthmus
+from client.arrays import PLAIN
 from client.jit import Function
 from ir import InvalidArgument, Op, verify
 from ir.passes import host_plans, lower
@@ -20,7 +21,7 @@ F = Function(None, lambda x: x * 2, SA, in_specs=P("x"), out_specs=P("x"))
 G = Function(None, lambda x: x + 1, SB, in_specs=P("y"), out_specs=P("y"))
 SMALL = Function(None, lambda x: x.sum() < 100, SA)
 ADD = Function(None, lambda x, w: x + w, SA, in_specs=P("x"), out_specs=P("x"))
-X = (np.ones(4, np.float32), False)
+X = (np.ones(4, np.float32), PLAIN)
 
 
 def ops(graph):
