@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from client.arrays import View, as_array, call_specs, leaf_specs, unwrap, wrap
 from client.buffer import Buffer
 from client.trace import current_trace
-from ir import Aval, Spec, dtype_name, parse_dtype
+from ir import Aval, InvalidArgument, Spec, dtype_name, parse_dtype
 
 if TYPE_CHECKING:
     from client.session import Session, Slice
@@ -121,7 +121,16 @@ class Function:
 
         jitted = jax.jit(flat, in_shardings=tuple(map(sharding, in_specs)),
                          out_shardings=tuple(map(sharding, out_specs)))
-        artifact = bytes(jax.export.export(jitted, platforms=[s.export_platform])(*avals).serialize())
+        try:
+            artifact = bytes(jax.export.export(jitted, platforms=[s.export_platform])(*avals).serialize())
+        except Exception:
+            callbacks = sorted(host_callbacks(jax.make_jaxpr(flat)(*avals)))
+            if not callbacks:
+                raise
+            raise InvalidArgument(
+                f"{self.name}: its host callbacks ({', '.join(callbacks)}) cannot run on the executors: "
+                "jax.export cannot carry the Python functions they call. Remove jax.debug.print, "
+                "jax.pure_callback or io_callback from it, or run that part in the client") from None
         outputs = [(s.id, a, sp, v.key) for a, sp, v in zip(out_avals, out_specs, out_views, strict=True)]
         return Export(artifact, in_specs, out_specs, out_avals, out_views, out_tree, outputs)
 
@@ -138,3 +147,16 @@ class Function:
     def __repr__(self) -> str:
         return f"isthmus.Function({self.name} on {self.slice.id})"
 
+
+def host_callbacks(jaxpr: Any) -> set[str]:
+    """The names of the primitives of `jaxpr` (and of the jaxprs inside it) that call back
+    into the Python process that traced it."""
+    found: set[str] = set()
+    for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
+        if "callback" in eqn.primitive.name or eqn.primitive.name == "debug_print":
+            found.add(eqn.primitive.name)
+        for param in eqn.params.values():
+            for inner in param if isinstance(param, tuple | list) else (param,):
+                if hasattr(inner, "eqns") or hasattr(getattr(inner, "jaxpr", None), "eqns"):
+                    found |= host_callbacks(inner)
+    return found
