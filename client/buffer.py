@@ -96,6 +96,27 @@ class Buffer(Shaped):
         self._futures.wait(self)
         return self
 
+    def block_until_ready(self) -> Buffer:
+        """`result()` by JAX's name for it, so `jax.block_until_ready(tree)` waits for buffers."""
+        return self.result()
+
+    def item(self) -> Any:
+        """The value of a one-element buffer as a Python scalar (fetched)."""
+        return self.numpy().item()
+
+    def tolist(self) -> Any:
+        return self.numpy().tolist()
+
+    def __float__(self) -> float:
+        return float(self.numpy())
+
+    def __int__(self) -> int:
+        return int(self.numpy())
+
+    def __format__(self, spec: str) -> str:
+        """`f"{loss:.4f}"` formats the value, as for a JAX array; `f"{buffer}"` shows the buffer."""
+        return format(self.numpy(), spec) if spec else repr(self)
+
     def numpy(self) -> np.ndarray:
         """Fetch the value (once) as a numpy array; raise as `result` does if it failed.
         Typed keys have no numpy form (as in JAX): `keys()` fetches them."""
