@@ -149,9 +149,11 @@ class Programs:
         """The program lowered for its slices' current placement (cached per placement); a
         new placement is compiled on its hosts in the background."""
         key = self._placements(owner, rec.program)
-        if key not in rec.lowered:
-            self._keep(rec, key, self._lower(rec, key))
-        return rec.lowered[key]
+        lowered = rec.lowered.get(key)
+        if lowered is None:
+            lowered = self._lower(rec, key)
+            self._keep(rec, key, lowered)
+        return lowered
 
     def _lower(self, rec: ProgramRecord, key: Placements) -> tuple[Program, dict[str, HostPlan]]:
         lowered = lower(rec.program, dict(key), fuse=rec.fuse)

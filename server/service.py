@@ -58,6 +58,7 @@ from server.tasks import Tasks
 log = logging.getLogger("isthmus.server")
 T = TypeVar("T")
 CLUSTER = "cluster"  # the registry's note of the cluster the executors were started for
+PLACEMENTS_KEPT = 4096  # slices whose placement is remembered (far more than are live)
 
 
 class Service:
@@ -66,6 +67,7 @@ class Service:
         self.settings = settings
         self.pool = pool
         self.rm = rm
+        self._placed: dict[int, tuple[Slice, Placement]] = {}  # id(slice) -> it, its placement
         self.credentials = Credentials(admin_token)
         self.quotas = Quotas.of(settings)
         self.caches = HostCaches(pool.forget)
@@ -245,9 +247,19 @@ class Service:
         self.registry.remove_slices([s.id])
 
     def placement(self, s: Slice) -> Placement:
-        """Where the slice's mesh lives: its island, and (host, local index) per position."""
+        """Where the slice's mesh lives: its island, and (host, local index) per position.
+        Worked out once per slice (every call asks): a slice never moves, and the devices
+        it names keep their host and index."""
+        placed = self._placed.get(id(s))
+        if placed is not None and placed[0] is s:
+            return placed[1]
         devices = [self.rm.device(d) for d in s.device_ids]
-        return Placement(s.island, tuple((d.host, d.index) for d in devices))
+        placement = Placement(s.island, tuple((d.host, d.index) for d in devices))
+        if len(self._placed) >= PLACEMENTS_KEPT:  # slices released long ago: start afresh
+            self._placed.clear()
+        self._placed[id(s)] = (s, placement)  # holding s keeps its id from naming another
+        return placement
+
 
     def mesh(self, s: Slice) -> DeviceMesh:
         """The slice's devices as its executors name them (`ir.passes.device_mesh`)."""
