@@ -33,7 +33,7 @@ from executors import adoption, ray_start
 from executors.channel import SECRET_BYTES, Channel
 from executors.deletes import Deletes
 from executors.islands import IslandLifecycle
-from executors.messages import Adopted, Failed, Ran, Settlement, State
+from executors.messages import Adopted, Failed, Ran, Settled, Settlement, State
 from executors.outbox import Outbox
 from executors.ray_host import DIRECT, DIRECT_PUT_BYTES, TOLD, new_actor
 from executors.replies import settled
@@ -395,10 +395,21 @@ class ExecutorPool(IslandLifecycle):
         counts as settled (`Lost`: its outputs fail or are unreachable, never a hang).
         Returns the hosts that report a failed collective (their group is broken), with its
         cause, and how many hosts reported each result computed."""
-        replies = await settled(refs, hosts, timeout, LATE_EVERY_S, self._late)
-        ran = [(h, r) for h, r in zip(hosts, replies, strict=True) if isinstance(r, Ran)]
-        return Settlement({h: r.collective_error for h, r in ran if r.collective_error is not None},
-                          Counter(b for _, r in ran for b in r.ready))
+        return settlement(hosts, await settled(refs, hosts, timeout, LATE_EVERY_S, self._late))
+
+    def when_settled(self, refs: Sequence[Any], hosts: Sequence[str], timeout: float,
+                     then: Callable[[Settlement | None], None]) -> None:
+        """`settle` without a task: `then` is called on the event loop with the settlement
+        (None if waiting for it failed), for the one wait per run on the server's hot path."""
+        def answered(replies: asyncio.Future[list[Settled]]) -> None:
+            if replies.cancelled() or replies.exception() is not None:
+                if not replies.cancelled():
+                    log.error("settling a run on hosts %s failed", hosts, exc_info=replies.exception())
+                then(None)
+            else:
+                then(settlement(hosts, replies.result()))
+
+        settled(refs, hosts, timeout, LATE_EVERY_S, self._late).add_done_callback(answered)
 
     def _late(self, hosts: list[str]) -> None:
         """Log what hosts late with a settle reply are doing: their running request and for
@@ -486,3 +497,10 @@ class ExecutorPool(IslandLifecycle):
         if self._ray is not None:
             self._ray.close()
 
+
+def settlement(hosts: Sequence[str], replies: Sequence[Settled]) -> Settlement:
+    """The hosts that report a failed collective, with its cause, and how many hosts
+    reported each result computed."""
+    ran = [(h, r) for h, r in zip(hosts, replies, strict=True) if isinstance(r, Ran)]
+    return Settlement({h: r.collective_error for h, r in ran if r.collective_error is not None},
+                      Counter(b for _, r in ran for b in r.ready))

@@ -21,6 +21,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -52,7 +53,7 @@ class Gangs:
         self._queued: dict[str, _Queued] = {}
         # island -> buffer -> queued submissions of that island touching it
         self._by_island: dict[str, Counter[str]] = {i: Counter() for i in islands}
-        self._changed = asyncio.Event()  # set (and replaced) whenever a buffer is released
+        self._changed: asyncio.Event | None = None  # set (and dropped) when a buffer is released
         self._cleared: dict[str, asyncio.Event] = {}
         self.admitted: dict[str, Counter[str]] = {i: Counter() for i in islands}  # island -> client -> cost
         self._paused: set[str] = set()  # islands admitting nothing (their executors are being replaced)
@@ -98,6 +99,8 @@ class Gangs:
 
         async def after_others() -> None:
             while any(self._touched(b, besides=island) for b in others):
+                if self._changed is None:
+                    self._changed = asyncio.Event()
                 await self._changed.wait()
             self._enqueue(sub, queued)
 
@@ -139,7 +142,10 @@ class Gangs:
                 log.exception("island %s: submission %s could not be dispatched", island, sub_id)
                 running = asyncio.sleep(0)
             self._release(island, queued.touches)  # only now may requests on its buffers be numbered
-            self._tasks.spawn(self._run(island, sub_id, running, queued.held))
+            if isinstance(running, asyncio.Future):  # a run's settling: no task to wait for it
+                running.add_done_callback(functools.partial(self._ran, island, sub_id, queued.held))
+            else:
+                self._tasks.spawn(self._run(island, sub_id, running, queued.held))
 
     async def _run(self, island: str, sub_id: str, running: Awaitable[None], held: Sequence[str]) -> None:
         try:
@@ -147,6 +153,16 @@ class Gangs:
         except Exception:  # its outputs carry the failure; the island goes on
             log.exception("island %s: submission %s failed", island, sub_id)
         # (cancelled at shutdown: nothing more to admit)
+        self._finished(island, sub_id, held)
+
+    def _ran(self, island: str, sub_id: str, held: Sequence[str], running: asyncio.Future[None]) -> None:
+        if running.cancelled():  # shutdown: nothing more to admit
+            return
+        if running.exception() is not None:  # its outputs carry the failure; the island goes on
+            log.error("island %s: submission %s failed", island, sub_id, exc_info=running.exception())
+        self._finished(island, sub_id, held)
+
+    def _finished(self, island: str, sub_id: str, held: Sequence[str]) -> None:
         self._release(island, held)
         self.schedulers[island].done(sub_id)
         self._pump(island)
@@ -168,16 +184,16 @@ class Gangs:
             del self.waiting[client]
 
     def _release(self, island: str, buffers: Sequence[str]) -> None:
-        self._by_island[island].subtract(buffers)  # a buffer may appear more than once
-        self._changed.set()
-        self._changed = asyncio.Event()
+        counts = self._by_island[island]
+        counts.subtract(buffers)  # a buffer may appear more than once
+        if self._changed is not None:  # someone waits for a release
+            self._changed.set()
+            self._changed = None
         for b in set(buffers):
-            if self._by_island[island][b] <= 0:
-                self._by_island[island].pop(b, None)
-            if not self._touched(b):
-                event = self._cleared.pop(b, None)
-                if event is not None:
-                    event.set()
+            if counts[b] <= 0:
+                counts.pop(b, None)
+            if b in self._cleared and not self._touched(b):
+                self._cleared.pop(b).set()
 
     # -- buffers of queued submissions -----------------------------------------------------
 

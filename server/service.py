@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from executors import ExecutorPool, RayOptions, State
+from executors.messages import Settlement
 from executors.ray_daemon import ServerLock, hold_server_lock
 from executors.shards import assemble
 from ir import (
@@ -259,7 +260,6 @@ class Service:
             self._placed.clear()
         self._placed[id(s)] = (s, placement)  # holding s keeps its id from naming another
         return placement
-
 
     def mesh(self, s: Slice) -> DeviceMesh:
         """The slice's devices as its executors name them (`ir.passes.device_mesh`)."""
@@ -531,25 +531,30 @@ class Service:
         return self.programs.call(owner, self.computation(owner, computation_id), inputs, ids)
 
     def settled(self, refs: Sequence[Any], hosts: Sequence[str],
-                outputs: Sequence[str] = ()) -> Awaitable[None]:
+                outputs: Sequence[str] = ()) -> asyncio.Future[None]:
         """What to await until the hosts have run their part (called at admission, so that
         a wait for `outputs` finds them settling): restart the group of any island whose
-        host reports a failed collective; note the outputs every host holds computed."""
-        return self._settled(refs, hosts, outputs, self.settling.start(outputs))
+        host reports a failed collective; note the outputs every host holds computed. A
+        future, not a task: the gang scheduler waits for one per run."""
+        done = self.settling.start(outputs)
 
-    async def _settled(self, refs: Sequence[Any], hosts: Sequence[str], outputs: Sequence[str],
-                       done: asyncio.Future[None]) -> None:
-        ready: set[str] = set()
-        try:
-            settlement = await self.pool.settle(refs, hosts, self.settings.fetch_timeout_s)
-            for host, cause in settlement.broken.items():
-                self.restart_when_broken(self.rm.host_island(host), cause)
-            ready = {b for b in outputs if (rec := self.buffers.get(b)) is not None
-                     and settlement.ready[b] == len(rec.hosts) and b not in self.lost}
-            # (an output the client released already counts as made: its run is repeatable)
-            self.lineage.settled(ready | {b for b in outputs if b not in self.buffers})
-        finally:
-            self.settling.finish(done, outputs, ready)
+        def then(settlement: Settlement | None) -> None:
+            ready: set[str] = set()
+            try:
+                if settlement is not None:
+                    for host, cause in settlement.broken.items():
+                        self.restart_when_broken(self.rm.host_island(host), cause)
+                    ready = {b for b in outputs if (rec := self.buffers.get(b)) is not None
+                             and settlement.ready[b] == len(rec.hosts) and b not in self.lost}
+                    # (an output the client released already counts as made: its run is repeatable)
+                    self.lineage.settled(ready | {b for b in outputs if b not in self.buffers})
+            except Exception:
+                log.exception("settling the run of %s failed", list(outputs)[:4])
+            finally:
+                self.settling.finish(done, outputs, ready)
+
+        self.pool.when_settled(refs, hosts, self.settings.fetch_timeout_s, then)
+        return done
 
 
 def _same_cluster(stored: dict[str, Any] | None, spec: ClusterSpec | None) -> bool:
