@@ -31,6 +31,9 @@ from typing import Any, Protocol
 from ir import InvalidArgument
 
 SCHEMA_VERSION = 1
+_INSERT = "INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?, ?)"
+_DELETE = "DELETE FROM records WHERE kind = ? AND id = ?"
+_DELETE_OWNER = "DELETE FROM records WHERE owner = ?"
 
 
 @dataclass(frozen=True)
@@ -76,17 +79,24 @@ class SqliteStore:
         self._queued: list[tuple[str, list[tuple[Any, ...]]]] = []  # (statement, rows), in order
 
     def put(self, rows: Iterable[Row]) -> None:
-        values = [(r.kind, r.id, r.owner, json.dumps(r.doc, separators=(",", ":")), r.data) for r in rows]
-        if values:
-            self._queued.append(("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?, ?)", values))
+        self._queue(_INSERT, [(r.kind, r.id, r.owner, json.dumps(r.doc, separators=(",", ":")), r.data)
+                              for r in rows])
 
     def delete(self, kind: str, ids: Iterable[str]) -> None:
-        keys = [(kind, i) for i in ids]
-        if keys:
-            self._queued.append(("DELETE FROM records WHERE kind = ? AND id = ?", keys))
+        self._queue(_DELETE, [(kind, i) for i in ids])
 
     def delete_owner(self, owner: str) -> None:
-        self._queued.append(("DELETE FROM records WHERE owner = ?", [(owner,)]))
+        self._queue(_DELETE_OWNER, [(owner,)])
+
+    def _queue(self, statement: str, rows: list[tuple[Any, ...]]) -> None:
+        """Queue rows for a statement: with the rows queued last if theirs is the same
+        statement (one `executemany` for a run of a batch's calls, not one each)."""
+        if not rows:
+            return
+        if self._queued and self._queued[-1][0] is statement:
+            self._queued[-1][1].extend(rows)
+        else:
+            self._queued.append((statement, rows))
 
     def flush(self) -> None:
         queued, self._queued = self._queued, []

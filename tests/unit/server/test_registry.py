@@ -122,3 +122,17 @@ async def test_a_turns_changes_are_committed_after_what_the_turn_scheduled(tmp_p
     assert reader.execute("SELECT COUNT(*) FROM records").fetchone()[0] == 1  # nor anyone's flush
     reader.close()
     reg.close()
+
+
+def test_queued_writes_keep_their_order_when_runs_of_them_share_a_statement(tmp_path: Path) -> None:
+    from server.store import Row
+
+    store = SqliteStore(tmp_path / "state.db")
+    store.put([Row("buffer", "b-1", "cl-1", {"v": 1})])
+    store.put([Row("buffer", "b-2", "cl-1", {"v": 2})])  # joins the insert queued before it
+    store.delete("buffer", ["b-1"])
+    store.put([Row("buffer", "b-1", "cl-1", {"v": 3})])  # after the delete, so it stays
+    store.delete("buffer", [])
+    assert [len(rows) for _, rows in store._queued] == [2, 1, 1]
+    assert sorted((r.id, r.doc["v"]) for r in store.load("buffer")) == [("b-1", 3), ("b-2", 2)]
+    store.close()
