@@ -101,8 +101,8 @@ class Function:
         out_box: list[Any] = []
 
         def flat(*flat_args: Any) -> tuple[Any, ...]:
-            leaves = [wrap(a, v) for a, v in zip(flat_args, views, strict=True)]
-            fargs, fkwargs = jax.tree_util.tree_unflatten(in_tree, leaves)
+            wrapped = [wrap(a, v) for a, v in zip(flat_args, views, strict=True)]
+            fargs, fkwargs = jax.tree_util.tree_unflatten(in_tree, wrapped)
             out_leaves, out_tree = jax.tree_util.tree_flatten(self.fn(*fargs, **fkwargs))
             data, out_views = zip(*map(unwrap, out_leaves), strict=True) if out_leaves else ((), ())
             out_box[:] = [out_tree, list(out_views)]
