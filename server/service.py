@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -478,7 +480,15 @@ class Service:
 
     async def register(self, owner: ClientRecord, slice_id: str, artifact_b64: str,
                        in_specs: list[Any], out_specs: list[Any], name: str) -> ComputationRecord:
+        """A computation of the artifact for the slice; the client's computation already
+        registered with the same artifact, slice, specs and name, if it has one (nothing is
+        read or compiled again, and the quota counts it once)."""
         s = self.slice(owner, slice_id)
+        said = hashlib.sha256(json.dumps([slice_id, in_specs, out_specs, name]).encode()
+                              + artifact_b64.encode()).digest()
+        known = owner.registered.get(said)
+        if known is not None and known in owner.computations:
+            return self.computations[known]
         self.quotas.check("computations", len(owner.computations), 1)
         # Decoding and reading the artifact take time in proportion to its size: off the
         # event loop, which meanwhile serves every other request.
@@ -493,6 +503,9 @@ class Service:
                                 info.in_avals, info.out_avals, ins, outs, artifact=artifact)
         self.programs.add_computation(rec)  # lowered, held on its hosts and compiled there
         self.registry.add_computation(owner, rec)
+        if len(owner.registered) >= self.settings.max_computations:  # ids of dropped ones linger
+            owner.registered = {k: c for k, c in owner.registered.items() if c in owner.computations}
+        owner.registered[said] = rec.id
         return rec
 
     def _read_artifact(self, artifact_b64: str, s: Slice) -> tuple[bytes, ArtifactInfo]:
