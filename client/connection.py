@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from client.transport import Transport, Unauthorized
 from ir import Aval, InvalidArgument, IsthmusError, NotFound, Spec
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8470"
+JITTED_KEPT = 256  # functions whose `Function` `Client.jit` gives again
 
 
 def state_dir() -> Path:
@@ -68,6 +70,7 @@ class Client:
         self.lease_s: float = record["lease_s"]
         self._closed = False
         self._session = Session(transport)
+        self._jitted: OrderedDict[tuple[Any, ...], Function] = OrderedDict()  # newest last
         self._lease = Lease(transport, self.lease_s)
         # A client dropped without close() stops renewing (the server frees it after the
         # lease) and stops its sender.
@@ -158,10 +161,25 @@ class Client:
 
     def jit(self, fn: Callable[..., Any] | None = None, *, slice: Slice, in_specs: Any = None,
             out_specs: Any = None, name: str | None = None) -> Any:
-        """Compile `fn` for `slice`; use directly or as a decorator. See `client.jit`."""
+        """Compile `fn` for `slice`; use directly or as a decorator. See `client.jit`.
+
+        As `jax.jit` keeps what it traced per function, jitting the same function again
+        (`c.jit(step, slice=s)(x)` inside a loop) gives the `Function` made the first time,
+        with its exports and registrations, for the newest `JITTED_KEPT` functions."""
         if fn is None:
-            return lambda f: Function(self._session, f, slice, in_specs, out_specs, name)
-        return Function(self._session, fn, slice, in_specs, out_specs, name)
+            return lambda f: self.jit(f, slice=slice, in_specs=in_specs, out_specs=out_specs, name=name)
+        key = (id(fn), slice.id, in_specs, out_specs, name)
+        try:
+            known = self._jitted.get(key)
+        except TypeError:  # specs as dicts: unhashable, so not kept
+            return Function(self._session, fn, slice, in_specs, out_specs, name)
+        if known is not None and known.fn is fn:
+            self._jitted.move_to_end(key)
+            return known
+        made = self._jitted[key] = Function(self._session, fn, slice, in_specs, out_specs, name)
+        if len(self._jitted) > JITTED_KEPT:  # (a kept Function holds fn: its id stays its own)
+            self._jitted.popitem(last=False)
+        return made
 
     def buffers(self) -> list[dict[str, Any]]:
         """The server's records of this client's live buffers."""

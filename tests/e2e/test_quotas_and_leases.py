@@ -60,6 +60,25 @@ def test_over_quota_is_429_with_retry_after_and_freeing_lets_the_client_go_on(sm
             c.jit(lambda v: v - 1, slice=s3)(c.put(np.ones(4, np.float32), s3))
 
 
+def test_jitting_again_in_a_loop_counts_once_against_the_quota(small):
+    address, token = small
+    with isthmus.connect(address, token=token, name="looping") as c:
+        s = c.slice({"x": 1})
+        x = c.put(np.zeros(4, np.float32), s)
+
+        def step(v):
+            return v + 1
+
+        for _ in range(4):  # as jax.jit(step)(x) in a loop: traced and registered once
+            x = c.jit(step, slice=s)(x)
+        assert c.jit(step, slice=s) is c.jit(step, slice=s)
+        for _ in range(4):  # a new function each time, the same artifact: one computation
+            x = c.jit(lambda v: v + 1, slice=s)(x)
+        np.testing.assert_array_equal(x.numpy(), np.full(4, 8, np.float32))
+        listed = httpx.get(f"{address}/v1/computations", headers={"Authorization": f"Bearer {c.secret}"})
+        assert len(listed.json()) == 2  # the quota's limit, never passed
+
+
 def test_client_count_is_bounded(small):
     address, token = small
     opened = []
