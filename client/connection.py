@@ -24,7 +24,7 @@ from client.transport import Transport, Unauthorized
 from ir import Aval, InvalidArgument, IsthmusError, NotFound, Spec
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8470"
-JITTED_KEPT = 256  # functions whose `Function` `Client.jit` gives again
+JITTED_KEPT = 256  # functions whose `Function` (or program) `Client.jit` (`.program`) gives again
 
 
 def state_dir() -> Path:
@@ -70,7 +70,7 @@ class Client:
         self.lease_s: float = record["lease_s"]
         self._closed = False
         self._session = Session(transport)
-        self._jitted: OrderedDict[tuple[Any, ...], Function] = OrderedDict()  # newest last
+        self._jitted: OrderedDict[tuple[Any, ...], Function | ProgramFunction] = OrderedDict()  # newest last
         self._lease = Lease(transport, self.lease_s)
         # A client dropped without close() stops renewing (the server frees it after the
         # lease) and stops its sender.
@@ -156,28 +156,35 @@ class Client:
         `client.program`.
         """
         if fn is None:
-            return lambda f: ProgramFunction(self._session, f, dispatch, name, fuse, parallel_iterations)
-        return ProgramFunction(self._session, fn, dispatch, name, fuse, parallel_iterations)
+            return lambda f: self.program(f, dispatch=dispatch, fuse=fuse, name=name,
+                                          parallel_iterations=parallel_iterations)
+        key = ("program", id(fn), dispatch, fuse, name, parallel_iterations)
+        return self._kept(key, fn, lambda: ProgramFunction(self._session, fn, dispatch, name, fuse,
+                                                           parallel_iterations))
 
     def jit(self, fn: Callable[..., Any] | None = None, *, slice: Slice, in_specs: Any = None,
             out_specs: Any = None, name: str | None = None) -> Any:
-        """Compile `fn` for `slice`; use directly or as a decorator. See `client.jit`.
-
-        As `jax.jit` keeps what it traced per function, jitting the same function again
-        (`c.jit(step, slice=s)(x)` inside a loop) gives the `Function` made the first time,
-        with its exports and registrations, for the newest `JITTED_KEPT` functions."""
+        """Compile `fn` for `slice`; use directly or as a decorator. See `client.jit`."""
         if fn is None:
             return lambda f: self.jit(f, slice=slice, in_specs=in_specs, out_specs=out_specs, name=name)
-        key = (id(fn), slice.id, in_specs, out_specs, name)
+        return self._kept(("jit", id(fn), slice.id, in_specs, out_specs, name), fn,
+                          lambda: Function(self._session, fn, slice, in_specs, out_specs, name))
+
+    def _kept(self, key: tuple[Any, ...], fn: Callable[..., Any],
+              make: Callable[[], Function | ProgramFunction]) -> Function | ProgramFunction:
+        """As `jax.jit` keeps what it traced per function, jitting (or making a program of)
+        the same function again, `c.jit(step, slice=s)(x)` inside a loop, gives what was
+        made the first time, with its exports and registrations: for the newest
+        `JITTED_KEPT` functions, and specs that can be hashed (not dicts)."""
         try:
             known = self._jitted.get(key)
-        except TypeError:  # specs as dicts: unhashable, so not kept
-            return Function(self._session, fn, slice, in_specs, out_specs, name)
+        except TypeError:
+            return make()
         if known is not None and known.fn is fn:
             self._jitted.move_to_end(key)
             return known
-        made = self._jitted[key] = Function(self._session, fn, slice, in_specs, out_specs, name)
-        if len(self._jitted) > JITTED_KEPT:  # (a kept Function holds fn: its id stays its own)
+        made = self._jitted[key] = make()
+        if len(self._jitted) > JITTED_KEPT:  # (a kept one holds fn: its id stays its own)
             self._jitted.popitem(last=False)
         return made
 

@@ -72,6 +72,7 @@ def test_jitting_again_in_a_loop_counts_once_against_the_quota(small):
         for _ in range(4):  # as jax.jit(step)(x) in a loop: traced and registered once
             x = c.jit(step, slice=s)(x)
         assert c.jit(step, slice=s) is c.jit(step, slice=s)
+        assert c.program(step) is c.program(step) and c.program(step) is not c.program(step, fuse=True)
         for _ in range(4):  # a new function each time, the same artifact: one computation
             x = c.jit(lambda v: v + 1, slice=s)(x)
         np.testing.assert_array_equal(x.numpy(), np.full(4, 8, np.float32))
