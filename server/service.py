@@ -480,15 +480,15 @@ class Service:
 
     async def register(self, owner: ClientRecord, slice_id: str, artifact_b64: str,
                        in_specs: list[Any], out_specs: list[Any], name: str) -> ComputationRecord:
-        """A computation of the artifact for the slice; the client's computation already
-        registered with the same artifact, slice, specs and name, if it has one (nothing is
-        read or compiled again, and the quota counts it once)."""
+        """A computation of the artifact for the slice: the client's computation already
+        registered with the same artifact, slice, specs and name, if it has one that has not
+        failed (nothing is read or compiled again, and the quota counts it once)."""
         s = self.slice(owner, slice_id)
         said = hashlib.sha256(json.dumps([slice_id, in_specs, out_specs, name]).encode()
                               + artifact_b64.encode()).digest()
-        known = owner.registered.get(said)
-        if known is not None and known in owner.computations:
-            return self.computations[known]
+        known = self.computations.get(owner.registered.get(said, ""))
+        if known is not None and known.id in owner.computations and known.status != "failed":
+            return known  # (one that failed to compile, on a host since lost perhaps, is tried anew)
         self.quotas.check("computations", len(owner.computations), 1)
         # Decoding and reading the artifact take time in proportion to its size: off the
         # event loop, which meanwhile serves every other request.
