@@ -484,8 +484,8 @@ class Service:
         registered with the same artifact, slice, specs and name, if it has one that has not
         failed (nothing is read or compiled again, and the quota counts it once)."""
         s = self.slice(owner, slice_id)
-        said = hashlib.sha256(json.dumps([slice_id, in_specs, out_specs, name]).encode()
-                              + artifact_b64.encode()).digest()
+        # In proportion to the artifact's size (tens of MB at most): off the event loop too.
+        said = await asyncio.to_thread(_said, artifact_b64, [slice_id, in_specs, out_specs, name])
         known = self.computations.get(owner.registered.get(said, ""))
         if known is not None and known.id in owner.computations and known.status != "failed":
             return known  # (one that failed to compile, on a host since lost perhaps, is tried anew)
@@ -568,6 +568,13 @@ class Service:
 
         self.pool.when_settled(refs, hosts, self.settings.fetch_timeout_s, then)
         return done
+
+
+def _said(artifact_b64: str, rest: list[Any]) -> bytes:
+    """A digest of what a registration says: its artifact, slice, specs and name."""
+    h = hashlib.sha256(json.dumps(rest).encode())
+    h.update(artifact_b64.encode())
+    return h.digest()
 
 
 def _same_cluster(stored: dict[str, Any] | None, spec: ClusterSpec | None) -> bool:
