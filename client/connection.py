@@ -6,7 +6,7 @@ import contextlib
 import os
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from client.jit import Function
 from client.lease import Lease
 from client.program import ProgramFunction
 from client.session import Session, Slice
+from client.statics import Statics
 from client.transport import Transport, Unauthorized
 from ir import Aval, InvalidArgument, IsthmusError, NotFound, Spec
 
@@ -163,12 +164,16 @@ class Client:
                                                            parallel_iterations))
 
     def jit(self, fn: Callable[..., Any] | None = None, *, slice: Slice, in_specs: Any = None,
-            out_specs: Any = None, name: str | None = None) -> Any:
-        """Compile `fn` for `slice`; use directly or as a decorator. See `client.jit`."""
+            out_specs: Any = None, name: str | None = None, static_argnums: int | Sequence[int] | None = None,
+            static_argnames: str | Sequence[str] | None = None) -> Any:
+        """Compile `fn` for `slice`; use directly or as a decorator. See `client.jit`;
+        `static_argnums` / `static_argnames` as `jax.jit`'s (`client.statics`)."""
         if fn is None:
-            return lambda f: self.jit(f, slice=slice, in_specs=in_specs, out_specs=out_specs, name=name)
-        return self._kept(("jit", id(fn), slice.id, in_specs, out_specs, name), fn,
-                          lambda: Function(self._session, fn, slice, in_specs, out_specs, name))
+            return lambda f: self.jit(f, slice=slice, in_specs=in_specs, out_specs=out_specs, name=name,
+                                      static_argnums=static_argnums, static_argnames=static_argnames)
+        statics = Statics.of(fn, static_argnums, static_argnames)
+        return self._kept(("jit", id(fn), slice.id, in_specs, out_specs, name, statics), fn,
+                          lambda: Function(self._session, fn, slice, in_specs, out_specs, name, statics))
 
     def _kept(self, key: tuple[Any, ...], fn: Callable[..., Any],
               make: Callable[[], Function | ProgramFunction]) -> Function | ProgramFunction:

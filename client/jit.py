@@ -19,6 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from client.arrays import View, as_array, call_specs, leaf_specs, unwrap, wrap
 from client.buffer import Buffer
+from client.statics import StaticKey, Statics
 from client.trace import current_trace
 from ir import Aval, InvalidArgument, Spec, dtype_name, parse_dtype
 
@@ -27,7 +28,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Export", "Function", "as_array", "leaf_specs"]
 
-Signature = tuple[Any, tuple[tuple[tuple[int, ...], str, View], ...]]  # tree, per leaf its data
+# the dynamic arguments' tree, the static values, per leaf its data's shape, dtype and view
+Signature = tuple[Any, StaticKey, tuple[tuple[tuple[int, ...], str, View], ...]]
 Output = tuple[str, Aval, Spec, str | None]  # an output leaf's slice, aval, spec and key impl
 
 
@@ -46,25 +48,28 @@ class Export:
 
 class Function:
     def __init__(self, session: Session | None, fn: Callable[..., Any], slice: Slice,
-                 in_specs: Any = None, out_specs: Any = None, name: str | None = None) -> None:
+                 in_specs: Any = None, out_specs: Any = None, name: str | None = None,
+                 statics: Statics | None = None) -> None:
         self._session = session  # None: traced inside programs only (the tests of the tracer)
         self.fn = fn
         self.slice = slice
-        self.in_specs = in_specs
+        self.in_specs = in_specs  # a prefix of the dynamic positional arguments, or one spec
         self.out_specs = out_specs
+        self.statics = statics or Statics()
         self.name = name or getattr(fn, "__name__", "computation")
         self._exports: dict[Signature, Export] = {}
         self._registered: dict[Signature, str] = {}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        args, kwargs, static = self.statics.split(args, kwargs)
         trace = current_trace()
         if trace is not None:  # inside `@c.program`: becomes one node of the program
-            return trace.apply(self, args, kwargs)
+            return trace.apply(self, args, kwargs, static)
         leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs))
         arrays: list[Buffer | tuple[np.ndarray, View]] = [
             x if isinstance(x, Buffer) else as_array(x) for x in leaves
         ]
-        sig: Signature = (in_tree, tuple(
+        sig: Signature = (in_tree, static, tuple(
             (a.aval.shape, a.aval.dtype, a.view) if isinstance(a, Buffer)
             else (a[0].shape, dtype_name(a[0].dtype), a[1])
             for a in arrays
@@ -87,7 +92,7 @@ class Function:
             self._exports[sig] = self._export(args, kwargs, *sig)
         return self._exports[sig]
 
-    def _export(self, args: Any, kwargs: dict[str, Any], in_tree: Any,
+    def _export(self, args: Any, kwargs: dict[str, Any], in_tree: Any, static: StaticKey,
                 leaves: Sequence[tuple[tuple[int, ...], str, View]]) -> Export:
         s = self.slice
         mesh = s.abstract_mesh
@@ -102,7 +107,7 @@ class Function:
 
         def flat(*flat_args: Any) -> tuple[Any, ...]:
             wrapped = [wrap(a, v) for a, v in zip(flat_args, views, strict=True)]
-            fargs, fkwargs = jax.tree_util.tree_unflatten(in_tree, wrapped)
+            fargs, fkwargs = Statics.join(*jax.tree_util.tree_unflatten(in_tree, wrapped), static)
             out_leaves, out_tree = jax.tree_util.tree_flatten(self.fn(*fargs, **fkwargs))
             data, out_views = zip(*map(unwrap, out_leaves), strict=True) if out_leaves else ((), ())
             out_box[:] = [out_tree, list(out_views)]

@@ -31,6 +31,7 @@ import numpy as np
 
 from client.arrays import PLAIN, View, as_array
 from client.buffer import Buffer, Shaped
+from client.statics import StaticKey
 from ir import Aval, InvalidArgument, MeshAxes, Program, ProgramBuilder, Spec, Type, dtype_name
 
 if TYPE_CHECKING:
@@ -257,10 +258,11 @@ class Trace:
 
     # -- the one operation -------------------------------------------------------------------
 
-    def apply(self, fn: Function, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def apply(self, fn: Function, args: tuple[Any, ...], kwargs: dict[str, Any], static: StaticKey) -> Any:
+        """A call of `fn` on its dynamic arguments (`static`: the static ones' values)."""
         leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=lambda x: isinstance(x, Traced))
         values = [self.leaf(x) for x in leaves]
-        sig = (in_tree, tuple(
+        sig = (in_tree, static, tuple(
             (self.values[v].aval.shape, self.values[v].aval.dtype, self.values[v].view) for v in values
         ))
         exported = fn.export(args, kwargs, sig)

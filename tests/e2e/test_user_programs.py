@@ -237,3 +237,25 @@ def test_buffers_answer_what_jax_arrays_answer(c):
     assert f"loss {out['mean']:.2f}" == "loss 1.50" and out["v"].tolist() == [0.0, 1.0, 2.0, 3.0]
     got = jax.device_get(out)
     assert isinstance(got["v"], np.ndarray) and got["v"].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_static_arguments_as_jax_jit_takes_them(c):
+    s = c.slice({"x": 2})
+
+    def tile(x, reps, *, how="add"):  # reps is a shape, how picks the code path: both static
+        tiled = jnp.tile(x, reps)
+        return tiled + 1 if how == "add" else tiled * 2
+
+    f = c.jit(tile, slice=s, static_argnums=1, static_argnames="how", in_specs=P("x"), out_specs=P("x"))
+    x = np.arange(4, dtype=np.float32)
+    for reps, how in ((2, "add"), (3, "add"), (2, "mul")):  # one export per static value
+        want = jax.jit(tile, static_argnums=1, static_argnames="how")(x, reps, how=how)
+        np.testing.assert_array_equal(f(x, reps, how=how).numpy(), want)
+    with pytest.raises(isthmus.InvalidArgument, match="static argument 1: a list is not hashable"):
+        f(x, [2])
+
+    @c.program
+    def twice(x):
+        return f(f(x, 2), 1, how="mul")
+
+    np.testing.assert_array_equal(twice(x).numpy(), (np.tile(x, 2) + 1) * 2)

@@ -1,0 +1,84 @@
+"""Static arguments of a jitted function, as `jax.jit`'s `static_argnums` / `static_argnames`.
+
+A static argument is not an array: its value is part of the function's signature (one
+export per value, so it must be hashable) and is bound into the exported function, which
+sees it as the plain Python value. The other arguments are the dynamic ones: the positional
+ones with the static positions taken out (so `in_specs` is a prefix of those), and the
+keyword ones without the static names. Numbers given without names are named from the
+function's signature, and names numbered, as `jax.jit` does.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ir import InvalidArgument
+
+StaticKey = tuple[tuple[tuple[int, Any], ...], tuple[tuple[str, Any], ...]]
+NONE: StaticKey = ((), ())
+
+
+def _tuple(x: Any, kind: type) -> tuple[Any, ...]:
+    if x is None:
+        return ()
+    items = (x,) if isinstance(x, kind) else tuple(x)
+    if not all(isinstance(i, kind) for i in items):
+        raise InvalidArgument(f"static_arg{'nums' if kind is int else 'names'}: expected "
+                              f"{kind.__name__}s, got {x!r}")
+    return items
+
+
+@dataclass(frozen=True)
+class Statics:
+    argnums: tuple[int, ...] = ()
+    argnames: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, fn: Callable[..., Any], argnums: int | Iterable[int] | None,
+           argnames: str | Iterable[str] | None) -> Statics:
+        nums, names = _tuple(argnums, int), _tuple(argnames, str)
+        if not nums and not names:
+            return cls()
+        try:
+            params = list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):  # a builtin without a signature: taken as given
+            return cls(nums, names)
+        positional = [p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD]
+        if argnums is None:  # numbered from the names
+            nums = tuple(i for i, name in enumerate(positional) if name in names)
+        if argnames is None:  # named from the numbers
+            names = tuple(name for i, name in enumerate(positional) if i in nums)
+        return cls(nums, names)
+
+    def __bool__(self) -> bool:
+        return bool(self.argnums or self.argnames)
+
+    def split(self, args: tuple[Any, ...], kwargs: dict[str, Any]
+              ) -> tuple[tuple[Any, ...], dict[str, Any], StaticKey]:
+        """The dynamic arguments, and the static values as a hashable key."""
+        if not self:
+            return args, kwargs, NONE
+        nums = {i if i >= 0 else len(args) + i for i in self.argnums}
+        key = (tuple((i, args[i]) for i in sorted(nums) if 0 <= i < len(args)),
+               tuple(sorted((k, v) for k, v in kwargs.items() if k in self.argnames)))
+        for where, value in (*key[0], *key[1]):
+            try:
+                hash(value)
+            except TypeError:
+                raise InvalidArgument(f"static argument {where!r}: a {type(value).__name__} is not "
+                                      "hashable, and a static value is part of the signature") from None
+        dynamic = tuple(a for i, a in enumerate(args) if i not in nums)
+        return dynamic, {k: v for k, v in kwargs.items() if k not in self.argnames}, key
+
+    @staticmethod
+    def join(args: tuple[Any, ...], kwargs: dict[str, Any], key: StaticKey
+             ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The arguments as the function takes them: the static values put back."""
+        if key == NONE:
+            return args, kwargs
+        at, rest = dict(key[0]), iter(args)
+        positional = tuple(at[i] if i in at else next(rest) for i in range(len(args) + len(at)))
+        return positional, {**kwargs, **dict(key[1])}

@@ -1,0 +1,35 @@
+import functools
+
+import pytest
+
+from client.statics import NONE, Statics
+from ir import InvalidArgument
+
+pytestmark = pytest.mark.unit
+
+
+def f(x, n, *, mode="a"):
+    return x
+
+
+def test_numbers_are_named_and_names_numbered_as_jax_jit_does():
+    assert Statics.of(f, 1, None) == Statics((1,), ("n",))
+    assert Statics.of(f, None, "n") == Statics((1,), ("n",))
+    assert Statics.of(f, None, ("mode",)) == Statics((), ("mode",))  # keyword-only: no number
+    assert not Statics.of(f, None, None)
+    assert Statics.of(functools.partial(f, 1), 0, None) == Statics((0,), ("n",))
+
+
+def test_split_takes_the_static_values_out_and_join_puts_them_back():
+    statics = Statics((1, -1), ("mode",))
+    args, kwargs = ("x", 3, "y", (4, 5)), {"mode": "b", "w": "z"}
+    dynamic, dynamic_kw, key = statics.split(args, kwargs)
+    assert dynamic == ("x", "y") and dynamic_kw == {"w": "z"}
+    assert key == (((1, 3), (3, (4, 5))), (("mode", "b"),))
+    assert Statics.join(dynamic, dynamic_kw, key) == (args, kwargs)
+    assert Statics().split(args, kwargs) == (args, kwargs, NONE)
+
+
+def test_an_unhashable_static_value_is_refused_by_position():
+    with pytest.raises(InvalidArgument, match=r"static argument 1: a list is not hashable"):
+        Statics((1,), ()).split(("x", [1, 2]), {})
