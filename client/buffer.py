@@ -140,6 +140,10 @@ class Buffer(Shaped):
         return self._value
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        if self.key is not None:
+            # `jax.device_get(tree)` takes what this returns: keys come back as JAX's key
+            # arrays, as from jax.device_get of keys. numpy refuses them (as in JAX).
+            return self.keys()  # type: ignore[no-any-return]
         value = self.numpy()
         return value.astype(dtype) if dtype is not None else np.array(value) if copy else value
 

@@ -193,6 +193,12 @@ def test_flax_nnx_state_with_rngs_round_trips_through_training_steps(c):
         else:
             np.testing.assert_allclose(g.numpy(), np.asarray(w), rtol=1e-6, atol=1e-6)
     assert any(g.key is not None for g in got_leaves)
+    fetched_state = jax.device_get(remote)  # as from jax.device_get: keys as key arrays
+    for g, w in zip(jax.tree_util.tree_leaves(fetched_state), jax.tree_util.tree_leaves(local), strict=True):
+        if jax.dtypes.issubdtype(w.dtype, jax.dtypes.prng_key):
+            same_keys(g, w)
+        else:
+            np.testing.assert_allclose(g, np.asarray(w), rtol=1e-6, atol=1e-6)
 
 
 def test_keyword_arguments_as_jax_jit_takes_them(c):
