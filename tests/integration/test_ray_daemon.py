@@ -195,7 +195,10 @@ def test_a_daemon_is_found_takes_its_token_and_listens_on_loopback(started, new_
     gcs_port = int(daemon.address.rpartition(":")[2])
     assert any(port == gcs_port for _, port, _ in sockets), sockets
     assert [s for s in sockets if s[0] not in LOOPBACK] == [], "listening beyond loopback"
-    assert [s for s in sockets if s[1] in FIXED_PORTS] == [], "on one of Ray's fixed ports"
+    # The raylet and the workers have no fixed ports: a number of the set among theirs came
+    # from the kernel, as every port here should (one clean CI run saw the raylet on 44217).
+    fixed = [s for s in sockets if s[1] in FIXED_PORTS and s[2] != "raylet" and not s[2].startswith("ray::")]
+    assert fixed == [], "on one of Ray's fixed ports"
 
     # Ray ends by itself (its GCS killed): the watcher goes too, and takes ray.json with it.
     [gcs] = {pid for pid in session(daemon.pid) if comm(pid) == "gcs_server"}
