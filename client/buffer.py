@@ -12,6 +12,7 @@ below; it never sees the `Client`.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol
 
 import jax
@@ -52,7 +53,12 @@ class Shaped:
 
     @property
     def ndim(self) -> int:
-        return len(self.aval.shape)
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """The number of elements (of keys, for typed keys), as `jax.Array.size`."""
+        return math.prod(self.shape)
 
 
 class Buffer(Shaped):

@@ -111,7 +111,7 @@ def test_typed_keys_go_in_come_out_and_feed_on(c):
     key = jax.random.key(3)
     split = c.jit(lambda k: jax.random.split(k), slice=s)
     keys = split(key)  # typed keys out: a Buffer of their key data, shown as keys
-    assert keys.shape == (2,) and keys.dtype == key.dtype
+    assert keys.shape == (2,) and keys.dtype == key.dtype and keys.ndim == 1 and keys.size == 2
     same_keys(keys.keys(), jax.random.split(key))
     with pytest.raises(TypeError, match=r"PRNG keys .*\.keys\(\)"):
         keys.numpy()  # as np.asarray of a key array raises in JAX
@@ -241,6 +241,8 @@ def test_buffers_answer_what_jax_arrays_answer(c):
     assert jax.block_until_ready(out) is out  # waits on each buffer, as on JAX arrays
     assert float(out["mean"]) == 1.5 and int(out["count"]) == 4 and out["mean"].item() == 1.5
     assert f"loss {out['mean']:.2f}" == "loss 1.50" and out["v"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert out["v"].size == 4 and out["mean"].size == 1 and out["mean"].ndim == 0
+    assert sum(leaf.size for leaf in jax.tree_util.tree_leaves(out)) == 6  # as counting parameters does
     got = jax.device_get(out)
     assert isinstance(got["v"], np.ndarray) and got["v"].tolist() == [0.0, 1.0, 2.0, 3.0]
 
