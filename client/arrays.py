@@ -73,10 +73,16 @@ def as_array(x: Any) -> tuple[np.ndarray, View]:
     """A leaf as a numpy array of JAX's canonical dtype, and how the client shows it: weakly
     typed (a Python scalar), typed keys (sent as their key data), or plainly."""
     if is_key(x):
-        return np.asarray(jax.random.key_data(x)), View(key=str(jax.random.key_impl(x)))
+        data, view = _key_data(x)
+        return np.asarray(data), view
     weak = type(x) in (int, float, complex)  # np.float64 subclasses float but is not weak
     array = np.asarray(x)
     return array.astype(jax.dtypes.canonicalize_dtype(array.dtype), copy=False), WEAK if weak else PLAIN
+
+
+def _key_data(keys: Any) -> tuple[Any, View]:
+    """Typed keys as their key data, and the view that names their implementation."""
+    return jax.random.key_data(keys), View(key=str(jax.random.key_impl(keys)))
 
 
 @functools.lru_cache(maxsize=16)
@@ -94,5 +100,5 @@ def wrap(data: Any, view: View) -> Any:
 def unwrap(value: Any) -> tuple[Any, View]:
     """Inside a computation: a result leaf as data, and how the client shows it."""
     if is_key(value):
-        return jax.random.key_data(value), View(key=str(jax.random.key_impl(value)))
+        return _key_data(value)
     return value, WEAK if getattr(value, "weak_type", False) else PLAIN
