@@ -185,11 +185,11 @@ class Client:
             known = self._jitted.get(key)
         except TypeError:
             return make()
-        if known is not None and known.fn is fn:
+        if known is not None:  # a kept one holds its fn, so id(fn) names no other function
             self._jitted.move_to_end(key)
             return known
         made = self._jitted[key] = make()
-        if len(self._jitted) > JITTED_KEPT:  # (a kept one holds fn: its id stays its own)
+        if len(self._jitted) > JITTED_KEPT:
             self._jitted.popitem(last=False)
         return made
 

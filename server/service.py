@@ -70,7 +70,8 @@ class Service:
         self.settings = settings
         self.pool = pool
         self.rm = rm
-        self._placed: dict[int, tuple[Slice, Placement]] = {}  # id(slice) -> it, its placement
+        # id(slice) -> the slice (held, so its id names no other) and its placement
+        self._placed: dict[int, tuple[Slice, Placement]] = {}
         self.credentials = Credentials(admin_token)
         self.quotas = Quotas.of(settings)
         self.caches = HostCaches(pool.forget)
@@ -254,13 +255,13 @@ class Service:
         Worked out once per slice (every call asks): a slice never moves, and the devices
         it names keep their host and index."""
         placed = self._placed.get(id(s))
-        if placed is not None and placed[0] is s:
+        if placed is not None:
             return placed[1]
         devices = [self.rm.device(d) for d in s.device_ids]
         placement = Placement(s.island, tuple((d.host, d.index) for d in devices))
         if len(self._placed) >= PLACEMENTS_KEPT:  # slices released long ago: start afresh
             self._placed.clear()
-        self._placed[id(s)] = (s, placement)  # holding s keeps its id from naming another
+        self._placed[id(s)] = (s, placement)
         return placement
 
     def mesh(self, s: Slice) -> DeviceMesh:
