@@ -488,7 +488,7 @@ class Service:
         # In proportion to the artifact's size (tens of MB at most): off the event loop too.
         said = await asyncio.to_thread(_said, artifact_b64, [slice_id, in_specs, out_specs, name])
         known = self.computations.get(owner.registered.get(said, ""))
-        if known is not None and known.id in owner.computations and known.status != "failed":
+        if known is not None and known.status != "failed":
             return known  # (one that failed to compile, on a host since lost perhaps, is tried anew)
         self.quotas.check("computations", len(owner.computations), 1)
         # Decoding and reading the artifact take time in proportion to its size: off the
@@ -504,8 +504,6 @@ class Service:
                                 info.in_avals, info.out_avals, ins, outs, artifact=artifact)
         self.programs.add_computation(rec)  # lowered, held on its hosts and compiled there
         self.registry.add_computation(owner, rec)
-        if len(owner.registered) >= self.settings.max_computations:  # ids of dropped ones linger
-            owner.registered = {k: c for k, c in owner.registered.items() if c in owner.computations}
         owner.registered[said] = rec.id
         return rec
 
@@ -528,6 +526,8 @@ class Service:
         for cid in computation_ids:
             if self.registry.remove_computation(owner, cid):
                 self.programs.forget_calls(cid)
+        gone = set(computation_ids)
+        owner.registered = {k: c for k, c in owner.registered.items() if c not in gone}
 
     def computation(self, owner: ClientRecord, computation_id: str) -> ComputationRecord:
         rec = self.computations.get(computation_id)
