@@ -4,11 +4,13 @@ Contract:
 - A record is (kind, id, owner, doc, data): `doc` a JSON-able mapping, `data` bytes kept
   beside it (a computation's artifact), `owner` the client it belongs to ("" for the
   server's own). Kinds are the registry's (`server.registry`); the store knows none of them.
-- Writes are queued in order and committed together, in one transaction, by `flush` (the
+- Writes are queued and committed together, in one transaction, by `flush` (the
   registry flushes before the server answers any request, and at the end of the event
   loop's turn for changes no request made): a server killed at any point has stored every
   change it had answered for (and perhaps some it had not yet answered). One commit per
-  request, not per record: a batch of 256 calls costs one.
+  request, not per record: a batch of 256 calls costs one. What is committed is each
+  record's last change since the previous commit (and every `delete_owner` in its place
+  among them), which is what committing every change in order would leave.
 - `SqliteStore` keeps one database file in WAL mode with `synchronous=NORMAL`: a commit
   survives the server process being killed at any point, and costs a write to the log, not
   a flush to disk (a power loss may lose the latest commits, never corrupt the file). The
@@ -76,34 +78,42 @@ class SqliteStore:
                          "PRIMARY KEY (kind, id))")
         self._db.execute("CREATE INDEX IF NOT EXISTS records_owner ON records (owner)")
         self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-        self._queued: list[tuple[str, list[tuple[Any, ...]]]] = []  # (statement, rows), in order
+        # What to write, in order: each record's last change (its row, or None to delete it),
+        # then owners whose records all go, then again the records' last changes after that.
+        self._queued: list[dict[tuple[str, str], Row | None] | str] = [{}]
 
     def put(self, rows: Iterable[Row]) -> None:
-        self._queue(_INSERT, [(r.kind, r.id, r.owner, json.dumps(r.doc, separators=(",", ":")), r.data)
-                              for r in rows])
+        changes = self._changes()
+        for r in rows:
+            changes[r.kind, r.id] = r
 
     def delete(self, kind: str, ids: Iterable[str]) -> None:
-        self._queue(_DELETE, [(kind, i) for i in ids])
+        changes = self._changes()
+        for i in ids:
+            changes[kind, i] = None
 
     def delete_owner(self, owner: str) -> None:
-        self._queue(_DELETE_OWNER, [(owner,)])
+        self._queued += [owner, {}]
 
-    def _queue(self, statement: str, rows: list[tuple[Any, ...]]) -> None:
-        """Queue rows for a statement: with the rows queued last if theirs is the same
-        statement (one `executemany` for a run of a batch's calls, not one each)."""
-        if not rows:
-            return
-        if self._queued and self._queued[-1][0] is statement:
-            self._queued[-1][1].extend(rows)
-        else:
-            self._queued.append((statement, rows))
+    def _changes(self) -> dict[tuple[str, str], Row | None]:
+        """The latest changes, by record: a record written and deleted before the next
+        commit (a call's output that the next call's release frees, say) costs one delete,
+        and the rest one `executemany` per statement, however the writes alternated."""
+        return self._queued[-1]  # type: ignore[return-value]  # (always a dict: see above)
 
     def flush(self) -> None:
-        queued, self._queued = self._queued, []
-        if queued:
-            with self._lock, self._transaction():
-                for statement, rows in queued:
-                    self._db.executemany(statement, rows)
+        queued, self._queued = self._queued, [{}]
+        if len(queued) == 1 and not queued[0]:
+            return
+        with self._lock, self._transaction():
+            for item in queued:
+                if isinstance(item, str):
+                    self._db.execute(_DELETE_OWNER, (item,))
+                    continue
+                self._db.executemany(_DELETE, [key for key, row in item.items() if row is None])
+                self._db.executemany(_INSERT, [
+                    (r.kind, r.id, r.owner, json.dumps(r.doc, separators=(",", ":")), r.data)
+                    for r in item.values() if r is not None])
 
     def load(self, kind: str) -> Iterator[Row]:
         self.flush()

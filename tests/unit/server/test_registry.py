@@ -124,15 +124,24 @@ async def test_a_turns_changes_are_committed_after_what_the_turn_scheduled(tmp_p
     reg.close()
 
 
-def test_queued_writes_keep_their_order_when_runs_of_them_share_a_statement(tmp_path: Path) -> None:
+def test_a_commit_leaves_what_every_queued_write_in_order_would(tmp_path: Path) -> None:
     from server.store import Row
 
     store = SqliteStore(tmp_path / "state.db")
+    store.put([Row("buffer", "b-0", "cl-2", {"v": 0}), Row("buffer", "b-9", "cl-1", {"v": 9})])
+    store.flush()
     store.put([Row("buffer", "b-1", "cl-1", {"v": 1})])
-    store.put([Row("buffer", "b-2", "cl-1", {"v": 2})])  # joins the insert queued before it
-    store.delete("buffer", ["b-1"])
+    store.put([Row("buffer", "b-2", "cl-1", {"v": 2})])
+    store.delete("buffer", ["b-1"])  # written and freed before the commit: one delete
     store.put([Row("buffer", "b-1", "cl-1", {"v": 3})])  # after the delete, so it stays
+    store.delete("buffer", ["b-9"])
     store.delete("buffer", [])
-    assert [len(rows) for _, rows in store._queued] == [2, 1, 1]
-    assert sorted((r.id, r.doc["v"]) for r in store.load("buffer")) == [("b-1", 3), ("b-2", 2)]
+    assert {k: (r.doc["v"] if r else None) for k, r in store._queued[-1].items()} == {
+        ("buffer", "b-1"): 3, ("buffer", "b-2"): 2, ("buffer", "b-9"): None}
+    assert sorted((r.id, r.doc["v"]) for r in store.load("buffer")) == [("b-0", 0), ("b-1", 3), ("b-2", 2)]
+    # an owner's records all go where it was said, between what came before and after
+    store.put([Row("buffer", "b-3", "cl-2", {"v": 4})])
+    store.delete_owner("cl-2")
+    store.put([Row("buffer", "b-4", "cl-2", {"v": 5})])
+    assert sorted((r.id, r.doc["v"]) for r in store.load("buffer")) == [("b-1", 3), ("b-2", 2), ("b-4", 5)]
     store.close()
