@@ -53,6 +53,7 @@ class Gangs:
         self._queued: dict[str, _Queued] = {}
         # island -> buffer -> queued submissions of that island touching it
         self._by_island: dict[str, Counter[str]] = {i: Counter() for i in islands}
+        self._all: Counter[str] = Counter()  # the same, summed over the islands
         self._changed: asyncio.Event | None = None  # set (and dropped) when a buffer is released
         self._cleared: dict[str, asyncio.Event] = {}
         self.admitted: dict[str, Counter[str]] = {i: Counter() for i in islands}  # island -> client -> cost
@@ -107,7 +108,9 @@ class Gangs:
         self._tasks.spawn(after_others())
 
     def _hold(self, queued: _Queued) -> None:
-        self._by_island[queued.island].update([*queued.touches, *queued.held])
+        buffers = [*queued.touches, *queued.held]
+        self._by_island[queued.island].update(buffers)
+        self._all.update(buffers)
 
     def _enqueue(self, sub: Submission, queued: _Queued) -> None:
         try:
@@ -184,14 +187,17 @@ class Gangs:
             del self.waiting[client]
 
     def _release(self, island: str, buffers: Sequence[str]) -> None:
-        counts = self._by_island[island]
+        counts, everywhere = self._by_island[island], self._all
         counts.subtract(buffers)  # a buffer may appear more than once
+        everywhere.subtract(buffers)
         if self._changed is not None:  # someone waits for a release
             self._changed.set()
             self._changed = None
         for b in set(buffers):
             if counts[b] <= 0:
                 counts.pop(b, None)
+            if everywhere[b] <= 0:
+                everywhere.pop(b, None)
             if b in self._cleared and not self._touched(b):
                 self._cleared.pop(b).set()
 
@@ -207,7 +213,9 @@ class Gangs:
 
     def _touched(self, buffer_id: str, besides: str | None = None) -> bool:
         """Whether queued work (of islands other than `besides`) touches the buffer."""
-        return any(buffer_id in c for i, c in self._by_island.items() if i != besides)
+        if besides is None:
+            return buffer_id in self._all
+        return self._all[buffer_id] > self._by_island[besides][buffer_id]
 
     async def cleared(self, buffer_ids: Sequence[str]) -> None:
         """Wait until no queued submission touches these buffers."""
@@ -217,7 +225,7 @@ class Gangs:
 
     def later(self, buffer_ids: Sequence[str], act: Callable[[], None]) -> None:
         """Run `act` once no queued submission touches these buffers (at once if none does)."""
-        if not any(self._touched(b) for b in buffer_ids):
+        if not any(b in self._all for b in buffer_ids):
             act()
             return
 
