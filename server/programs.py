@@ -77,6 +77,10 @@ class ProgramRecord:
     runs: int = 0
     lowered: dict[Placements, tuple[Program, dict[str, HostPlan]]] = field(default_factory=dict)
     computation: ComputationRecord | None = None  # the computation a call program runs
+    cost: float = field(init=False)  # a run's weight in proportional share: its computations
+
+    def __post_init__(self) -> None:
+        self.cost = float(max(1, sum(n.op is Op.COMPUTE for n in self.program.nodes)))
 
 
 class Programs:
@@ -274,8 +278,7 @@ class Programs:
             for plan in plans.values()
         ]
         island = self.service.slice(owner, rec.program.slices[0].name).island
-        cost = float(max(1, sum(n.op is Op.COMPUTE for n in rec.program.nodes)))
-        sub = Submission(run_id, owner.id, tuple(sorted(plans)), cost)
+        sub = Submission(run_id, owner.id, tuple(sorted(plans)), rec.cost)
         # A loop's steps run many times on their host: programs with loops or branches always
         # travel whole (one message per host), whatever the dispatch asked for.
         looping = any(plan.loops for plan in plans.values())
