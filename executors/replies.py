@@ -19,7 +19,7 @@ Contract (`settled`, called on the loop's thread):
 - While hosts are late, every `every` seconds `late(hosts)` is called with those that have
   not answered yet (to log what they are doing).
 - A wait leaves nothing for the garbage collector: what it made is freed by reference
-  counting once it has ended (its timers cancelled), as one is made per call.
+  counting once it has ended (its timer cancelled), as one is made per call.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ class _Answers:
     (the late watch) is a reference cycle, which only the garbage collector frees, and one
     such cycle a call made the server's full collections frequent (docs/benchmarks.md)."""
 
-    __slots__ = ("_deadline", "_every", "_got", "_hosts", "_late", "_left", "_watcher", "loop", "out")
+    __slots__ = ("_deadline", "_every", "_got", "_hosts", "_late", "_left", "_timeout", "_timer", "loop",
+                 "out")
 
     def __init__(self, hosts: Sequence[str], timeout: float, every: float,
                  late: Callable[[list[str]], None]) -> None:
@@ -65,9 +66,10 @@ class _Answers:
         self._hosts = hosts
         self._got: list[Settled | None] = [None] * len(hosts)
         self._left = len(hosts)
-        self._every, self._late = every, late
-        self._deadline = self.loop.call_later(timeout, self._expire, timeout)
-        self._watcher = self.loop.call_later(every, self._watch)
+        self._every, self._late, self._timeout = every, late, timeout
+        now = self.loop.time()
+        self._deadline = now + timeout
+        self._timer = self._arm(now)  # one timer a run: the next late watch, or the deadline
         self.out.add_done_callback(self._stop)
 
     def answered(self, i: int, value: Any, error: BaseException | None) -> None:
@@ -92,19 +94,23 @@ class _Answers:
         if self._left == 0:
             self.out.set_result([r for r in self._got if r is not None])
 
-    def _expire(self, timeout: float) -> None:
+    def _arm(self, now: float) -> asyncio.TimerHandle:
+        if now + self._every < self._deadline:
+            return self.loop.call_at(now + self._every, self._watch)
+        return self.loop.call_at(self._deadline, self._expire)
+
+    def _expire(self) -> None:
         for i, host in enumerate(self._hosts):
-            self._put(i, Lost(f"host {host} did not answer settle within {timeout:g}s"))
+            self._put(i, Lost(f"host {host} did not answer settle within {self._timeout:g}s"))
 
     def _watch(self) -> None:
         if self.out.done():
             return
         self._late([h for h, r in zip(self._hosts, self._got, strict=True) if r is None])
-        self._watcher = self.loop.call_later(self._every, self._watch)
+        self._timer = self._arm(self.loop.time())
 
     def _stop(self, _: asyncio.Future[list[Settled]]) -> None:
-        self._deadline.cancel()
-        self._watcher.cancel()
+        self._timer.cancel()
 
 
 def _when_answered(loop: asyncio.AbstractEventLoop, ref: Any,
