@@ -4,7 +4,9 @@ A buffer exists the moment the call that makes it is queued: its id is the clien
 choice, and its shape, dtype, sharding and slice are known from the computation's
 signature, so nothing waits for the server. The data moves only when asked for. A `Buffer`
 can be passed to another call without being fetched. When the last reference to it goes
-away, its release joins the client's queue (after every call that read it).
+away, its release joins the client's queue (after every call that read it); `delete()`
+releases it at once (so does donating it to a call, `Client.jit`'s `donate_argnums`), and
+any later use of it raises `NotFound`, as JAX raises for a deleted array.
 
 A buffer talks only to its `Futures` (the client's session), through the narrow interface
 below; it never sees the `Client`.
@@ -20,7 +22,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from client.arrays import PLAIN, View, key_type
-from ir import Aval, IsthmusError, Spec, parse_dtype
+from ir import Aval, IsthmusError, NotFound, Spec, parse_dtype
 
 
 class Futures(Protocol):
@@ -62,7 +64,8 @@ class Shaped:
 
 
 class Buffer(Shaped):
-    __slots__ = ("__weakref__", "_futures", "_value", "aval", "error", "id", "key", "slice_id", "spec")
+    __slots__ = ("__weakref__", "_deleted", "_futures", "_value", "aval", "error", "id", "key", "slice_id",
+                 "spec")
 
     def __init__(self, futures: Futures, buffer_id: str, slice_id: str, aval: Aval, spec: Spec,
                  key: str | None = None) -> None:
@@ -73,15 +76,36 @@ class Buffer(Shaped):
         self.spec = spec
         self.key = key  # typed PRNG keys of this implementation, or None
         self._value: np.ndarray | None = None
+        self._deleted = False
         # Set when the server refused the submission that makes it (or it could not be sent).
         self.error: IsthmusError | None = None
 
     def __del__(self) -> None:
         # A plain method, not weakref.finalize: this runs once per call on the hot path.
+        if self._deleted:
+            return
         try:
             self._futures.release(self.id)
         except Exception:  # interpreter shutdown: nothing left to tell
             pass
+
+    def delete(self) -> None:
+        """Release the value now (after every call already queued that reads it), as
+        `jax.Array.delete` frees an array; using the buffer afterwards raises `NotFound`."""
+        if not self._deleted:
+            self._deleted = True
+            self._value = None
+            self._futures.release(self.id)
+
+    def is_deleted(self) -> bool:
+        return self._deleted
+
+    def live(self) -> Buffer:
+        """This buffer, to be read by a call; `NotFound` if it was deleted."""
+        if self._deleted:
+            raise NotFound(f"buffer {self.id} ({self.aval}) has been deleted (donated to a call, "
+                           "or .delete()): as in JAX, a donated argument cannot be used again")
+        return self
 
     @property
     def view(self) -> View:  # type: ignore[override]
@@ -94,12 +118,14 @@ class Buffer(Shaped):
 
     def ready(self) -> bool:
         """True once the value exists or has failed; never waits for the computation."""
-        return self._futures.ready(self)
+        live = self.live()
+        return self._futures.ready(live)
 
     def result(self) -> Buffer:
         """Block until the value exists; raise the error (`RemoteError` with the remote cause,
         or the server's refusal of the call that makes it) if it failed."""
-        self._futures.wait(self)
+        live = self.live()
+        self._futures.wait(live)
         return self
 
     def block_until_ready(self) -> Buffer:
@@ -139,7 +165,8 @@ class Buffer(Shaped):
 
     def _data(self) -> np.ndarray:
         if self._value is None:
-            value = np.frombuffer(self._futures.fetch(self), dtype=parse_dtype(self.aval.dtype))
+            live = self.live()
+            value = np.frombuffer(self._futures.fetch(live), dtype=parse_dtype(self.aval.dtype))
             value = value.reshape(self.aval.shape)
             value.flags.writeable = False
             self._value = value

@@ -16,6 +16,7 @@ from jax.sharding import PartitionSpec
 from client.arrays import as_array, leaf_specs
 from client.buffer import Buffer
 from client.devices import DeviceTable
+from client.donation import Donated
 from client.jit import Function
 from client.lease import Lease
 from client.program import ProgramFunction
@@ -165,15 +166,21 @@ class Client:
 
     def jit(self, fn: Callable[..., Any] | None = None, *, slice: Slice, in_specs: Any = None,
             out_specs: Any = None, name: str | None = None, static_argnums: int | Sequence[int] | None = None,
-            static_argnames: str | Sequence[str] | None = None) -> Any:
+            static_argnames: str | Sequence[str] | None = None,
+            donate_argnums: int | Sequence[int] | None = None,
+            donate_argnames: str | Sequence[str] | None = None) -> Any:
         """Compile `fn` for `slice`; use directly or as a decorator. See `client.jit`;
-        `static_argnums` / `static_argnames` as `jax.jit`'s (`client.statics`)."""
+        `static_argnums` / `static_argnames` (`client.statics`) and `donate_argnums` /
+        `donate_argnames` (`client.donation`) as `jax.jit`'s."""
         if fn is None:
             return lambda f: self.jit(f, slice=slice, in_specs=in_specs, out_specs=out_specs, name=name,
-                                      static_argnums=static_argnums, static_argnames=static_argnames)
+                                      static_argnums=static_argnums, static_argnames=static_argnames,
+                                      donate_argnums=donate_argnums, donate_argnames=donate_argnames)
         statics = Statics.of(fn, static_argnums, static_argnames)
-        return self._kept(("jit", id(fn), slice.id, in_specs, out_specs, name, statics), fn,
-                          lambda: Function(self._session, fn, slice, in_specs, out_specs, name, statics))
+        donated = Donated.of(fn, donate_argnums, donate_argnames, statics)
+        return self._kept(
+            ("jit", id(fn), slice.id, in_specs, out_specs, name, statics, donated), fn,
+            lambda: Function(self._session, fn, slice, in_specs, out_specs, name, statics, donated))
 
     def _kept(self, key: tuple[Any, ...], fn: Callable[..., Any],
               make: Callable[[], Function | ProgramFunction]) -> Function | ProgramFunction:

@@ -19,6 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from client.arrays import View, as_array, call_specs, leaf_specs, unwrap, wrap
 from client.buffer import Buffer
+from client.donation import Donated
 from client.statics import StaticKey, Statics
 from client.trace import current_trace
 from ir import Aval, InvalidArgument, Spec, dtype_name, parse_dtype
@@ -49,25 +50,27 @@ class Export:
 class Function:
     def __init__(self, session: Session | None, fn: Callable[..., Any], slice: Slice,
                  in_specs: Any = None, out_specs: Any = None, name: str | None = None,
-                 statics: Statics | None = None) -> None:
+                 statics: Statics | None = None, donated: Donated | None = None) -> None:
         self._session = session  # None: traced inside programs only (the tests of the tracer)
         self.fn = fn
         self.slice = slice
         self.in_specs = in_specs  # a prefix of the dynamic positional arguments, or one spec
         self.out_specs = out_specs
         self.statics = statics or Statics()
+        self.donated = donated or Donated()
         self.name = name or getattr(fn, "__name__", "computation")
         self._exports: dict[Signature, Export] = {}
         self._registered: dict[Signature, str] = {}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        donated = self.donated.buffers(args, kwargs)
         args, kwargs, static = self.statics.split(args, kwargs)
         trace = current_trace()
         if trace is not None:  # inside `@c.program`: becomes one node of the program
             return trace.apply(self, args, kwargs, static)
         leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs))
         arrays: list[Buffer | tuple[np.ndarray, View]] = [
-            x if isinstance(x, Buffer) else as_array(x) for x in leaves
+            x.live() if isinstance(x, Buffer) else as_array(x) for x in leaves
         ]
         sig: Signature = (in_tree, static, tuple(
             (a.aval.shape, a.aval.dtype, a.view) if isinstance(a, Buffer)
@@ -83,6 +86,8 @@ class Function:
         inputs = [x if isinstance(x, Buffer) else session.put(x[0], self.slice.id, spec, x[1].key)
                   for x, spec in zip(arrays, exported.in_specs, strict=True)]
         outs = session.call(self._registered[sig], [b.id for b in inputs], exported.outputs)
+        for b in donated:  # released after the call, which reads them (`client.donation`)
+            b.delete()
         return jax.tree_util.tree_unflatten(exported.out_tree, outs)
 
     def export(self, args: Any, kwargs: dict[str, Any], sig: Signature) -> Export:

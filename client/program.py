@@ -56,7 +56,7 @@ class ProgramFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         items, traced = self._signature((args, kwargs))
         inputs = [
-            x if isinstance(x, Buffer)
+            x.live() if isinstance(x, Buffer)
             else self._session.put(x[0], t.slice, t.spec, x[1].key)
             for x, t in zip(items, traced.arg_types[:len(items)], strict=True)
         ] + traced.bound

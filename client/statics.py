@@ -21,14 +21,32 @@ StaticKey = tuple[tuple[tuple[int, Any], ...], tuple[tuple[str, Any], ...]]
 NONE: StaticKey = ((), ())
 
 
-def _tuple(x: Any, kind: type) -> tuple[Any, ...]:
+def _tuple(x: Any, kind: type, field: str) -> tuple[Any, ...]:
     if x is None:
         return ()
     items = (x,) if isinstance(x, kind) else tuple(x)
     if not all(isinstance(i, kind) for i in items):
-        raise InvalidArgument(f"static_arg{'nums' if kind is int else 'names'}: expected "
-                              f"{kind.__name__}s, got {x!r}")
+        raise InvalidArgument(f"{field}: expected {kind.__name__}s, got {x!r}")
     return items
+
+
+def numbered(fn: Callable[..., Any], argnums: int | Iterable[int] | None,
+             argnames: str | Iterable[str] | None, kind: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """`{kind}_argnums` and `{kind}_argnames` as `jax.jit` takes them: numbers given without
+    names are named from the function's signature, and names numbered."""
+    nums, names = _tuple(argnums, int, f"{kind}_argnums"), _tuple(argnames, str, f"{kind}_argnames")
+    if not nums and not names:
+        return (), ()
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: taken as given
+        return nums, names
+    positional = [p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD]
+    if argnums is None:  # numbered from the names
+        nums = tuple(i for i, name in enumerate(positional) if name in names)
+    if argnames is None:  # named from the numbers
+        names = tuple(name for i, name in enumerate(positional) if i in nums)
+    return nums, names
 
 
 @dataclass(frozen=True)
@@ -39,19 +57,7 @@ class Statics:
     @classmethod
     def of(cls, fn: Callable[..., Any], argnums: int | Iterable[int] | None,
            argnames: str | Iterable[str] | None) -> Statics:
-        nums, names = _tuple(argnums, int), _tuple(argnames, str)
-        if not nums and not names:
-            return cls()
-        try:
-            params = list(inspect.signature(fn).parameters.values())
-        except (TypeError, ValueError):  # a builtin without a signature: taken as given
-            return cls(nums, names)
-        positional = [p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD]
-        if argnums is None:  # numbered from the names
-            nums = tuple(i for i, name in enumerate(positional) if name in names)
-        if argnames is None:  # named from the numbers
-            names = tuple(name for i, name in enumerate(positional) if i in nums)
-        return cls(nums, names)
+        return cls(*numbered(fn, argnums, argnames, "static"))
 
     def __bool__(self) -> bool:
         return bool(self.argnums or self.argnames)

@@ -267,3 +267,39 @@ def test_static_arguments_as_jax_jit_takes_them(c):
         return f(f(x, 2), 1, how="mul")
 
     np.testing.assert_array_equal(twice(x).numpy(), (np.tile(x, 2) + 1) * 2)
+
+
+def test_donated_arguments_are_freed_by_the_call_and_refused_after_it(c):
+    s = c.slice({"data": 2})
+    model, tx = MLP(), optax.sgd(0.1)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((8, 8), dtype=np.float32)
+    y = rng.standard_normal((8, 1), dtype=np.float32)
+    params = model.init(jax.random.key(1), x)
+    opt = tx.init(params)
+
+    def train_step(params, opt, x, y):
+        loss, grads = jax.value_and_grad(lambda p: jnp.mean((model.apply(p, x) - y) ** 2))(params)
+        updates, opt = tx.update(grads, opt, params)
+        return optax.apply_updates(params, updates), opt, loss
+
+    # as flax's examples jit a training step: the old state is given up to the new one
+    step = c.jit(train_step, slice=s, donate_argnums=(0, 1))
+    remote, remote_opt = c.put(params, s), c.put(opt, s)
+    held = len(c.buffers())
+    first = remote
+    for _ in range(4):
+        remote, remote_opt, loss = step(remote, remote_opt, x, y)
+        params, opt, want = jax.jit(train_step)(params, opt, x, y)
+        assert float(loss) == pytest.approx(float(want), rel=1e-6)
+    assert_trees_close(fetched(remote), params)
+    # the donated buffers went with the calls: the client holds one state, not five
+    assert len(c.buffers()) == held + 1  # and the last loss
+    leaf = jax.tree_util.tree_leaves(first)[0]
+    assert leaf.is_deleted()
+    with pytest.raises(isthmus.NotFound, match="has been deleted"):
+        step(first, remote_opt, x, y)
+    with pytest.raises(isthmus.NotFound, match="has been deleted"):
+        leaf.numpy()
+    with pytest.raises(isthmus.InvalidArgument, match="argument 'x' is static"):
+        c.jit(train_step, slice=s, static_argnames="x", donate_argnames="x")

@@ -1,0 +1,51 @@
+"""Donated arguments of a jitted function, as `jax.jit`'s `donate_argnums` / `donate_argnames`.
+
+In JAX a donated argument's memory may be reused for the results, and the caller must not
+use the argument again. Here the buffers of a donated argument are deleted as the call is
+queued: their release travels after the call, so the executors free each value once the
+call has read it, and using a donated `Buffer` again raises `NotFound` (JAX raises for a
+deleted array). What donating saves is the value's lifetime (a training step's old
+parameters are freed by the step, not when Python drops them); the executors do not alias
+the donated memory into the results, as an exported artifact carries no donation. An
+argument that is no `Buffer` (a numpy array, a Python scalar) is uploaded for the call
+alone and released after it anyway. Numbers and names follow `jax.jit`: positions count
+every positional argument, static ones included, and a static argument cannot be donated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+from client.buffer import Buffer
+from client.statics import Statics, numbered
+from ir import InvalidArgument
+
+
+@dataclass(frozen=True)
+class Donated:
+    argnums: tuple[int, ...] = ()
+    argnames: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, fn: Callable[..., Any], argnums: int | Iterable[int] | None,
+           argnames: str | Iterable[str] | None, statics: Statics) -> Donated:
+        nums, names = numbered(fn, argnums, argnames, "donate")
+        static = [*sorted(set(names) & set(statics.argnames)), *sorted(set(nums) & set(statics.argnums))]
+        if static:
+            raise InvalidArgument(f"donate_argnums / donate_argnames: argument {static[0]!r} is static; "
+                                  "only array arguments can be donated")
+        return cls(nums, names)
+
+    def buffers(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Buffer]:
+        """The buffers among the donated arguments (all the positional and keyword ones,
+        before the static ones are taken out)."""
+        if not self.argnums and not self.argnames:
+            return []
+        at = {i if i >= 0 else len(args) + i for i in self.argnums}
+        chosen = [a for i, a in enumerate(args) if i in at]
+        chosen += [v for k, v in kwargs.items() if k in self.argnames]
+        return [x for x in jax.tree_util.tree_leaves(chosen) if isinstance(x, Buffer)]
