@@ -82,11 +82,27 @@ class Counts:
         return self.faults_recovered / faults if faults else 1.0
 
 
+FIXED_PORTS = range(20000, 32768)  # above Ray's worker ports (10002-19999), below the kernel's own
+
+
 def free_port() -> int:
-    """A port free on loopback now (a server started again takes the same one)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port free on loopback now, for a server that is started again on the same one.
+
+    Not one the kernel picks (bind to port 0): the server starts Ray before it binds its
+    port, and Ray's processes bind ports the kernel picks, from the same range, one of which
+    took the port in between once. A port from `FIXED_PORTS` is one neither of them hands
+    out (a Linux default range starts at 32768).
+    """
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.choice(FIXED_PORTS)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port on loopback in {FIXED_PORTS.start}-{FIXED_PORTS.stop - 1}")
 
 
 class Server:
