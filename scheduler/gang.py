@@ -72,7 +72,10 @@ class GangScheduler:
         """Admit queued submissions while the window has room; return them in admission order."""
         out: list[Submission] = []
         while self._queues and len(self._in_flight) < self.window:
-            client = min(self._queues, key=lambda c: (self._vtime[c], self._queues[c][0][0]))
+            if len(self._queues) == 1:  # one client backlogged (the usual case): no choice
+                client = next(iter(self._queues))
+            else:
+                client = min(self._queues, key=lambda c: (self._vtime[c], self._queues[c][0][0]))
             queue = self._queues[client]
             _, sub = queue.popleft()
             if not queue:
@@ -110,6 +113,11 @@ class GangScheduler:
         self._policy = _checked_policy(self.island, policy)
 
     # -- read-only state -------------------------------------------------------------------
+
+    def admits_at_once(self) -> bool:
+        """Whether a submission made now would be admitted by the next `admit`: nothing is
+        queued and the window has room."""
+        return not self._queues and len(self._in_flight) < self.window
 
     @property
     def policy(self) -> Policy:
