@@ -90,10 +90,13 @@ class Gangs:
         enters its own island's queue only once that work is admitted: each island orders
         only its own queue, so the producer's messages must be numbered first.
         """
-        queued = _Queued(island, start, tuple(touches), tuple(held), tuple(outputs))
+        others = [b for b in touches if self._touched(b, besides=island)]
+        # Admitted before this returns (nothing queued on the island, room in its window):
+        # its touches would be released as soon as held, and nothing can look in between.
+        at_once = not others and island not in self._paused and self.schedulers[island].admits_at_once()
+        queued = _Queued(island, start, () if at_once else tuple(touches), tuple(held), tuple(outputs))
         self.waiting[sub.client] += 1
         self._hold(queued)
-        others = [b for b in touches if self._touched(b, besides=island)]
         if not others:
             self._enqueue(sub, queued)
             return
@@ -109,8 +112,9 @@ class Gangs:
 
     def _hold(self, queued: _Queued) -> None:
         buffers = [*queued.touches, *queued.held]
-        self._by_island[queued.island].update(buffers)
-        self._all.update(buffers)
+        if buffers:
+            self._by_island[queued.island].update(buffers)
+            self._all.update(buffers)
 
     def _enqueue(self, sub: Submission, queued: _Queued) -> None:
         try:
@@ -187,6 +191,8 @@ class Gangs:
             del self.waiting[client]
 
     def _release(self, island: str, buffers: Sequence[str]) -> None:
+        if not buffers:
+            return
         counts, everywhere = self._by_island[island], self._all
         counts.subtract(buffers)  # a buffer may appear more than once
         everywhere.subtract(buffers)
