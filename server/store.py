@@ -4,6 +4,7 @@ Contract:
 - A record is (kind, id, owner, doc, data): `doc` a JSON-able mapping, `data` bytes kept
   beside it (a computation's artifact), `owner` the client it belongs to ("" for the
   server's own). Kinds are the registry's (`server.registry`); the store knows none of them.
+  A row is serialized when it is committed: its doc must not change after `put`.
 - Writes are queued and committed together, in one transaction, by `flush` (the
   registry flushes before the server answers any request, and at the end of the event
   loop's turn for changes no request made): a server killed at any point has stored every
