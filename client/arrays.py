@@ -15,7 +15,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from ir import InvalidArgument, Spec
 
@@ -34,14 +34,21 @@ WEAK = View(weak=True)
 
 
 def _is_spec(x: Any) -> bool:
-    return x is None or isinstance(x, PartitionSpec)
+    return x is None or isinstance(x, PartitionSpec | NamedSharding)
+
+
+def _spec(x: Any) -> Spec:
+    """A `PartitionSpec`, or a `NamedSharding`'s (`NamedSharding(s.abstract_mesh, P(...))`,
+    as `jax.jit`'s shardings are written): the slice is the mesh, so only the spec counts,
+    and its axis names are checked against the slice's where the spec is used."""
+    return Spec.of(x.spec if isinstance(x, NamedSharding) else x)
 
 
 def leaf_specs(specs: Any, tree: Any, what: str) -> list[Spec]:
     """One `Spec` per leaf of `tree`, from one spec or a pytree prefix of specs."""
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
     if _is_spec(specs):
-        return [Spec.of(specs)] * len(paths)
+        return [_spec(specs)] * len(paths)
     spec_leaves, spec_tree = jax.tree_util.tree_flatten(specs, is_leaf=_is_spec)
     try:
         subtrees = spec_tree.flatten_up_to(tree)
@@ -49,7 +56,7 @@ def leaf_specs(specs: Any, tree: Any, what: str) -> list[Spec]:
         raise InvalidArgument(f"{what}: not a prefix of the structure {what[:-6]}: {e}") from None
     out: list[Spec] = []
     for spec, sub in zip(spec_leaves, subtrees, strict=True):
-        out += [Spec.of(spec)] * len(jax.tree_util.tree_leaves(sub))
+        out += [_spec(spec)] * len(jax.tree_util.tree_leaves(sub))
     return out
 
 

@@ -168,10 +168,15 @@ class Client:
             out_specs: Any = None, name: str | None = None, static_argnums: int | Sequence[int] | None = None,
             static_argnames: str | Sequence[str] | None = None,
             donate_argnums: int | Sequence[int] | None = None,
-            donate_argnames: str | Sequence[str] | None = None) -> Any:
+            donate_argnames: str | Sequence[str] | None = None, in_shardings: Any = None,
+            out_shardings: Any = None) -> Any:
         """Compile `fn` for `slice`; use directly or as a decorator. See `client.jit`;
         `static_argnums` / `static_argnames` (`client.statics`) and `donate_argnums` /
-        `donate_argnames` (`client.donation`) as `jax.jit`'s."""
+        `donate_argnames` (`client.donation`) as `jax.jit`'s. `in_shardings` /
+        `out_shardings` are `in_specs` / `out_specs` by `jax.jit`'s names (`PartitionSpec`s
+        or `NamedSharding`s over the slice's axes)."""
+        in_specs = _one_of(in_specs, in_shardings, "in_specs", "in_shardings")
+        out_specs = _one_of(out_specs, out_shardings, "out_specs", "out_shardings")
         if fn is None:
             return lambda f: self.jit(f, slice=slice, in_specs=in_specs, out_specs=out_specs, name=name,
                                       static_argnums=static_argnums, static_argnames=static_argnames,
@@ -223,6 +228,15 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _one_of(value: Any, alias: Any, name: str, alias_name: str) -> Any:
+    """A parameter that `jax.jit` calls by another name: either may be given, not both."""
+    if alias is None:
+        return value
+    if value is not None:
+        raise InvalidArgument(f"{alias_name} is {name} by jax.jit's name: give one of them, not both")
+    return alias
 
 
 def connect(address: str | None = None, token: str | None = None, name: str = "",

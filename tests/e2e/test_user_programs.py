@@ -303,3 +303,22 @@ def test_donated_arguments_are_freed_by_the_call_and_refused_after_it(c):
         leaf.numpy()
     with pytest.raises(isthmus.InvalidArgument, match="argument 'x' is static"):
         c.jit(train_step, slice=s, static_argnames="x", donate_argnames="x")
+
+
+def test_shardings_by_jax_jit_names_and_as_named_shardings(c):
+    s = c.slice({"data": 2})
+    rows = NamedSharding(s.abstract_mesh, P("data"))
+
+    def scale(x, w):
+        return x * w
+
+    f = c.jit(scale, slice=s, in_shardings=(rows, NamedSharding(s.abstract_mesh, P())), out_shardings=rows)
+    x, w = np.arange(8, dtype=np.float32).reshape(4, 2), np.float32(3.0)
+    y = f(c.put(x, s, rows), w)
+    assert y.sharding == P("data")
+    np.testing.assert_array_equal(y.numpy(), x * w)
+    with pytest.raises(isthmus.InvalidArgument, match=r"in_shardings is in_specs by jax\.jit's name"):
+        c.jit(scale, slice=s, in_specs=P(), in_shardings=rows)
+    other = NamedSharding(jax.sharding.AbstractMesh((2,), ("model",)), P("model"))
+    with pytest.raises(isthmus.InvalidArgument, match="model"):  # an axis the slice lacks
+        c.jit(scale, slice=s, in_shardings=other)(x, w)

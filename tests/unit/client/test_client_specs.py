@@ -24,6 +24,15 @@ def test_prefix_specs_follow_the_tree():
     assert specs == [Spec.of(("y",)), Spec(()), Spec.of(("z",))]  # dict leaves in key order
 
 
+def test_named_shardings_count_by_their_spec_as_in_jax_jit():
+    mesh = jax.sharding.AbstractMesh((2, 2), ("x", "y"))
+    tree = ({"w": np.zeros(2), "b": np.zeros(2)}, np.zeros(3))
+    named = jax.sharding.NamedSharding(mesh, P("x", "y"))
+    assert leaf_specs(named, tree, "in_specs") == [Spec.of(("x", "y"))] * 3
+    specs = leaf_specs(({"w": named, "b": None}, jax.sharding.NamedSharding(mesh, P())), tree, "in_specs")
+    assert specs == [Spec(()), Spec.of(("x", "y")), Spec(())]
+
+
 def test_mismatched_prefix_is_a_clear_error():
     with pytest.raises(InvalidArgument, match="in_specs: not a prefix"):
         leaf_specs((P(), P(), P()), (np.zeros(1), np.zeros(1)), "in_specs")
