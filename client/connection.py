@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import types
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -160,7 +161,7 @@ class Client:
         if fn is None:
             return lambda f: self.program(f, dispatch=dispatch, fuse=fuse, name=name,
                                           parallel_iterations=parallel_iterations)
-        key = ("program", id(fn), dispatch, fuse, name, parallel_iterations)
+        key = ("program", _identity(fn), dispatch, fuse, name, parallel_iterations)
         return self._kept(key, fn, lambda: ProgramFunction(self._session, fn, dispatch, name, fuse,
                                                            parallel_iterations))
 
@@ -184,7 +185,7 @@ class Client:
         statics = Statics.of(fn, static_argnums, static_argnames)
         donated = Donated.of(fn, donate_argnums, donate_argnames, statics)
         return self._kept(
-            ("jit", id(fn), slice.id, in_specs, out_specs, name, statics, donated), fn,
+            ("jit", _identity(fn), slice.id, in_specs, out_specs, name, statics, donated), fn,
             lambda: Function(self._session, fn, slice, in_specs, out_specs, name, statics, donated))
 
     def _kept(self, key: tuple[Any, ...], fn: Callable[..., Any],
@@ -197,7 +198,7 @@ class Client:
             known = self._jitted.get(key)
         except TypeError:
             return make()
-        if known is not None:  # a kept one holds its fn, so id(fn) names no other function
+        if known is not None:  # a kept one holds its fn, so its identity names no other function
             self._jitted.move_to_end(key)
             return known
         made = self._jitted[key] = make()
@@ -228,6 +229,14 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _identity(fn: Callable[..., Any]) -> Any:
+    """The function, as `jax.jit`'s caches tell functions apart: by identity, except that a
+    method bound anew (`model.apply`, each time it is read) is its object and its function."""
+    if isinstance(fn, types.MethodType):
+        return id(fn.__self__), id(fn.__func__)
+    return id(fn)
 
 
 def _one_of(value: Any, alias: Any, name: str, alias_name: str) -> Any:

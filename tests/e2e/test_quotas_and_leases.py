@@ -72,6 +72,14 @@ def test_jitting_again_in_a_loop_counts_once_against_the_quota(small):
         for _ in range(4):  # as jax.jit(step)(x) in a loop: traced and registered once
             x = c.jit(step, slice=s)(x)
         assert c.jit(step, slice=s) is c.jit(step, slice=s)
+
+        class Model:
+            def apply(self, v):
+                return v + 1
+
+        model = Model()  # a method is bound anew each time it is read: the same function
+        assert c.jit(model.apply, slice=s) is c.jit(model.apply, slice=s)
+        assert c.jit(model.apply, slice=s) is not c.jit(Model().apply, slice=s)
         assert c.program(step) is c.program(step) and c.program(step) is not c.program(step, fuse=True)
         for _ in range(4):  # a new function each time, the same artifact: one computation
             x = c.jit(lambda v: v + 1, slice=s)(x)
