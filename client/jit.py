@@ -145,13 +145,22 @@ class Function:
         return Export(artifact, in_specs, out_specs, out_avals, out_views, out_tree, outputs)
 
     def _register(self, session: Session, exported: Export) -> str:
-        record = session.json("POST", "/v1/computations", json={
-            "slice_id": self.slice.id,
-            "artifact": base64.b64encode(exported.artifact).decode(),
-            "in_specs": [sp.to_json() for sp in exported.in_specs],
-            "out_specs": [sp.to_json() for sp in exported.out_specs],
-            "name": self.name,
-        })
+        try:
+            record = session.json("POST", "/v1/computations", json={
+                "slice_id": self.slice.id,
+                "artifact": base64.b64encode(exported.artifact).decode(),
+                "in_specs": [sp.to_json() for sp in exported.in_specs],
+                "out_specs": [sp.to_json() for sp in exported.out_specs],
+                "name": self.name,
+            })
+        except InvalidArgument as e:
+            if "max_artifact_mb" not in str(e):
+                raise
+            # What makes a function's artifact large is nearly always an array it closes
+            # over: jax.export embeds it in the program as a constant.
+            raise InvalidArgument(
+                f"{self.name}: {e}. Arrays the function closes over are embedded in its exported "
+                "program: pass large ones as arguments (c.put them once) instead") from None
         return record["id"]
 
     def __repr__(self) -> str:

@@ -24,6 +24,7 @@ LEASE_S = 2.0
 ENV = {
     "ISTHMUS_CLIENT_LEASE_S": str(LEASE_S), "ISTHMUS_MAX_SLICES": "2", "ISTHMUS_MAX_BUFFER_MB": "1",
     "ISTHMUS_MAX_COMPUTATIONS": "2", "ISTHMUS_MAX_PROGRAMS": "1", "ISTHMUS_MAX_CLIENTS": "4",
+    "ISTHMUS_MAX_ARTIFACT_MB": "1",
 }
 
 
@@ -86,6 +87,19 @@ def test_jitting_again_in_a_loop_counts_once_against_the_quota(small):
         np.testing.assert_array_equal(x.numpy(), np.full(4, 8, np.float32))
         listed = httpx.get(f"{address}/v1/computations", headers={"Authorization": f"Bearer {c.secret}"})
         assert len(listed.json()) == 2  # the quota's limit, never passed
+
+
+def test_a_large_array_closed_over_is_refused_with_what_to_do_instead(small):
+    address, token = small
+    with isthmus.connect(address, token=token, name="closing-over") as c:
+        s = c.slice({"x": 1})
+        table = np.arange(512 * 1024, dtype=np.float32)  # 2 MiB, embedded as a constant
+        with pytest.raises(isthmus.InvalidArgument, match=r"at most 1048576 \(max_artifact_mb\)\. "
+                                                          r"Arrays the function closes over"):
+            c.jit(lambda i: jnp.asarray(table)[i], slice=s)(np.int32(3))
+        lookup = c.jit(lambda t, i: t[i], slice=s)  # the way it suggests: the table as an argument
+        part = table[: 192 * 1024]  # (0.75 MiB: this server holds at most 1 MiB of buffers)
+        assert lookup(c.put(part, s), np.int32(3)).numpy() == 3.0
 
 
 def test_client_count_is_bounded(small):
