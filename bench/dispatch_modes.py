@@ -35,9 +35,9 @@ class Config:
     stages: int = 16  # chain16: stages per program, round-robin over 4 hosts
     programs: int = 10  # chain16: programs per round, each waited for
     inflight: int = 8  # *_pipelined: programs submitted back to back per round, then waited for
-    # sweep: n of float32[n, n]. 448 and 576 (about 0.8 and 1.7 ms on a 2-core CPU machine)
-    # stand between 384 and 768 (0.5 and 2.5 ms), so that the smallest size a mode matches
-    # JAX from is known to within 2x, near the 1 ms that `smallest_matching_ms` is judged by.
+    # sweep: n of float32[n, n]. 448 and 576 (about 0.6 and 1.1 ms on a 2-core CPU machine)
+    # stand between 384 and 768 (0.45 and 2.4 ms), so that the smallest size a mode matches
+    # JAX from is known closely near the 1 ms that `smallest_matching_ms` is judged by.
     sizes: tuple[int, ...] = (64, 192, 384, 448, 576, 768, 1152, 1664)
     sweep_rounds: int = 5  # per n, the three modes taking turns in each
 
