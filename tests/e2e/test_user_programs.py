@@ -293,8 +293,8 @@ def test_donated_arguments_are_freed_by_the_call_and_refused_after_it(c):
         params, opt, want = jax.jit(train_step)(params, opt, x, y)
         assert float(loss) == pytest.approx(float(want), rel=1e-6)
     assert_trees_close(fetched(remote), params)
-    # the donated buffers went with the calls: the client holds one state, not five
-    assert len(c.buffers()) == held + 1  # and the last loss
+    # the donated buffers went with the calls: the state `first` still names is gone too
+    assert len(c.buffers()) == held + 1  # the newest state, and the last loss
     leaf = jax.tree_util.tree_leaves(first)[0]
     assert leaf.is_deleted()
     with pytest.raises(isthmus.NotFound, match="has been deleted"):

@@ -132,8 +132,8 @@ def test_a_commit_leaves_what_every_queued_write_in_order_would(tmp_path: Path) 
     store.flush()
     store.put([Row("buffer", "b-1", "cl-1", {"v": 1})])
     store.put([Row("buffer", "b-2", "cl-1", {"v": 2})])
-    store.delete("buffer", ["b-1"])  # written and freed before the commit: one delete
-    store.put([Row("buffer", "b-1", "cl-1", {"v": 3})])  # after the delete, so it stays
+    store.delete("buffer", ["b-1"])  # written and freed before the commit: a delete is left
+    store.put([Row("buffer", "b-1", "cl-1", {"v": 3})])  # after the delete, so this one is
     store.delete("buffer", ["b-9"])
     store.delete("buffer", [])
     assert {k: (r.doc["v"] if r else None) for k, r in store._queued[-1].items()} == {
