@@ -25,13 +25,12 @@ from client.trace import current_trace
 from ir import Aval, InvalidArgument, Spec, dtype_name, parse_dtype
 
 if TYPE_CHECKING:
-    from client.session import Session, Slice
+    from client.session import Output, Session, Slice
 
 __all__ = ["Export", "Function", "as_array", "leaf_specs"]
 
 # the dynamic arguments' tree, the static values, per leaf its data's shape, dtype and view
 Signature = tuple[Any, StaticKey, tuple[tuple[tuple[int, ...], str, View], ...]]
-Output = tuple[str, Aval, Spec, str | None]  # an output leaf's slice, aval, spec and key impl
 
 
 @dataclass(frozen=True)
@@ -145,22 +144,13 @@ class Function:
         return Export(artifact, in_specs, out_specs, out_avals, out_views, out_tree, outputs)
 
     def _register(self, session: Session, exported: Export) -> str:
-        try:
-            record = session.json("POST", "/v1/computations", json={
-                "slice_id": self.slice.id,
-                "artifact": base64.b64encode(exported.artifact).decode(),
-                "in_specs": [sp.to_json() for sp in exported.in_specs],
-                "out_specs": [sp.to_json() for sp in exported.out_specs],
-                "name": self.name,
-            })
-        except InvalidArgument as e:
-            if "max_artifact_mb" not in str(e):
-                raise
-            # What makes a function's artifact large is nearly always an array it closes
-            # over: jax.export embeds it in the program as a constant.
-            raise InvalidArgument(
-                f"{self.name}: {e}. Arrays the function closes over are embedded in its exported "
-                "program: pass large ones as arguments (c.put them once) instead") from None
+        record = session.json("POST", "/v1/computations", json={
+            "slice_id": self.slice.id,
+            "artifact": base64.b64encode(exported.artifact).decode(),
+            "in_specs": [sp.to_json() for sp in exported.in_specs],
+            "out_specs": [sp.to_json() for sp in exported.out_specs],
+            "name": self.name,
+        })
         return record["id"]
 
     def __repr__(self) -> str:

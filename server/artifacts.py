@@ -59,8 +59,11 @@ def inspect_artifact(artifact: bytes, mesh: MeshAxes, platform: str, *, max_byte
     """Read a client's artifact for a slice of `mesh` on `platform`, or raise InvalidArgument
     naming what is wrong with it (PayloadTooLarge, a kind of it, over `max_bytes`)."""
     if max_bytes is not None and len(artifact) > max_bytes:
-        raise PayloadTooLarge(f"artifact: {len(artifact)} bytes; at most {max_bytes} "
-                              "(max_artifact_mb)")
+        # What makes an artifact large is nearly always an array its function closes over:
+        # jax.export embeds it in the program as a constant.
+        raise PayloadTooLarge(f"artifact: {len(artifact)} bytes; at most {max_bytes} (max_artifact_mb). "
+                              "Arrays the function closes over are embedded in its exported program: "
+                              "pass large ones as arguments instead")
     if artifact.startswith(b"{"):  # what ir.fused reads as fused; see the module docstring
         raise InvalidArgument("artifact: a fused artifact is made by the server from checked "
                               "parts, never sent; send the parts' jax.export artifacts")
