@@ -23,7 +23,7 @@ from ir import Aval, Program, Spec, Type, print_program, to_wire
 from ir.ops import check_parallel_iterations
 
 if TYPE_CHECKING:
-    from client.session import Session
+    from client.session import Output, Session
 
 DISPATCH = ("parallel", "sequential")
 
@@ -37,7 +37,7 @@ class Registered:
     arg_types: list[Type]
     bound: list[Buffer]  # closed-over inputs, uploaded once, passed with every run
     out_tree: Any
-    outputs: list[tuple[str, Aval, Spec, str | None]]  # per result: its slice, aval, spec, key impl
+    outputs: list[Output]  # per result
 
 
 class ProgramFunction:

@@ -49,6 +49,7 @@ INLINE_BYTES = 64 << 10  # arrays up to this size are uploaded inside a batch, b
 # How long the woken sender waits before it takes the queue: a blocking call made just after
 # (`f(x).result()`) then carries the queue and its wait in one request, not two.
 LINGER_S = 200e-6
+Output = tuple[str, Aval, Spec, str | None]  # an output's slice, aval, spec and key impl (or None)
 
 
 def new_id() -> str:
@@ -136,7 +137,7 @@ class Session:
     # -- queueing ---------------------------------------------------------------------------
 
     def call(self, computation_id: str, inputs: list[str],
-             outputs: list[tuple[str, Aval, Spec, str | None]]) -> list[Buffer]:
+             outputs: list[Output]) -> list[Buffer]:
         """Queue a call; `outputs` are each output's slice, aval, spec and key impl (typed
         PRNG keys, or None)."""
         outs = [Buffer(self, new_id(), s, a, sp, k) for s, a, sp, k in outputs]
@@ -145,7 +146,7 @@ class Session:
         return outs
 
     def run(self, program_id: str, inputs: list[str], dispatch: str | None,
-            outputs: list[tuple[str, Aval, Spec, str | None]]) -> list[Buffer]:
+            outputs: list[Output]) -> list[Buffer]:
         """Queue a program run; `outputs` as for `call`."""
         outs = [Buffer(self, new_id(), s, a, sp, k) for s, a, sp, k in outputs]
         self._enqueue(Pending({"op": "run", "program_id": program_id, "inputs": inputs,
