@@ -77,6 +77,10 @@ class Function:
             for a in arrays
         ))
         exported = self.export(args, kwargs, sig)
+        if not exported.outputs:  # nothing to compute: JAX functions have no other effect
+            for b in donated:
+                b.delete()
+            return jax.tree_util.tree_unflatten(exported.out_tree, [])
         session = self._session
         assert session is not None, "a Function made without a session can only be traced"
         if sig not in self._registered:

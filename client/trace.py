@@ -266,6 +266,8 @@ class Trace:
             (self.values[v].aval.shape, self.values[v].aval.dtype, self.values[v].view) for v in values
         ))
         exported = fn.export(args, kwargs, sig)
+        if not exported.outputs:  # nothing to compute (`Function.__call__`)
+            return jax.tree_util.tree_unflatten(exported.out_tree, [])
         self._slices[fn.slice.id] = fn.slice
         self.root._slices[fn.slice.id] = fn.slice
         e = exported  # short, for the lines below

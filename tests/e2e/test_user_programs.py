@@ -322,3 +322,21 @@ def test_shardings_by_jax_jit_names_and_as_named_shardings(c):
     other = NamedSharding(jax.sharding.AbstractMesh((2,), ("model",)), P("model"))
     with pytest.raises(isthmus.InvalidArgument, match="model"):  # an axis the slice lacks
         c.jit(scale, slice=s, in_shardings=other)(x, w)
+
+
+def test_a_function_without_array_results_returns_its_structure(c):
+    # jax.jit of such a function returns its Python structure: there is nothing to run, and
+    # with its inputs unused jax.export would name no devices for it
+    s = c.slice({"data": 2})
+    x = np.ones(3, np.float32)
+    assert c.jit(lambda v: None, slice=s)(x) is None
+    assert c.jit(lambda v: ((), {"n": None}), slice=s)(x) == ((), {"n": None})
+    check = c.jit(lambda v: None, slice=s)
+    double = c.jit(lambda v: v * 2, slice=s)
+
+    @c.program
+    def prog(v):
+        check(v)
+        return double(v)
+
+    np.testing.assert_array_equal(prog(x).numpy(), x * 2)
