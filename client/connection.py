@@ -21,7 +21,7 @@ from client.donation import Donated
 from client.jit import Function
 from client.lease import Lease
 from client.program import ProgramFunction
-from client.session import Session, Slice
+from client.session import Session, Slice, mesh_axis_types
 from client.statics import Statics
 from client.transport import Transport, Unauthorized
 from ir import Aval, InvalidArgument, IsthmusError, NotFound, Spec
@@ -118,10 +118,17 @@ class Client:
         return int(self._json("POST", path, credential=self._admin_token)["lost_buffers"])
 
     def slice(self, mesh: dict[str, int], island: str | None = None,
-              device_kind: str | None = None) -> Slice:
-        """Ask for a virtual slice with these named mesh axes, e.g. {"data": 2, "model": 2}."""
+              device_kind: str | None = None, axis_types: Any = None) -> Slice:
+        """Ask for a virtual slice with these named mesh axes, e.g. {"data": 2, "model": 2}.
+
+        `axis_types`, as `jax.make_mesh` takes it: one `jax.sharding.AxisType` per axis (or
+        one for all). Auto (the default) traces the slice's functions as JAX's automatic
+        sharding does; Explicit, in JAX's explicit sharding mode (shardings in the types,
+        `jax.sharding.reshard`, `out_sharding=`), where results keep their types' shardings
+        unless `out_specs` says otherwise."""
+        types = None if axis_types is None else mesh_axis_types(axis_types, mesh)
         body = {"mesh": mesh, "island": island, "device_kind": device_kind}
-        s = Slice(self._session, self._json("POST", "/v1/slices", json=body))
+        s = Slice(self._session, self._json("POST", "/v1/slices", json=body), types)
         self._session.slices[s.id] = s
         return s
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec, use_abstract_mesh
 
 from client.arrays import View, as_array, call_specs, leaf_specs, unwrap, wrap
 from client.buffer import Buffer
@@ -97,7 +97,10 @@ class Function:
         """The artifact for one signature (cached): `args` and `kwargs` give the pytree its
         specs follow."""
         if sig not in self._exports:
-            self._exports[sig] = self._export(args, kwargs, *sig)
+            # the slice is the context mesh, as `jax.set_mesh` makes one: a bare PartitionSpec
+            # in `with_sharding_constraint`, and `shard_map` without `mesh=`, name its axes
+            with use_abstract_mesh(self.slice.abstract_mesh):
+                self._exports[sig] = self._export(args, kwargs, *sig)
         return self._exports[sig]
 
     def _export(self, args: Any, kwargs: dict[str, Any], in_tree: Any, static: StaticKey,
@@ -105,12 +108,18 @@ class Function:
         s = self.slice
         mesh = s.abstract_mesh
         in_specs = call_specs(self.in_specs, args, kwargs)
-        avals = [jax.ShapeDtypeStruct(shape, parse_dtype(dtype), weak_type=view.weak)
-                 for shape, dtype, view in leaves]
-        views = [view for _, _, view in leaves]
         axes = s.mesh_axes
-        for i, (spec, a) in enumerate(zip(in_specs, avals, strict=True)):
-            spec.check(Aval(tuple(a.shape), dtype_name(a.dtype)), axes, f"in_specs (leaf {i})")
+        for i, (spec, (shape, dtype, _)) in enumerate(zip(in_specs, leaves, strict=True)):
+            spec.check(Aval(tuple(shape), dtype), axes, f"in_specs (leaf {i})")
+
+        def sharding(spec: Spec) -> NamedSharding:
+            return NamedSharding(mesh, PartitionSpec(*spec.entries))
+
+        # on Explicit axes a sharding is part of the type, so the arguments carry theirs
+        avals = [jax.ShapeDtypeStruct(shape, parse_dtype(dtype), weak_type=view.weak,
+                                      sharding=sharding(spec) if s.explicit else None)
+                 for (shape, dtype, view), spec in zip(leaves, in_specs, strict=True)]
+        views = [view for _, _, view in leaves]
         out_box: list[Any] = []
 
         def flat(*flat_args: Any) -> tuple[Any, ...]:
@@ -124,13 +133,13 @@ class Function:
         shapes = jax.eval_shape(flat, *avals)
         out_tree, out_views = out_box
         out_example = jax.tree_util.tree_unflatten(out_tree, list(shapes))
-        out_specs = leaf_specs(self.out_specs, out_example, "out_specs")
+        if self.out_specs is None and s.explicit:  # results keep their types' shardings
+            out_specs = [Spec.of(getattr(a.sharding, "spec", None)) for a in shapes]
+        else:
+            out_specs = leaf_specs(self.out_specs, out_example, "out_specs")
         out_avals = [Aval(tuple(a.shape), dtype_name(a.dtype)) for a in shapes]
         for i, (spec, a) in enumerate(zip(out_specs, out_avals, strict=True)):
             spec.check(a, axes, f"out_specs (leaf {i})")
-
-        def sharding(spec: Spec) -> NamedSharding:
-            return NamedSharding(mesh, PartitionSpec(*spec.entries))
 
         jitted = jax.jit(flat, in_shardings=tuple(map(sharding, in_specs)),
                          out_shardings=tuple(map(sharding, out_specs)))

@@ -40,7 +40,7 @@ from jax.sharding import AbstractMesh, AxisType
 
 from client.buffer import Buffer
 from client.transport import ERRORS, Transport
-from ir import Aval, IsthmusError, MeshAxes, Spec, Unavailable, dtype_name
+from ir import Aval, InvalidArgument, IsthmusError, MeshAxes, Spec, Unavailable, dtype_name
 
 MAX_BATCH = 1000  # operations in one batch (the server takes up to 10 000)
 MAX_BATCH_BYTES = 16 << 20  # inline array bytes in one batch (the server's JSON limit is 64 MiB)
@@ -80,13 +80,29 @@ class Pending:
                 b.error = error
 
 
+def mesh_axis_types(axis_types: Any, mesh: dict[str, int]) -> tuple[AxisType, ...]:
+    """`Client.slice`'s `axis_types`: one `AxisType` for every axis, or one per axis; Auto
+    or Explicit (Manual axes are `shard_map`'s, inside a function)."""
+    if not isinstance(mesh, dict):
+        raise InvalidArgument(f"mesh: expected a dict of axis names to sizes, got {type(mesh).__name__}")
+    types = (axis_types,) * len(mesh) if isinstance(axis_types, AxisType) else axis_types
+    if not isinstance(types, tuple | list) or len(types) != len(mesh) or not all(
+            t in (AxisType.Auto, AxisType.Explicit) for t in types):
+        raise InvalidArgument(
+            f"axis_types: expected AxisType.Auto or AxisType.Explicit, or one of them per mesh "
+            f"axis {tuple(mesh)}; got {axis_types!r}")
+    return tuple(types)
+
+
 class Slice:
     """A virtual slice: named mesh axes mapped by the server onto physical devices."""
 
-    def __init__(self, session: Session | None, record: dict[str, Any]) -> None:
+    def __init__(self, session: Session | None, record: dict[str, Any],
+                 axis_types: tuple[AxisType, ...] | None = None) -> None:
         self._session = session
         self.id: str = record["id"]
         self.mesh: dict[str, int] = dict(record["mesh"])
+        self.axis_types = axis_types or (AxisType.Auto,) * len(self.mesh)
         self.island: str = record["island"]
         self.hosts: list[str] = record["hosts"]
         self.device_ids: list[int] = record["device_ids"]
@@ -98,10 +114,16 @@ class Slice:
 
     @property
     def abstract_mesh(self) -> AbstractMesh:
-        """The slice's mesh without devices: what `shard_map` inside a jitted function names.
-        Its axes are Auto, as the executors' meshes are (newer JAX defaults to Explicit)."""
-        return AbstractMesh(tuple(self.mesh.values()), tuple(self.mesh),
-                            axis_types=(AxisType.Auto,) * len(self.mesh))
+        """The slice's mesh without devices: the context mesh its functions are traced in,
+        and what `shard_map` inside them names. Its axes are Auto unless the slice was asked
+        for with others (`Client.slice`'s `axis_types`); the executors run the same
+        shardings whichever the types."""
+        return AbstractMesh(tuple(self.mesh.values()), tuple(self.mesh), axis_types=self.axis_types)
+
+    @property
+    def explicit(self) -> bool:
+        """Whether an axis is Explicit: functions then trace in JAX's explicit sharding mode."""
+        return AxisType.Explicit in self.axis_types
 
     @property
     def size(self) -> int:

@@ -91,14 +91,26 @@ def compile_artifact(
             f"declared {len(in_sh)} inputs / {len(out_sh)} outputs; the artifact has "
             f"{len(exported.in_avals)} / {len(exported.out_avals)}"
         )
-    _check_shardings("input", exported.in_shardings_jax(mesh), in_sh, exported.in_avals)
-    _check_shardings("output", exported.out_shardings_jax(mesh), out_sh, exported.out_avals)
+    typed = Mesh(mesh.devices, mesh.axis_names, axis_types=export_axis_types(exported, mesh.axis_types))
+    _check_shardings("input", exported.in_shardings_jax(typed), in_sh, exported.in_avals)
+    _check_shardings("output", exported.out_shardings_jax(typed), out_sh, exported.out_avals)
     jitted = jax.jit(exported.call, in_shardings=tuple(in_sh), out_shardings=tuple(out_sh))
     args = [
         jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
         for a, s in zip(exported.in_avals, in_sh, strict=True)
     ]
     return jitted.lower(*args).compile()
+
+
+def export_axis_types(exported: Any, default: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The axis types an artifact was traced with, which JAX wants of a mesh its shardings
+    are read on: a function traced on Explicit axes carries its mesh in its avals' types;
+    otherwise `default`. The executable runs the same shardings whichever the types."""
+    for aval in (*exported.in_avals, *exported.out_avals):
+        carried = getattr(getattr(aval, "sharding", None), "mesh", None)
+        if carried is not None and carried.axis_names:
+            return tuple(carried.axis_types)
+    return default
 
 
 def _compile_fused(fused: Fused, mesh: Mesh, in_specs: Sequence[Spec],

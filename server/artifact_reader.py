@@ -77,8 +77,13 @@ def read(data: bytes, mesh: MeshAxes, platform: str, max_ops: int | None = None)
     if exported.nr_devices != mesh.size:
         _refuse(f"artifact: exported for {exported.nr_devices} devices; the slice has {mesh.size}")
     check_module(_module(exported.mlir_module_serialized), max_ops)
-    # Auto axes, as the executors' concrete meshes have (newer JAX defaults to Explicit).
-    abstract = AbstractMesh(mesh.sizes, mesh.names, axis_types=(AxisType.Auto,) * len(mesh.names))
+    # Auto axes, as the executors' concrete meshes have (newer JAX defaults to Explicit),
+    # unless the artifact was traced on others: then its avals carry that mesh in their
+    # types, and JAX reads its shardings only on a mesh of those types.
+    carried = [m for a in (*exported.in_avals, *exported.out_avals)
+               if (m := getattr(getattr(a, "sharding", None), "mesh", None)) is not None and m.axis_names]
+    types = carried[0].axis_types if carried else (AxisType.Auto,) * len(mesh.names)
+    abstract = AbstractMesh(mesh.sizes, mesh.names, axis_types=types)
     try:
         info["in_specs"] = _specs(exported.in_shardings_jax(abstract))
         info["out_specs"] = _specs(exported.out_shardings_jax(abstract))

@@ -12,7 +12,7 @@ import optax
 import pytest
 from flax import nnx
 from flax.training import train_state
-from jax.sharding import NamedSharding
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import client as isthmus
@@ -340,3 +340,49 @@ def test_a_function_without_array_results_returns_its_structure(c):
         return double(v)
 
     np.testing.assert_array_equal(prog(x).numpy(), x * 2)
+
+
+def test_the_slice_is_the_context_mesh_of_its_functions(c):
+    # as under `jax.set_mesh(mesh)`: bare PartitionSpecs and shard_map without `mesh=`
+    s = c.slice({"x": 4})
+    local = Mesh(np.array(jax.devices()[:4]), ("x",), axis_types=(AxisType.Auto,))
+
+    def f(v):
+        total = jax.shard_map(lambda b: jax.lax.psum(b.sum(), "x"), in_specs=P("x"), out_specs=P())(v)
+        return jax.lax.with_sharding_constraint(v * total, P("x")), jax.sharding.get_abstract_mesh().size
+
+    x = np.arange(8, dtype=np.float32)
+    got = c.jit(f, slice=s, in_specs=P("x"))(x)
+    with jax.set_mesh(local):
+        want = jax.jit(f)(jax.device_put(x, P("x")))
+    assert_trees_close(fetched(got), want)
+
+
+def test_explicit_axes_trace_in_jax_explicit_sharding_mode(c):
+    # JAX's documentation's explicit mode: shardings in the types, reshard and out_sharding
+    s = c.slice({"X": 2, "Y": 2}, axis_types=AxisType.Explicit)
+    local = jax.make_mesh((2, 2), ("X", "Y"), axis_types=(AxisType.Explicit,) * 2)
+
+    def f(x, w):
+        assert jax.typeof(x).sharding.spec == P("X", "Y")
+        y = jnp.dot(x, w, out_sharding=P("X", None))
+        return jnp.tanh(jax.sharding.reshard(y, P(None, "Y"))), y * 2
+
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((8, 4), dtype=np.float32), rng.standard_normal((4, 4), dtype=np.float32)
+    layer = c.jit(f, slice=s, in_specs=(P("X", "Y"), P("Y", None)))
+    got = layer(x, w)
+    with jax.set_mesh(local):
+        want = jax.jit(f)(jax.device_put(x, P("X", "Y")), jax.device_put(w, P("Y", None)))
+    assert_trees_close(fetched(got), want, tol=1e-5)
+    # results keep their types' shardings, as jax.jit's do in this mode
+    assert [b.sharding for b in got] == [o.sharding.spec for o in want] == [P(None, "Y"), P("X", None)]
+    total = c.jit(lambda v: v.sum(axis=0), slice=s)
+
+    @c.program(fuse=True)
+    def both(x, w):
+        return total(layer(x, w)[1])
+
+    np.testing.assert_allclose(both(x, w).numpy(), (x @ w * 2).sum(axis=0), rtol=1e-5, atol=1e-5)
+    with pytest.raises(isthmus.InvalidArgument, match="axis_types"):
+        c.slice({"X": 2}, axis_types=(AxisType.Manual,))
