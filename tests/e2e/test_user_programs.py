@@ -386,3 +386,34 @@ def test_explicit_axes_trace_in_jax_explicit_sharding_mode(c):
     np.testing.assert_allclose(both(x, w).numpy(), (x @ w * 2).sum(axis=0), rtol=1e-5, atol=1e-5)
     with pytest.raises(isthmus.InvalidArgument, match="axis_types"):
         c.slice({"X": 2}, axis_types=(AxisType.Manual,))
+
+
+def test_nnx_variables_made_sharded_inside_a_computation_as_flax_documents(c):
+    # flax's sharding guide: a variable annotated with a sharding is made under a context mesh
+    s = c.slice({"data": 2, "model": 2})
+    local = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("data", "model"),
+                 axis_types=(AxisType.Auto,) * 2)
+
+    class DotReluDot(nnx.Module):
+        def __init__(self, depth, rngs):
+            init = nnx.with_partitioning(nnx.initializers.lecun_normal(), (None, "model"))
+            self.dot1 = nnx.Linear(depth, depth, kernel_init=init, use_bias=False, rngs=rngs)
+
+        def __call__(self, x):
+            return jax.lax.with_sharding_constraint(jax.nn.relu(self.dot1(x)), P("data", "model"))
+
+    def init():
+        return nnx.state(DotReluDot(8, rngs=nnx.Rngs(0)))
+
+    with jax.set_mesh(local):
+        graph = nnx.graphdef(nnx.eval_shape(lambda: DotReluDot(8, rngs=nnx.Rngs(0))))
+
+    def forward(state, x):
+        return nnx.merge(graph, state)(x)
+
+    x = np.random.default_rng(1).standard_normal((8, 8)).astype(np.float32)
+    state = c.jit(init, slice=s)()
+    got = c.jit(forward, slice=s)(state, x)
+    with jax.set_mesh(local):
+        want = jax.jit(forward)(jax.jit(init)(), x)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
