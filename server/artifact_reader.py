@@ -83,8 +83,8 @@ def read(data: bytes, mesh: MeshAxes, platform: str, max_ops: int | None = None)
     carried = [m for a in (*exported.in_avals, *exported.out_avals)
                if (m := getattr(getattr(a, "sharding", None), "mesh", None)) is not None and m.axis_names]
     types = carried[0].axis_types if carried else (AxisType.Auto,) * len(mesh.names)
-    abstract = AbstractMesh(mesh.sizes, mesh.names, axis_types=types)
     try:
+        abstract = AbstractMesh(mesh.sizes, mesh.names, axis_types=types)
         info["in_specs"] = _specs(exported.in_shardings_jax(abstract))
         info["out_specs"] = _specs(exported.out_shardings_jax(abstract))
     except Exception as e:  # shardings over other axes: the artifact was made for another mesh

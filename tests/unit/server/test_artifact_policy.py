@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from jax.experimental import io_callback
 from jax.export import DisabledSafetyCheck
-from jax.sharding import AbstractMesh, NamedSharding
+from jax.sharding import AbstractMesh, AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import chlo, sdy
@@ -121,6 +121,19 @@ def test_a_sharded_function_with_collectives_passes(reader):
     assert "all_reduce" in exported.mlir_module() and "all_gather" in exported.mlir_module()
     info = inspect_artifact(_bytes(exported), MeshAxes.of({"data": 2, "model": 2}), "cpu", reader=reader)
     assert info.in_specs == (Spec(("data", "model")),) and info.out_specs == (Spec(("data", "model")),)
+
+
+def test_a_function_traced_on_explicit_axes_is_read_with_its_axis_types(reader):
+    # its avals carry the mesh in their types, and JAX reads the shardings only on a mesh
+    # of the same axis types
+    mesh = AbstractMesh((2, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    rows = NamedSharding(mesh, P("data"))
+    double = jax.jit(lambda x: x * 2, in_shardings=rows, out_shardings=rows)
+    with jax.sharding.use_abstract_mesh(mesh):
+        exported = _export(double, jax.ShapeDtypeStruct((8, 8), jnp.float32, sharding=rows))
+    info = inspect_artifact(_bytes(exported), MeshAxes.of({"data": 2, "model": 2}), "cpu", reader=reader)
+    assert info.in_specs == info.out_specs == (Spec(("data",)),)
+    _refused(reader, _bytes(exported), "do not fit", mesh=MeshAxes.of({"x": 2, "y": 2}))
 
 
 @pytest.mark.parametrize("fn", [jnp.linalg.cholesky, lambda a: jnp.linalg.qr(a)[0],
