@@ -130,7 +130,8 @@ def test_a_function_traced_on_explicit_axes_is_read_with_its_axis_types(reader):
     rows = NamedSharding(mesh, P("data"))
     double = jax.jit(lambda x: x * 2, in_shardings=rows, out_shardings=rows)
     with jax.sharding.use_abstract_mesh(mesh):
-        exported = _export(double, jax.ShapeDtypeStruct((8, 8), jnp.float32, sharding=rows))
+        exported = jax.export.export(double, platforms=["cpu"])(
+            jax.ShapeDtypeStruct((8, 8), jnp.float32, sharding=rows))
     info = inspect_artifact(_bytes(exported), MeshAxes.of({"data": 2, "model": 2}), "cpu", reader=reader)
     assert info.in_specs == info.out_specs == (Spec(("data",)),)
     _refused(reader, _bytes(exported), "do not fit", mesh=MeshAxes.of({"x": 2, "y": 2}))
