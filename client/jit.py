@@ -22,7 +22,7 @@ from client.buffer import Buffer
 from client.donation import Donated
 from client.statics import StaticKey, Statics
 from client.trace import current_trace
-from ir import Aval, InvalidArgument, Spec, dtype_name, parse_dtype
+from ir import Aval, InvalidArgument, IsthmusError, Spec, dtype_name, parse_dtype
 
 if TYPE_CHECKING:
     from client.session import Output, Session, Slice
@@ -97,11 +97,25 @@ class Function:
         """The artifact for one signature (cached): `args` and `kwargs` give the pytree its
         specs follow."""
         if sig not in self._exports:
-            # the slice is the context mesh, as `jax.set_mesh` makes one: a bare PartitionSpec
-            # in `with_sharding_constraint`, and `shard_map` without `mesh=`, name its axes
-            with use_abstract_mesh(self.slice.abstract_mesh):
-                self._exports[sig] = self._export(args, kwargs, *sig)
+            self._exports[sig] = self._export_in_context(args, kwargs, sig)
         return self._exports[sig]
+
+    def _export_in_context(self, args: Any, kwargs: dict[str, Any], sig: Signature) -> Export:
+        """Traced with the slice as the context mesh, as `jax.set_mesh` makes one: a bare
+        PartitionSpec in `with_sharding_constraint`, and `shard_map` without `mesh=`, name
+        its axes. A function that names a mesh of its own, which JAX refuses under a context
+        that differs from it (a concrete `Mesh` given to `shard_map`), is traced again
+        without one; if that fails too, the first error is the one raised."""
+        try:
+            with use_abstract_mesh(self.slice.abstract_mesh):
+                return self._export(args, kwargs, *sig)
+        except IsthmusError:
+            raise
+        except Exception as in_context:
+            try:
+                return self._export(args, kwargs, *sig)
+            except Exception:
+                raise in_context from None
 
     def _export(self, args: Any, kwargs: dict[str, Any], in_tree: Any, static: StaticKey,
                 leaves: Sequence[tuple[tuple[int, ...], str, View]]) -> Export:

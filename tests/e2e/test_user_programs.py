@@ -357,6 +357,15 @@ def test_the_slice_is_the_context_mesh_of_its_functions(c):
         want = jax.jit(f)(jax.device_put(x, P("x")))
     assert_trees_close(fetched(got), want)
 
+    # a function naming a concrete mesh of its own, which JAX refuses under another context
+    def own(v):
+        scaled = jax.shard_map(lambda b: b * jax.lax.axis_index("x"), mesh=local,
+                               in_specs=P("x"), out_specs=P("x"))
+        return scaled(v)
+
+    got = c.jit(own, slice=s, in_specs=P("x"), out_specs=P("x"))(x)
+    np.testing.assert_array_equal(got.numpy(), jax.jit(own)(x))
+
 
 def test_explicit_axes_trace_in_jax_explicit_sharding_mode(c):
     # JAX's documentation's explicit mode: shardings in the types, reshard and out_sharding
