@@ -111,6 +111,12 @@ class Transport:
                 conn.close()
                 self._local.conn = None
                 raise Unavailable(f"cannot reach the Isthmus server at {self.address}: {e}") from None
+            except http.client.HTTPException as e:  # cut off mid-answer: it may have acted, so no retry
+                conn.close()
+                self._local.conn = None
+                raise Unavailable(
+                    f"the Isthmus server at {self.address} broke off its answer: {type(e).__name__}: {e}"
+                ) from None
         if response.status >= 400:
             raise error_of(method, path, response)
         return response
