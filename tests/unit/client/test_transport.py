@@ -15,6 +15,18 @@ from ir import Unavailable
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
 
+def read_request(conn: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += conn.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:")))
+    while len(body) < length:
+        body += conn.recv(65536)
+    return head
+
+
 @pytest.fixture
 def cut_off() -> Iterator[tuple[str, list[bytes]]]:
     """A server that reads one request, promises a 32-byte body and closes without it."""
@@ -24,7 +36,7 @@ def cut_off() -> Iterator[tuple[str, list[bytes]]]:
     def serve() -> None:
         conn, _ = listener.accept()
         with conn:
-            seen.append(conn.recv(65536))
+            seen.append(read_request(conn))  # all of it: unread bytes would make the close a reset
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 32\r\nContent-Type: application/json\r\n\r\n")
 
     thread = threading.Thread(target=serve, daemon=True)
