@@ -101,19 +101,16 @@ class Transport:
                 response = Response(raw.status, {k.lower(): v for k, v in raw.getheaders()}, raw.read())
                 break
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as e:
-                conn.close()
-                self._local.conn = None
+                self.close()
                 if attempt == 2:
                     raise Unavailable(
                         f"the Isthmus server at {self.address} dropped the connection: {e}"
                     ) from None
             except OSError as e:
-                conn.close()
-                self._local.conn = None
+                self.close()
                 raise Unavailable(f"cannot reach the Isthmus server at {self.address}: {e}") from None
             except http.client.HTTPException as e:  # cut off mid-answer: it may have acted, so no retry
-                conn.close()
-                self._local.conn = None
+                self.close()
                 raise Unavailable(
                     f"the Isthmus server at {self.address} broke off its answer: {type(e).__name__}: {e}"
                 ) from None
