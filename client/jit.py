@@ -77,10 +77,15 @@ class Function:
             for a in arrays
         ))
         exported = self.export(args, kwargs, sig)
-        if not exported.outputs:  # nothing to compute: JAX functions have no other effect
-            for b in donated:
-                b.delete()
-            return jax.tree_util.tree_unflatten(exported.out_tree, [])
+        # without array results there is nothing to compute: a JAX function has no other effect
+        outs = self._call(sig, exported, arrays) if exported.outputs else []
+        for b in donated:  # released after the call, which reads them (`client.donation`)
+            b.delete()
+        return jax.tree_util.tree_unflatten(exported.out_tree, outs)
+
+    def _call(self, sig: Signature, exported: Export,
+              arrays: list[Buffer | tuple[np.ndarray, View]]) -> list[Buffer]:
+        """Queue one call of `exported` (registered on first use) on `arrays`."""
         session = self._session
         assert session is not None, "a Function made without a session can only be traced"
         if sig not in self._registered:
@@ -88,10 +93,7 @@ class Function:
         # Uploads are queued before the call; their release (when dropped) comes after it.
         inputs = [x if isinstance(x, Buffer) else session.put(x[0], self.slice.id, spec, x[1].key)
                   for x, spec in zip(arrays, exported.in_specs, strict=True)]
-        outs = session.call(self._registered[sig], [b.id for b in inputs], exported.outputs)
-        for b in donated:  # released after the call, which reads them (`client.donation`)
-            b.delete()
-        return jax.tree_util.tree_unflatten(exported.out_tree, outs)
+        return session.call(self._registered[sig], [b.id for b in inputs], exported.outputs)
 
     def export(self, args: Any, kwargs: dict[str, Any], sig: Signature) -> Export:
         """The artifact for one signature (cached): `args` and `kwargs` give the pytree its
