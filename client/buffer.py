@@ -145,9 +145,14 @@ class Buffer(Shaped):
     def __int__(self) -> int:
         return int(self.numpy())
 
+    def __str__(self) -> str:
+        """The value, as `str` of a JAX array shows it (`print(loss)`): fetched. `repr` names
+        the buffer without fetching."""
+        return str(self.keys() if self.key is not None else self.numpy())
+
     def __format__(self, spec: str) -> str:
-        """`f"{loss:.4f}"` formats the value, as for a JAX array; `f"{buffer}"` shows the buffer."""
-        return format(self.numpy(), spec) if spec else repr(self)
+        """`f"{loss:.4f}"` and `f"{loss}"` format the value, as for a JAX array."""
+        return format(self.numpy(), spec) if spec else str(self)
 
     def numpy(self) -> np.ndarray:
         """Fetch the value (once) as a numpy array; raise as `result` does if it failed.

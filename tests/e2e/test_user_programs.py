@@ -241,6 +241,9 @@ def test_buffers_answer_what_jax_arrays_answer(c):
     assert jax.block_until_ready(out) is out  # waits on each buffer, as on JAX arrays
     assert float(out["mean"]) == 1.5 and int(out["count"]) == 4 and out["mean"].item() == 1.5
     assert f"loss {out['mean']:.2f}" == "loss 1.50" and out["v"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    want = jnp.arange(4, dtype=jnp.float32)
+    assert str(out["v"]) == str(want) and f"{out['v']}" == f"{want}"  # print(buffer) shows the value
+    assert repr(out["v"]).startswith(f"Buffer({out['v'].id}, float32[4]")  # repr fetches nothing
     assert out["v"].size == 4 and out["mean"].size == 1 and out["mean"].ndim == 0
     assert sum(leaf.size for leaf in jax.tree_util.tree_leaves(out)) == 6  # as counting parameters does
     got = jax.device_get(out)
