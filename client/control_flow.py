@@ -15,22 +15,27 @@ Contract:
   returns unchanged (loop invariants: lowering enters them once) or extra operands; they
   are moved where their use wants them before the loop, so once.
 - `cond`'s results take the types of `true_fun`'s; the other branch's results are moved
-  there inside the branch. `pred` is a bool[] scalar (or an int32[] index into
-  `(false_fun, true_fun)`, clamped, as `lax.switch`).
+  there inside the branch. `pred` is a bool or numeric scalar; a number is true when it is
+  not 0, as for `lax.cond`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from client.arrays import PLAIN
 from client.trace import Names, Trace, Traced, current_trace, tracing
-from ir import Aval, InvalidArgument, ProgramBuilder, Spec, Type
+from ir import Aval, InvalidArgument, ProgramBuilder, Spec, Type, parse_dtype
 from ir.ops import check_parallel_iterations
+
+if TYPE_CHECKING:
+    from client.session import Slice
 
 __all__ = ["cond", "fori_loop", "while_loop"]
 
@@ -153,10 +158,8 @@ def while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], i
         if found != avals[k] or body.values[v].view.key != views[k].key:
             raise InvalidArgument(f"while_loop: carry leaf {path}: body_fun returns {_shown(body, v)}, "
                                   f"the carry (init_val) is {_shown(trace, init[k])}")
-        want = body.typed(body_args[k]) or body.typed(v)
-        if want is None:
-            raise InvalidArgument(f"while_loop: carry leaf {path} has no slice: pass it through a jitted "
-                                  "function before the loop")
+        want = body.typed(body_args[k]) or body.typed(v) or \
+            Type(avals[k], Spec(()), _slice_of(trace, init, "while_loop").id)  # only carried along
         for t, a in ((cond, cond_args[k]), (body, body_args[k])):  # typed where not consumed yet
             if t.values[a].type is None:
                 t.values[a].type = want
@@ -176,30 +179,39 @@ def while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], i
 
 def cond(pred: Any, true_fun: Callable[..., Any], false_fun: Callable[..., Any], *operands: Any) -> Any:
     """`jax.lax.cond` in the graph: `true_fun(*operands) if pred else false_fun(*operands)`;
-    only the chosen branch computes, the other's hosts see dead values and finish."""
+    only the chosen branch computes, the other's hosts see dead values and finish. `pred` is a
+    bool or numeric scalar (a number is true when it is not 0, as for `lax.cond`): traced, a
+    buffer, a program argument or a constant. An operand not typed yet (an array argument)
+    takes the type its first consumer in the branches wants."""
     trace = _trace("cond")
-    p = trace.leaf(pred) if isinstance(pred, Traced) else None
-    if p is None or trace.values[p].aval not in (BOOL, Aval((), "int32")):
-        raise InvalidArgument("cond: pred must be a traced bool[] (or int32[]) scalar computed by a jitted "
-                              f"function; found {pred!r}")
-    if trace.values[p].type is None:
-        raise InvalidArgument("cond: pred has no slice yet: compute it with a jitted function")
-    p = trace.local(p)
+    p = trace.leaf(pred)
+    p_aval = trace.values[p].aval
+    kinds = (jnp.bool_, jnp.integer, jnp.floating)
+    if p_aval.shape != () or trace.values[p].view.key is not None or \
+            not any(jnp.issubdtype(parse_dtype(p_aval.dtype), k) for k in kinds):
+        raise InvalidArgument("cond: pred must be a bool or numeric scalar, as for jax.lax.cond; found "
+                              f"{_shown(trace, p)}")
     ops, treedef, _ = _flatten(trace, list(operands))
-    for v in ops:
-        if trace.values[v].type is None:
-            raise InvalidArgument("cond: an operand has no slice yet: pass it through a jitted "
-                                  "function first")
-    ops = [trace.local(v) for v in ops]
-    branches, args, outs = [], [], []
-    for fn in (false_fun, true_fun):
-        child = trace.child()
-        a = [child.new_arg(trace.values[v].aval, trace.values[v].view, trace.values[v].type) for v in ops]
+    ops = [trace.local(v) if trace.typed(v) is not None else v for v in ops]
+    branches: list[Trace] = [trace.child(), trace.child()]
+    args: list[list[int]] = [[], []]
+    outs: list[Any] = [None, None]
+    for k, fn in ((1, true_fun), (0, false_fun)):  # true_fun first: it types untyped operands
+        child = branches[k]
+        args[k] = [child.new_arg(trace.values[v].aval, trace.values[v].view, trace.typed(v)) for v in ops]
+        inputs = jax.tree_util.tree_unflatten(treedef, [child.traced(v) for v in args[k]])
         with tracing(child):
-            out = fn(*jax.tree_util.tree_unflatten(treedef, [child.traced(v) for v in a]))
-        branches.append(child)
-        args.append(a)
-        outs.append(_flatten(child, out))
+            outs[k] = _flatten(child, fn(*inputs))
+        for i, v in enumerate(ops):  # an untyped operand: as its first consumer wants it
+            if trace.typed(v) is None and (want := child.typed(args[k][i])) is not None:
+                ops[i] = trace.use(v, trace.slices[want.slice], want.spec)
+    where = _slice_of(trace, [p, *ops], "cond")
+    for i, v in enumerate(ops):  # read by neither branch
+        if trace.typed(v) is None:
+            ops[i] = trace.use(v, where, Spec(()))
+        for child, a in zip(branches, args, strict=True):
+            if child.values[a[i]].type is None:
+                child.values[a[i]].type = trace.typed(ops[i])
     (f_leaves, f_def, _), (t_leaves, t_def, t_paths) = outs
     if f_def != t_def:
         raise InvalidArgument(f"cond: true_fun returns {t_def} but false_fun returns {f_def}")
@@ -220,20 +232,48 @@ def cond(pred: Any, true_fun: Callable[..., Any], false_fun: Callable[..., Any],
         args[k] += [child.captures[v] for v in captured]
     outputs = [trace.new_value(trace.values[r].aval, trace.values[r].view, t)
                for r, t in zip(results[1], types, strict=True)]
-    trace.add(_Cond(p, ops + captured, branches, args, results, outputs))
+    trace.add(_Cond(_predicate(trace, p, where), ops + captured, branches, args, results, outputs))
     return jax.tree_util.tree_unflatten(t_def, [trace.traced(v) for v in outputs])
+
+
+def _slice_of(trace: Trace, values: Sequence[int], what: str) -> Slice:
+    """Where an untyped value no computation consumes goes: the slice of the first typed one
+    of `values`, else of the first jitted function the program calls (loops and branches
+    included)."""
+    for v in values:
+        if (t := trace.typed(v)) is not None and t.slice in trace.slices:
+            return trace.slices[t.slice]
+    if trace.slices:
+        return next(iter(trace.slices.values()))
+    raise InvalidArgument(f"{what}: nothing in it runs on a slice: call a jitted function in it, or "
+                          "pass it a buffer")
+
+
+def _predicate(trace: Trace, p: int, where: Slice) -> int:
+    """`p` as a bool[] scalar on a slice: a number is true when it is not 0 (`lax.cond`)."""
+    from client.jit import Function
+
+    t = trace.typed(p)
+    if trace.values[p].aval == BOOL:
+        return trace.local(p) if t is not None else trace.use(p, where, Spec(()))
+    on = trace.slices.get(t.slice, where) if t is not None else where
+    nonzero = Function(None, lambda v: v != 0, on, name="cond_nonzero")
+    return trace.leaf(nonzero(trace.traced(p)))
 
 
 def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any, Any], Any], init_val: Any,
               parallel_iterations: int | None = None) -> Any:
     """`jax.lax.fori_loop` in the graph: `for i in range(lower, upper): val = body_fun(i, val)`.
-    The counter is an int32[] on the slice of the carry's first typed leaf.
+    The counter is an int32[] on the slice of the carry's first typed leaf (with none typed
+    yet, of the first jitted function the program, or else the body, calls).
     `parallel_iterations` as in `while_loop`."""
     from client.jit import Function
 
     trace = _trace("fori_loop")
-    leaves, _, _ = _flatten(trace, init_val)
+    leaves, treedef, _ = _flatten(trace, init_val)
     typed = [trace.values[v].type for v in leaves if trace.values[v].type is not None]
+    if not typed and not trace.slices:  # the slice of the body's first jitted function, then
+        _probe(trace, body_fun, leaves, treedef)
     if not typed and not trace.slices:
         raise InvalidArgument("fori_loop: the counter needs a slice: carry a value computed by a "
                               "jitted function")
@@ -251,6 +291,17 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any, Any], Any], init_
     _, carry = while_loop(keep_going, lambda c: (inc(c[0]), body_fun(c[0], c[1])),
                           (trace.traced(counter), init_val), parallel_iterations)
     return carry
+
+
+def _probe(trace: Trace, body_fun: Callable[[Any, Any], Any], leaves: Sequence[int], treedef: Any) -> None:
+    """Trace `body_fun` once in a child trace that is then dropped, so the program learns the
+    slices it calls (`trace.slices`); the loop itself traces it again."""
+    child = trace.child()
+    counter = child.new_arg(Aval((), "int32"), PLAIN, None)
+    args = [child.new_arg(trace.values[v].aval, trace.values[v].view, trace.typed(v)) for v in leaves]
+    carry = jax.tree_util.tree_unflatten(treedef, [child.traced(v) for v in args])
+    with tracing(child):
+        body_fun(child.traced(counter), carry)
 
 
 def _shown(trace: Trace, value: int) -> str:

@@ -208,3 +208,29 @@ def test_a_loop_carrying_a_pytree_and_fori_loop(c, fns):
     np.testing.assert_array_equal(out["a"].numpy(), np.asarray(a))
     np.testing.assert_array_equal(out["pair"][0].numpy(), np.asarray(b))
     assert int(out["pair"][1].numpy()) == 7
+
+
+def test_raw_arguments_and_numeric_predicates_as_jax_lax_takes_them(c, fns):
+    """`fori_loop` and `cond` on program arguments no jitted function has read yet, a carry
+    leaf only carried along, and predicates that are numbers (true when not 0), constants or
+    arguments: each equal to `jax.lax`'s."""
+    f, g, lf, lg = fns["f"], fns["g"], fns["lf"], fns["lg"]
+    minus_one = c.jit(lambda v: jnp.int32(-1), slice=fns["sa"])
+    key = np.array([3, 4], np.uint32)
+
+    fori = c.program(lambda x, k: isthmus.fori_loop(0, 4, lambda i, s: (s[0], f(s[1])), (k, x)))
+    k_out, y = fori(X0, key)
+    np.testing.assert_array_equal(k_out.numpy(), key)
+    np.testing.assert_array_equal(y.numpy(), jax.lax.fori_loop(0, 4, lambda i, v: lf(v), X0))
+
+    pick = c.program(lambda x, p: isthmus.cond(p, f, g, x))
+    for p in (np.bool_(True), np.bool_(False), np.int32(-3), np.int32(0), np.float32(0.5)):
+        want = jax.lax.cond(p, lf, lg, X0)
+        np.testing.assert_allclose(pick(X0, p).numpy(), want, rtol=1e-6, err_msg=f"pred {p!r}")
+    negative = c.program(lambda x: isthmus.cond(minus_one(x), f, g, x))  # lax.cond: -1 is true
+    np.testing.assert_allclose(negative(X0).numpy(), jax.lax.cond(jnp.int32(-1), lf, lg, X0), rtol=1e-6)
+    constant = c.program(lambda x: isthmus.cond(False, f, lambda v: v, f(x)))
+    np.testing.assert_allclose(constant(X0).numpy(), lf(X0), rtol=1e-6)
+    with pytest.raises(isthmus.InvalidArgument, match=r"cond: pred must be a bool or numeric scalar.*"
+                                                       r"float32\[8\]"):
+        c.program(lambda x: isthmus.cond(x, f, g, x))(X0)
