@@ -82,7 +82,9 @@ def new_actor(host: HostSpec, namespace: str, wait_timeout_s: int, in_flight: in
 
 
 def _actor_options(host: HostSpec, wait_timeout_s: int, generation: int) -> dict[str, Any]:
-    env = {"PYTHONUNBUFFERED": "1"}
+    # 64-bit types as the artifacts and uploads declare them: a client with jax_enable_x64
+    # sends float64 / int64 values; a 32-bit client's are 32-bit already (it canonicalizes).
+    env = {"PYTHONUNBUFFERED": "1", "JAX_ENABLE_X64": "true"}
     if host.platform == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
         env["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={host.num_devices} "

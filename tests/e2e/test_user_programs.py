@@ -429,3 +429,24 @@ def test_nnx_variables_made_sharded_inside_a_computation_as_flax_documents(c):
     with jax.set_mesh(local):
         want = jax.jit(forward)(jax.jit(init)(), x)
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_64_bit_values_under_jax_enable_x64(c):
+    """A client with `jax_enable_x64` sends and gets back float64, int64, uint64 and
+    complex128 as `jax.jit` computes them, in calls, uploads and programs; 32-bit values
+    beside them stay 32-bit."""
+    s = c.slice({"x": 4})
+    f = c.jit(lambda v: v * 3 + 1, slice=s, in_specs=P("x"), out_specs=P("x"))
+    with jax.enable_x64(True):
+        for x in (np.linspace(0, 1, 8) + 1e-12, np.arange(8, dtype=np.int64) + 2**40,
+                  np.arange(8, dtype=np.uint64), np.ones(8, np.complex128) * (1 + 1e-13j),
+                  np.arange(8, dtype=np.float32)):
+            want = jax.jit(lambda v: v * 3 + 1)(x)
+            for got in (f(x), f(c.put(x, s, P("x")))):
+                assert got.dtype == want.dtype == x.dtype
+                np.testing.assert_array_equal(got.numpy(), np.asarray(want))
+        loop = c.program(lambda v: isthmus.fori_loop(0, 3, lambda i, u: f(u), v))
+        x = np.linspace(0, 1, 8) + 1e-12
+        want = jax.lax.fori_loop(0, 3, lambda i, u: u * 3 + 1, x)
+        np.testing.assert_array_equal(loop(x).numpy(), np.asarray(want))
+    assert f(np.ones(8, np.float64)).dtype == np.float32  # x64 off: canonicalized as by jax.jit
