@@ -108,4 +108,5 @@ def unwrap(value: Any) -> tuple[Any, View]:
     """Inside a computation: a result leaf as data, and how the client shows it."""
     if is_key(value):
         return _key_data(value)
-    return value, WEAK if getattr(value, "weak_type", False) else PLAIN
+    weak = getattr(value, "weak_type", type(value) in (int, float, complex))  # a Python scalar is weak
+    return value, WEAK if weak else PLAIN

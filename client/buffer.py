@@ -64,17 +64,17 @@ class Shaped:
 
 
 class Buffer(Shaped):
-    __slots__ = ("__weakref__", "_deleted", "_futures", "_value", "aval", "error", "id", "key", "slice_id",
+    __slots__ = ("__weakref__", "_deleted", "_futures", "_value", "_view", "aval", "error", "id", "slice_id",
                  "spec")
 
     def __init__(self, futures: Futures, buffer_id: str, slice_id: str, aval: Aval, spec: Spec,
-                 key: str | None = None) -> None:
+                 view: View = PLAIN) -> None:
         self._futures = futures
         self.id = buffer_id
         self.slice_id = slice_id
         self.aval = aval  # of the data the executors hold: for typed keys, their key data
         self.spec = spec
-        self.key = key  # typed PRNG keys of this implementation, or None
+        self._view = view  # weakly typed (as JAX types a Python scalar), or typed PRNG keys
         self._value: np.ndarray | None = None
         self._deleted = False
         # Set when the server refused the submission that makes it (or it could not be sent).
@@ -109,7 +109,12 @@ class Buffer(Shaped):
 
     @property
     def view(self) -> View:  # type: ignore[override]
-        return PLAIN if self.key is None else View(key=self.key)
+        return self._view
+
+    @property
+    def key(self) -> str | None:
+        """The implementation of the typed PRNG keys it holds, or None."""
+        return self._view.key
 
     @property
     def sharding(self) -> PartitionSpec:

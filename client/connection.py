@@ -141,7 +141,7 @@ class Client:
         leaves, treedef = jax.tree_util.tree_flatten(tree)
         specs = leaf_specs(spec, tree, "specs")
         arrays = [as_array(x) for x in leaves]
-        bufs = [self._session.put(a, slice.id, s, view.key)
+        bufs = [self._session.put(a, slice.id, s, view)
                 for (a, view), s in zip(arrays, specs, strict=True)]
         self._session.flush()
         for b in bufs:

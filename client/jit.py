@@ -91,7 +91,7 @@ class Function:
         if sig not in self._registered:
             self._registered[sig] = self._register(session, exported)
         # Uploads are queued before the call; their release (when dropped) comes after it.
-        inputs = [x if isinstance(x, Buffer) else session.put(x[0], self.slice.id, spec, x[1].key)
+        inputs = [x if isinstance(x, Buffer) else session.put(x[0], self.slice.id, spec, x[1])
                   for x, spec in zip(arrays, exported.in_specs, strict=True)]
         return session.call(self._registered[sig], [b.id for b in inputs], exported.outputs)
 
@@ -169,7 +169,7 @@ class Function:
                 f"{self.name}: its host callbacks ({', '.join(callbacks)}) cannot run on the executors: "
                 "jax.export cannot carry the Python functions they call. Remove jax.debug.print, "
                 "jax.pure_callback or io_callback from it, or run that part in the client") from None
-        outputs = [(s.id, a, sp, v.key) for a, sp, v in zip(out_avals, out_specs, out_views, strict=True)]
+        outputs = [(s.id, a, sp, v) for a, sp, v in zip(out_avals, out_specs, out_views, strict=True)]
         return Export(artifact, in_specs, out_specs, out_avals, out_views, out_tree, outputs)
 
     def _register(self, session: Session, exported: Export) -> str:

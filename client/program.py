@@ -57,7 +57,7 @@ class ProgramFunction:
         items, traced = self._signature((args, kwargs))
         inputs = [
             x.live() if isinstance(x, Buffer)
-            else self._session.put(x[0], t.slice, t.spec, x[1].key)
+            else self._session.put(x[0], t.slice, t.spec, x[1])
             for x, t in zip(items, traced.arg_types[:len(items)], strict=True)
         ] + traced.bound
         outs = self._session.run(traced.program_id, [b.id for b in inputs], self.dispatch, traced.outputs)
@@ -93,15 +93,15 @@ class ProgramFunction:
             out = self.fn(*args, **kwargs)
         out_leaves, out_tree = jax.tree_util.tree_flatten(out)
         program, arg_types = trace.finish(out_leaves)
-        keys = [x.view.key for x in out_leaves]  # each a Traced or a Buffer: `finish` checked
+        views = [x.view for x in out_leaves]  # each a Traced or a Buffer: `finish` checked
         bound = [
             x if isinstance(x, Buffer) else self._session.put(x, t.slice, t.spec)
             for x, t in zip(trace.bound, arg_types[len(items):], strict=True)
         ]
         record = self._session.json("POST", "/v1/programs",
                                     json={"program": to_wire(program), "name": self.name, "fuse": self.fuse})
-        outputs = [(r["slice_id"], Aval(tuple(r["shape"]), r["dtype"]), Spec.from_json(r["spec"]), key)
-                   for r, key in zip(record["results"], keys, strict=True)]
+        outputs = [(r["slice_id"], Aval(tuple(r["shape"]), r["dtype"]), Spec.from_json(r["spec"]), view)
+                   for r, view in zip(record["results"], views, strict=True)]
         return Registered(record["id"], program, arg_types, bound, out_tree, outputs)
 
     def __repr__(self) -> str:

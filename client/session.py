@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType
 
+from client.arrays import PLAIN, View
 from client.buffer import Buffer
 from client.transport import ERRORS, Transport
 from ir import Aval, InvalidArgument, IsthmusError, MeshAxes, Spec, Unavailable, dtype_name
@@ -49,7 +50,7 @@ INLINE_BYTES = 64 << 10  # arrays up to this size are uploaded inside a batch, b
 # How long the woken sender waits before it takes the queue: a blocking call made just after
 # (`f(x).result()`) then carries the queue and its wait in one request, not two.
 LINGER_S = 200e-6
-Output = tuple[str, Aval, Spec, str | None]  # an output's slice, aval, spec and key impl (or None)
+Output = tuple[str, Aval, Spec, View]  # an output's slice, aval, spec and view (weakly typed, keys)
 
 
 def new_id() -> str:
@@ -160,9 +161,9 @@ class Session:
 
     def call(self, computation_id: str, inputs: list[str],
              outputs: list[Output]) -> list[Buffer]:
-        """Queue a call; `outputs` are each output's slice, aval, spec and key impl (typed
-        PRNG keys, or None)."""
-        outs = [Buffer(self, new_id(), s, a, sp, k) for s, a, sp, k in outputs]
+        """Queue a call; `outputs` are each output's slice, aval, spec and view (weakly typed,
+        typed PRNG keys)."""
+        outs = [Buffer(self, new_id(), s, a, sp, v) for s, a, sp, v in outputs]
         self._enqueue(Pending({"op": "call", "computation_id": computation_id, "inputs": inputs,
                                "ids": [b.id for b in outs]}, [weakref.ref(b) for b in outs]))
         return outs
@@ -170,17 +171,17 @@ class Session:
     def run(self, program_id: str, inputs: list[str], dispatch: str | None,
             outputs: list[Output]) -> list[Buffer]:
         """Queue a program run; `outputs` as for `call`."""
-        outs = [Buffer(self, new_id(), s, a, sp, k) for s, a, sp, k in outputs]
+        outs = [Buffer(self, new_id(), s, a, sp, v) for s, a, sp, v in outputs]
         self._enqueue(Pending({"op": "run", "program_id": program_id, "inputs": inputs,
                                "ids": [b.id for b in outs], "dispatch": dispatch},
                               [weakref.ref(b) for b in outs]))
         return outs
 
-    def put(self, array: np.ndarray, slice_id: str, spec: Spec, key: str | None = None) -> Buffer:
-        """Upload an array (typed keys' data, if `key` names their impl): queued when small,
-        else sent now (after what is queued)."""
+    def put(self, array: np.ndarray, slice_id: str, spec: Spec, view: View = PLAIN) -> Buffer:
+        """Upload an array (typed keys' data, if `view` names their impl; weakly typed, if it
+        says so): queued when small, else sent now (after what is queued)."""
         aval = Aval(tuple(array.shape), dtype_name(array.dtype))
-        buf = Buffer(self, new_id(), slice_id, aval, spec, key)
+        buf = Buffer(self, new_id(), slice_id, aval, spec, view)
         data = array.tobytes()  # C order, whatever the array's layout
         if len(data) <= INLINE_BYTES:
             self._enqueue(Pending({"op": "put", "id": buf.id, "slice_id": slice_id, "dtype": aval.dtype,

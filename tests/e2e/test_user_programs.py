@@ -450,3 +450,23 @@ def test_64_bit_values_under_jax_enable_x64(c):
         want = jax.lax.fori_loop(0, 3, lambda i, u: u * 3 + 1, x)
         np.testing.assert_array_equal(loop(x).numpy(), np.asarray(want))
     assert f(np.ones(8, np.float64)).dtype == np.float32  # x64 off: canonicalized as by jax.jit
+
+
+def test_weakly_typed_values_stay_weak_through_buffers(c):
+    """A Python scalar uploaded (`c.put(2.0)`, as `jax.device_put(2.0)`) or returned by a
+    function is weakly typed, as in JAX: multiplying bfloat16 values by it keeps bfloat16,
+    called directly and inside a program."""
+    s = c.slice({"x": 2})
+    x = jnp.arange(4, dtype=jnp.bfloat16)
+    mul = c.jit(lambda v, k: v * k, slice=s)
+    two = c.jit(lambda: 2.0, slice=s)
+    want = jax.jit(lambda v, k: v * k)(x, jax.jit(lambda: 2.0)())
+    assert want.dtype == jnp.bfloat16
+    for k in (two(), c.put(2.0, s)):
+        got = mul(x, k)
+        assert got.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(got.numpy(), np.asarray(want))
+    assert mul(x, c.put(np.float32(2.0), s)).dtype == jnp.float32  # a numpy scalar is not weak
+    program = c.program(lambda v: mul(v, two()))
+    assert program(x).dtype == jnp.bfloat16
+    np.testing.assert_array_equal(program(x).numpy(), np.asarray(want))
