@@ -23,7 +23,11 @@ DTYPES: dict[str, np.dtype] = {
         "float16", "float32", "float64", "complex64", "complex128",
     )
 }
-DTYPES["bfloat16"] = np.dtype(ml_dtypes.bfloat16)
+# JAX's narrow floats, from ml_dtypes. Sub-byte types (int4, float4) are not carried: XLA
+# packs two to a byte, which a value received as numpy bytes does not match.
+for _name in ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+              "float8_e4m3b11fnuz", "float8_e4m3", "float8_e3m4", "float8_e8m0fnu"):
+    DTYPES[_name] = np.dtype(getattr(ml_dtypes, _name))
 
 SpecEntry = str | tuple[str, ...] | None
 # Bounds on what a request can describe: far above any real array or mesh, low enough that a

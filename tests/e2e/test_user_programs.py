@@ -470,3 +470,16 @@ def test_weakly_typed_values_stay_weak_through_buffers(c):
     program = c.program(lambda v: mul(v, two()))
     assert program(x).dtype == jnp.bfloat16
     np.testing.assert_array_equal(program(x).numpy(), np.asarray(want))
+
+
+def test_float8_values_in_and_out(c):
+    """JAX's float8 types go in, come out and are uploaded as `jax.jit` computes them."""
+    s = c.slice({"x": 2})
+    f = c.jit(lambda v: ((v.astype(jnp.float32) * 2).astype(v.dtype), v.astype(jnp.float32)), slice=s)
+    for dtype in (jnp.float8_e4m3fn, jnp.float8_e5m2):
+        x = np.arange(1, 5).astype(dtype)
+        want = jax.jit(f.fn)(x)
+        for got in (f(x), f(c.put(x, s))):
+            assert [g.dtype for g in got] == [w.dtype for w in want]
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_array_equal(g.numpy().astype(np.float32), np.asarray(w, np.float32))
