@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from ir import Aval, Spec, to_wire
+from ir import Aval, IsthmusError, Spec, to_wire
 from resource_manager import Slice
 from server.records import BufferRecord, ClientRecord, ComputationRecord
 from server.store import Row, Store
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from server.programs import ProgramRecord
 
 log = logging.getLogger("isthmus.server")
+T = TypeVar("T")
 
 CLIENT, SLICE, BUFFER, LOST, COMPUTATION, PROGRAM, META = (
     "client", "slice", "buffer", "lost", "computation", "program", "meta")
@@ -152,26 +153,35 @@ class Registry:
     def load(self) -> Loaded:
         """Everything stored, as records (the dicts filled); slices and programs are the
         dispatcher's to restore."""
-        for row in self._store.load(CLIENT):
-            d = row.doc
-            key = bytes.fromhex(d["key"])
-            self.clients[row.id] = ClientRecord(row.id, d["name"], float(d["weight"]), key)
-        for row in self._store.load(BUFFER):
-            owner = self.clients.get(row.owner)
-            if owner is not None:
-                rec = _buffer(row)
+        for row, (name, weight, key) in self._readable(CLIENT, _client):
+            self.clients[row.id] = ClientRecord(row.id, name, weight, key)
+        for row, rec in self._readable(BUFFER, _buffer):
+            if (owner := self.clients.get(row.owner)) is not None:
                 self.buffers[rec.id] = rec
                 owner.buffers.add(rec.id)
                 owner.buffer_bytes += rec.aval.nbytes
-        self.lost.update({r.id: r.doc["why"] for r in self._store.load(LOST) if r.id in self.buffers})
-        for row in self._store.load(COMPUTATION):
+        self.lost.update({r.id: why for r, why in self._readable(LOST, lambda r: str(r.doc["why"]))
+                          if r.id in self.buffers})
+        for row, comp in self._readable(COMPUTATION, _computation):
             if (owner := self.clients.get(row.owner)) is not None:
-                self.computations[row.id] = _computation(row)
+                self.computations[row.id] = comp
                 owner.computations.add(row.id)
-        slices = [Slice.from_json(r.doc) for r in self._store.load(SLICE) if r.owner in self.clients]
-        programs = [(r.id, r.owner, r.doc["name"], bool(r.doc["fuse"]), r.doc["program"])
-                    for r in self._store.load(PROGRAM) if r.owner in self.clients]
+        known = self.clients
+        slices = [s for r, s in self._readable(SLICE, lambda r: Slice.from_json(r.doc)) if r.owner in known]
+        programs = [(r.id, r.owner, *p) for r, p in self._readable(PROGRAM, _program) if r.owner in known]
         return Loaded(slices, programs)
+
+    def _readable(self, kind: str, parse: Callable[[Row], T]) -> Iterator[tuple[Row, T]]:
+        """Each stored row of `kind` that reads back, parsed. One that does not (written by
+        another version of Isthmus, or damaged) is logged and skipped, left in the store: it
+        must not keep the server from starting with everything else."""
+        for row in self._store.load(kind):
+            try:
+                parsed = parse(row)
+            except (KeyError, TypeError, ValueError, IsthmusError) as e:
+                log.error("stored %s %s cannot be read, skipped: %s: %s", kind, row.id, type(e).__name__, e)
+                continue
+            yield row, parsed
 
 
 class Loaded:
@@ -185,6 +195,15 @@ class Loaded:
 
 def _buffer_doc(r: BufferRecord) -> dict[str, Any]:
     return {"slice": r.slice_id, "hosts": list(r.hosts), "aval": r.aval.to_json(), "spec": r.spec.to_json()}
+
+
+def _client(row: Row) -> tuple[str, float, bytes]:
+    d = row.doc
+    return str(d["name"]), float(d["weight"]), bytes.fromhex(d["key"])
+
+
+def _program(row: Row) -> tuple[str, bool, Any]:
+    return str(row.doc["name"]), bool(row.doc["fuse"]), row.doc["program"]
 
 
 def _buffer(row: Row) -> BufferRecord:

@@ -145,3 +145,27 @@ def test_a_commit_leaves_what_every_queued_write_in_order_would(tmp_path: Path) 
     store.put([Row("buffer", "b-4", "cl-2", {"v": 5})])
     assert sorted((r.id, r.doc["v"]) for r in store.load("buffer")) == [("b-1", 3), ("b-2", 2), ("b-4", 5)]
     store.close()
+
+
+def test_a_row_that_does_not_read_back_is_skipped_and_the_rest_loads(tmp_path: Path, caplog) -> None:
+    """A record written by another version (a dtype this one lacks) or damaged must not keep
+    the server from starting: it is logged and skipped, and stays in the store."""
+    from server.store import Row
+
+    path = tmp_path / "state.db"
+    first = Registry(open_store(path))
+    client = ClientRecord("cl-1", "alice", 1.0, b"\x01" * 32)
+    first.add_client(client)
+    first.add_buffers(client, [_buffer(0, "cl-1")])
+    bad_aval = {"slice": "s-1", "hosts": ["a0"], "aval": {"shape": [2], "dtype": "int3"}, "spec": [None]}
+    first.store.put([Row("buffer", "b-bad", "cl-1", bad_aval), Row("client", "cl-2", "", {"name": "x"}),
+                     Row("program", "p-1", "cl-1", {"name": "p"})])
+    first.close()
+
+    again = Registry(open_store(path))
+    loaded = again.load()
+    assert set(again.clients) == {"cl-1"} and set(again.buffers) == {"b-00000000"}
+    assert again.clients["cl-1"].buffers == {"b-00000000"} and loaded.programs == []
+    for kind, row in (("buffer", "b-bad"), ("client", "cl-2"), ("program", "p-1")):
+        assert f"stored {kind} {row} cannot be read, skipped" in caplog.text
+    assert {r.id for r in again.store.load("buffer")} == {"b-00000000", "b-bad"}  # kept
