@@ -18,7 +18,7 @@ import numpy as np
 
 from client.arrays import View, as_array
 from client.buffer import Buffer
-from client.trace import Trace, tracing
+from client.trace import Trace, Traced, tracing
 from ir import Aval, Program, Spec, Type, print_program, to_wire
 from ir.ops import check_parallel_iterations
 
@@ -93,7 +93,8 @@ class ProgramFunction:
             out = self.fn(*args, **kwargs)
         out_leaves, out_tree = jax.tree_util.tree_flatten(out)
         program, arg_types = trace.finish(out_leaves)
-        views = [x.view for x in out_leaves]  # each a Traced or a Buffer: `finish` checked
+        # each a Traced, a Buffer or a constant: `finish` checked
+        views = [x.view if isinstance(x, Traced | Buffer) else as_array(x)[1] for x in out_leaves]
         bound = [
             x if isinstance(x, Buffer) else self._session.put(x, t.slice, t.spec)
             for x, t in zip(trace.bound, arg_types[len(items):], strict=True)

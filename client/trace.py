@@ -316,8 +316,9 @@ class Trace:
     def _result(self, x: Any) -> int:
         if isinstance(x, Traced) and x._trace is self:
             return x._id
-        if isinstance(x, Buffer):
-            return self.leaf(x)
+        if isinstance(x, Buffer | np.ndarray | np.generic | jax.Array | bool | int | float | complex):
+            return self.leaf(x)  # a constant, as jax.jit returns one: sent with the run
         raise InvalidArgument(
-            f"@program: a result must come from a jitted function or be an argument; found {type(x).__name__}"
+            f"@program: a result must come from a jitted function, be an argument or an array; found "
+            f"{type(x).__name__}"
         )

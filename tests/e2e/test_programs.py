@@ -238,3 +238,23 @@ def test_a_buffer_on_a_slice_no_computation_uses_is_moved_to_its_consumer(c):
     x = c.put(np.arange(4, dtype=np.float32), sa, P("x"))
     out = c.program(lambda v: g(v))(x)
     np.testing.assert_array_equal(out.numpy(), np.arange(4, dtype=np.float32) * 2)
+
+
+def test_a_program_returns_constants_as_jax_jit_does(c):
+    """Arrays and Python scalars among a program's results come back as buffers of their
+    values (a Python scalar weakly typed), as `jax.jit` returns them; other objects are
+    refused by name."""
+    s = c.slice({"x": 2})
+    f = c.jit(lambda v: v + 1, slice=s)
+
+    def fn(x):
+        return f(x), np.float32(3), 2.5, jnp.ones(2), None
+
+    got = c.program(fn)(np.zeros(2, np.float32))
+    want = jax.jit(lambda x: (x + 1, np.float32(3), 2.5, jnp.ones(2), None))(np.zeros(2, np.float32))
+    assert got[4] is None
+    for g, w in zip(got[:4], want[:4], strict=True):
+        assert g.dtype == w.dtype and g.view.weak == w.weak_type
+        np.testing.assert_array_equal(g.numpy(), np.asarray(w))
+    with pytest.raises(InvalidArgument, match=r"a result must come from a jitted function.*found str"):
+        c.program(lambda x: (f(x), "s"))(np.zeros(2, np.float32))

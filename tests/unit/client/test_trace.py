@@ -9,7 +9,7 @@ from client.arrays import PLAIN
 from client.connection import Slice
 from client.jit import Function
 from client.trace import Trace, tracing
-from ir import InvalidArgument, Op, verify
+from ir import Aval, InvalidArgument, Op, verify
 
 pytestmark = pytest.mark.unit
 
@@ -83,10 +83,12 @@ def test_closed_over_constants_become_bound_arguments():
     assert t.bound[0] is bias
 
 
-def test_results_must_come_from_the_program():
+def test_results_come_from_the_program_or_are_arrays():
     s = make_slice("s", {"x": 1}, "a")
     f = Function(None, lambda x: x, s)
-    with pytest.raises(InvalidArgument, match="a result must come from a jitted function"):
-        trace(lambda x: (f(x), np.zeros(2)), (np.zeros(2, np.float32), PLAIN))
+    program, types = trace(lambda x: (f(x), np.zeros(3)), (np.zeros(2, np.float32), PLAIN))
+    assert len(program.graph.args) == 2 and types[1].aval == Aval((3,), "float32")  # sent with the run
+    with pytest.raises(InvalidArgument, match=r"a result must come from a jitted function.*found object"):
+        trace(lambda x: (f(x), object()), (np.zeros(2, np.float32), PLAIN))
     with pytest.raises(InvalidArgument, match="called no jitted function"):
         trace(lambda x: x, (np.zeros(2, np.float32), PLAIN))
