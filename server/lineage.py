@@ -9,6 +9,9 @@ Contract:
   buffer that some kept origin reads stays (without its value) as long as that origin
   does, up to `max_released` such buffers, the oldest dropped first. A buffer whose
   lineage has a gap is not recoverable any more, and `recipe` says so by name.
+- Ids are the clients' choice, and a released id may be taken again (by its client or
+  another). A new buffer under an id that a kept origin read makes that origin's lineage
+  end there: the recipe is `DataLoss`, never the new buffer's value in the old one's place.
 - `recipe(b, available)` is how to make `b` again from buffers that are `available`: the
   uploads to put again and the runs to repeat, in order, each reading only available
   buffers or ones made earlier in the recipe. Or `DataLoss`, naming the buffer that
@@ -34,6 +37,8 @@ class Origin:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     done: bool = False
+    kept: int = 0  # outputs whose lineage it still is: once none, what it read is needed less
+    input_gens: tuple[int, ...] = ()  # each input id's generation when it ran (`Lineage._gen`)
 
 
 @dataclass(frozen=True)
@@ -69,10 +74,13 @@ class Lineage:
         self.upload_bytes = 0
         self._refs: Counter[str] = Counter()  # buffer id -> kept origins that read it
         self._released: OrderedDict[str, None] = OrderedDict()  # kept only for lineage
+        # id -> how many times a new buffer took it while kept origins read it (absent: 0)
+        self._gen: dict[str, int] = {}
 
     # -- what happens ------------------------------------------------------------------------
 
     def uploaded(self, buffer_id: str, upload: Upload) -> None:
+        self._created(buffer_id)
         if len(upload.data) > self.max_bytes:
             return
         self.uploads[buffer_id] = upload
@@ -83,7 +91,10 @@ class Lineage:
 
     def ran(self, origin: Origin) -> None:
         for b in origin.outputs:
+            self._created(b)
             self.origins[b] = origin
+        origin.kept = len(origin.outputs)
+        origin.input_gens = tuple(self._gen.get(i, 0) for i in origin.inputs)
         self._refs.update(origin.inputs)
 
     def settled(self, ready: Iterable[str]) -> None:
@@ -108,6 +119,13 @@ class Lineage:
         for b in [b for b, o in self.origins.items() if o.owner == owner]:
             self._drop(b)
 
+    def _created(self, b: str) -> None:
+        """A new buffer takes the id `b`: what an earlier one of that id left is dropped, and
+        origins that read that one see a new generation of the id."""
+        if b in self._refs:
+            self._gen[b] = self._gen.get(b, 0) + 1
+        self._drop(b)
+
     def _drop(self, first: str) -> None:
         todo = [first]
         while todo:
@@ -117,12 +135,16 @@ class Lineage:
             if upload is not None:
                 self.upload_bytes -= len(upload.data)
             origin = self.origins.pop(b, None)
-            if origin is None or any(o in self.origins for o in origin.outputs):
+            if origin is None:
+                continue
+            origin.kept -= 1
+            if origin.kept > 0:
                 continue
             for i in origin.inputs:  # the origin is gone: what it read is needed less
                 self._refs[i] -= 1
                 if self._refs[i] <= 0:
                     del self._refs[i]
+                    self._gen.pop(i, None)
                     if i in self._released:
                         todo.append(i)
 
@@ -158,6 +180,10 @@ class Lineage:
                 steps.append(Repeat(origin))
                 made.update(origin.outputs)
                 continue
+            for i, gen in zip(origin.inputs, origin.input_gens, strict=True):
+                if self._gen.get(i, 0) != gen:
+                    raise DataLoss(f"buffer {i}, which {target} was computed from, was released and its "
+                                   "id taken by a new buffer: what it held is not kept")
             stack.append((b, True))
             stack.extend((i, False) for i in reversed(origin.inputs) if i not in made)
         return steps

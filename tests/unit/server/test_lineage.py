@@ -92,3 +92,30 @@ def test_a_closed_client_leaves_no_lineage() -> None:
     lin.drop_owner("cl")
     lin.release("x0")
     assert not lin.origins and not lin.uploads
+
+
+def test_a_released_id_taken_again_ends_the_lineage_that_read_it() -> None:
+    """x1 = f(x0); x0 is released and its id taken by a new upload (by anyone): making x1
+    again must not read the new x0. It is data loss, named."""
+    lin = Lineage(1 << 20, 100)
+    chain(lin, 1)
+    lin.release("x0")  # kept: x1's lineage reads it
+    lin.uploaded("x0", upload(4))  # another buffer, the same id
+    assert lin.upload_bytes == 4  # the old upload's bytes are not counted twice
+    with pytest.raises(DataLoss, match="x0, which x1 was computed from, was released and its id taken"):
+        lin.recipe("x1", {"x0"}.__contains__)
+    assert lin.recipe("x0", lambda b: False) == [Put("x0", lin.uploads["x0"])]  # the new one's own lineage
+
+
+def test_a_run_with_many_outputs_is_let_go_once_all_are_released() -> None:
+    lin = Lineage(1 << 20, 100)
+    lin.uploaded("a", upload())
+    outs = tuple(f"o{k}" for k in range(5000))
+    lin.ran(Origin("g", "cl", ("a",), outs))
+    lin.settled(outs)
+    lin.release("a")  # kept while any output's lineage reads it
+    for b in outs[:-1]:
+        lin.release(b)
+    assert "a" in lin.uploads
+    lin.release(outs[-1])
+    assert not lin.origins and not lin.uploads and lin.upload_bytes == 0
