@@ -63,12 +63,27 @@ def forget(error: BaseException) -> None:
     error.__context__ = None
 
 
+MAX_DETAIL = 8000  # characters of an error's detail in an answer
+MAX_CAUSE = 1000  # characters of the cause kept for each id of a refused submission
+
+
+def shown(error: BaseException, limit: int = MAX_DETAIL) -> str:
+    """An error's message, at most `limit` characters: a refusal can quote what it refused
+    (a 100 000-name spec) and a kept cause is repeated by whatever reads the id, so the
+    middle of a long one is left out (its start names the fault, its end the remote cause)."""
+    text = str(error)
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]} [... {len(text) - 2 * half} characters left out ...] {text[-half:]}"
+
+
 def response(error: IsthmusError) -> JSONResponse:
     """The answer to an error; the error is unlinked from where it was raised (`forget`)."""
     forget(error)
     code = status_of(error)
     headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, OverQuota) else None
-    return JSONResponse(status_code=code, content={"error": type(error).__name__, "detail": str(error)},
+    return JSONResponse(status_code=code, content={"error": type(error).__name__, "detail": shown(error)},
                         headers=headers)
 
 

@@ -23,7 +23,7 @@ from fastapi import APIRouter
 
 from ir import Aval, InvalidArgument, IsthmusError, Spec
 from server.deps import ClientDep, ServiceDep
-from server.errors import status_of
+from server.errors import shown, status_of
 from server.records import ClientRecord
 from server.routes.buffers import remembered
 from server.schemas import (
@@ -68,7 +68,7 @@ async def submit(op: BatchOp, client: ClientRecord, service: Service) -> None:
 
 
 def outcome(e: IsthmusError) -> Outcome:
-    return Outcome(status=status_of(e), error=type(e).__name__, detail=str(e))
+    return Outcome(status=status_of(e), error=type(e).__name__, detail=shown(e))
 
 
 @router.post("/batch")

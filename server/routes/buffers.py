@@ -15,7 +15,7 @@ from fastapi import APIRouter, Query, Request, Response
 
 from ir import Aval, InvalidArgument, IsthmusError, Spec
 from server.deps import ClientDep, ServiceDep
-from server.errors import UnsupportedMedia
+from server.errors import MAX_CAUSE, UnsupportedMedia, shown
 from server.records import CHOSEN_ID, BufferRecord, ClientRecord
 from server.schemas import BufferIds, BufferPublic, error_responses
 from server.service import Service
@@ -39,7 +39,8 @@ def remembered(client: ClientRecord, service: Service, ids: Sequence[str] | None
     try:
         yield
     except IsthmusError as e:
-        client.fail([b for b in ids or () if CHOSEN_ID.fullmatch(b) and b not in service.buffers], str(e))
+        client.fail([b for b in ids or () if CHOSEN_ID.fullmatch(b) and b not in service.buffers],
+                    shown(e, MAX_CAUSE))
         raise
 
 

@@ -99,3 +99,25 @@ def test_an_id_released_and_named_again_in_one_batch_holds_its_new_value(c):
     assert c._transport.json("POST", "/v1/batch", json={"ops": ops, "wait": x})["failed"] == []
     data = c._transport.request("GET", f"/v1/buffers/{x}/data").content
     np.testing.assert_array_equal(np.frombuffer(data, np.float32), np.full(4, 2.0, np.float32))
+
+
+def test_refusals_and_the_causes_kept_for_their_ids_stay_short(c):
+    """A put refused for a spec of 100 000 names, then 300 calls each reading the previous
+    one's refused output: every failure names its cause, and neither the answer nor what the
+    server keeps per id grows with the spec or along the chain."""
+    s = c.slice({"x": 1})
+    inc = c.jit(lambda v: v + 1, slice=s)
+    inc(np.zeros(4, np.float32)).result()
+    comp = next(iter(inc._registered.values()))
+    ids = [f"chain-{k:06d}" for k in range(301)]
+    ops = [{"op": "put", "id": ids[0], "slice_id": s.id, "dtype": "float32", "shape": [4],
+            "spec": [["x"] * 100_000], "data": base64.b64encode(bytes(16)).decode()}]
+    ops += [{"op": "call", "computation_id": comp, "inputs": [ids[k]], "ids": [ids[k + 1]]}
+            for k in range(300)]
+    answer = c._transport.request("POST", "/v1/batch", json_body={"ops": ops})
+    failed = answer.json()["failed"]
+    assert [f["index"] for f in failed] == list(range(301))
+    assert "spec" in failed[0]["detail"] and "characters left out" in failed[0]["detail"]
+    assert f"buffer {ids[-2]} was never made" in failed[-1]["detail"]
+    assert len(answer.content) < 2_000_000, len(answer.content)
+    assert max(len(f["detail"]) for f in failed) <= 8100
