@@ -64,7 +64,11 @@ class Aval:
             raise InvalidArgument(f"shape: rank {len(self.shape)}; at most {MAX_RANK}")
         if not all(isinstance(d, int) and 0 <= d <= MAX_DIM for d in self.shape):
             raise InvalidArgument(f"shape {self.shape!r} must be a tuple of ints in [0, 2**62]")
-        parse_dtype(self.dtype)
+        # numpy and XLA refuse an array whose dims (its zero ones left out) span more bytes
+        # than this, even one of no elements: `(2**62, 0)` is refused here, by name
+        if math.prod(d for d in self.shape if d) * parse_dtype(self.dtype).itemsize > MAX_DIM:
+            raise InvalidArgument(f"shape {self.shape!r} of {self.dtype}: its dimensions span more than "
+                                  "2**62 bytes, which no array can")
 
     @property
     def nbytes(self) -> int:

@@ -286,9 +286,14 @@ def shape_past_int64(a):
     return upload(a, b"\0" * 16, shape=str(2**63))
 
 
-@case(400, "body has 16 bytes")
+@case(400, "its dimensions span more than 2**62 bytes")
 def shape_whose_size_overflows_int64(a):
     return upload(a, b"\0" * 16, shape=f"{2**32},{2**32},{2**32}")
+
+
+@case(400, "its dimensions span more than 2**62 bytes")
+def empty_shape_whose_dims_overflow(a):
+    return upload(a, b"", shape=f"{2**62},0")
 
 
 @case(400, "shape", "rank")

@@ -83,3 +83,9 @@ def test_hostile_specs_meshes_and_shapes_fail_by_name():
         Aval((1,) * 65, "float32")
     with pytest.raises(InvalidArgument, match="ints in"):
         Aval((1 << 70,), "float32")
+
+
+def test_an_empty_shape_whose_dims_span_too_much_is_refused_by_name():
+    with pytest.raises(InvalidArgument, match=r"shape \(4611686018427387904, 0\) of float32: its dim"):
+        Aval((2**62, 0), "float32")
+    assert Aval((2**40, 0), "float32").nbytes == 0 and Aval((0,) * 8, "float64").nbytes == 0
