@@ -82,7 +82,7 @@ def as_array(x: Any) -> tuple[np.ndarray, View]:
     if is_key(x):
         data, view = _key_data(x)
         return np.asarray(data), view
-    weak = type(x) in (int, float, complex)  # np.float64 subclasses float but is not weak
+    weak = _weak_scalar(x)
     array = np.asarray(x)
     return array.astype(jax.dtypes.canonicalize_dtype(array.dtype), copy=False), WEAK if weak else PLAIN
 
@@ -108,5 +108,9 @@ def unwrap(value: Any) -> tuple[Any, View]:
     """Inside a computation: a result leaf as data, and how the client shows it."""
     if is_key(value):
         return _key_data(value)
-    weak = getattr(value, "weak_type", type(value) in (int, float, complex))  # a Python scalar is weak
-    return value, WEAK if weak else PLAIN
+    return value, WEAK if getattr(value, "weak_type", _weak_scalar(value)) else PLAIN
+
+
+def _weak_scalar(x: Any) -> bool:
+    """A Python scalar, which JAX types weakly (np.float64 subclasses float but is not one)."""
+    return type(x) in (int, float, complex)
