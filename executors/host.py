@@ -384,6 +384,15 @@ class Host:
         """A peer host's `Send` for one of this host's `Recv`s (unsequenced)."""
         self.runner.deliver(run_id, tag, payload)
 
+    async def peers_lost(self, hosts: Sequence[str], cause: str) -> int:
+        """These hosts' executors are gone (unsequenced: the server tells every other host
+        as it replaces them): what this host's runs wait for from them fails now. A
+        coroutine, so that over the channel it is taken after the run messages sent before
+        it, whose `run` coroutines take them first."""
+        told = self.runner.peers_lost(hosts, cause)
+        log.info("host %s: hosts %s are gone; %d runs told", self.host, list(hosts), told)
+        return told
+
     def _deliver(self, to: str, run_id: str, tag: str, payload: Payload) -> None:
         """Hand a value to a peer host; `executors.pool` wires this to the peer's actor."""
         raise Failure(f"host {self.host} has no route to host {to}")

@@ -63,15 +63,17 @@ class IslandLifecycle:
             for k, h in enumerate(hosts)
         ))
 
-    async def restart_island(self, island: str, only: Sequence[str] | None = None
+    async def restart_island(self, island: str, only: Sequence[str] | None = None, cause: str = "restarted"
                              ) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Replace executors of an island with new ones: `only` these hosts' (all if None),
         or every host's where the island is one JAX group (a group whose collective failed,
         or whose host died, cannot run collectives again; it forms afresh). A host pinned to
         a Ray node that is no longer alive is dropped from the island instead (its slices'
         values are gone; its devices are the caller's to mark down). What the old executors
-        held is gone; requests numbered for them meanwhile fail as sent to a dead host. The
-        new ones take requests only once they are ready. Returns (restarted, dropped).
+        held is gone; requests numbered for them meanwhile fail as sent to a dead host. Every
+        other host is told first (`cause`), so that its runs waiting for a value from an
+        old executor fail now instead of at their timeout. The new ones take requests only
+        once they are ready. Returns (restarted, dropped).
         """
         dropped = self._on_dead_nodes(self.islands[island])
         hosts = tuple(h for h in self.islands[island] if h not in dropped)
@@ -83,6 +85,9 @@ class IslandLifecycle:
             self.groups[island] = hosts  # hosts that joined since are in the group it forms now
         if only is not None and island not in self.groups:
             hosts = tuple(h for h in hosts if h in only)
+        gone = (*hosts, *dropped)
+        self._tell_gone(gone, f"island {island} is restarting ({cause}): the executors of "
+                              f"{', '.join(gone)} are gone")
         if not hosts:
             return (), dropped
         self._generation += 1
@@ -118,6 +123,20 @@ class IslandLifecycle:
                 self._seq[h] = itertools.count()
             self._plans = {(h, k) for h, k in self._plans if h not in hosts}
         return hosts, dropped
+
+    def _tell_gone(self, gone: Sequence[str], cause: str) -> None:
+        """Tell every other host that these hosts' executors are gone (`Host.peers_lost`),
+        over its channel, after the run messages numbered for it so far (the outbox is
+        flushed first), which the host has taken by the time it reads this."""
+        if not gone:
+            return
+        self.outbox.flush()
+        for h, channel in list(self._channels.items()):
+            if h not in gone:
+                try:
+                    channel.tell("peers_lost", list(gone), cause)
+                except Unavailable as e:  # that one is gone too: its own loss is reported
+                    log.info("host %s was not told of %s: %s", h, list(gone), e)
 
     def _retire(self, host: str) -> None:
         """Kill a host's executor and close its channel (quietly: it may be gone already)."""

@@ -34,7 +34,8 @@ Contract:
   steps interleaved on this thread), the rest of the plan around it as above.
 - A failure never hangs: a `Recv` or an executable that does not arrive within the run's
   timeout fails the value it defines, and every dependent with it; an error XLA reports
-  while a computation runs reaches every array computed from it.
+  while a computation runs reaches every array computed from it. A peer whose executor the
+  server found gone (`peers_lost`) fails at once what the runs taken so far wait for from it.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, Collection, MutableMapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -111,6 +112,7 @@ class Runner:
         self._mail: dict[tuple[str, str], Future[Payload]] = {}
         self._finished: deque[str] = deque(maxlen=FINISHED_RUNS)
         self._finished_set: set[str] = set()
+        self._taken: set[str] = set()  # runs with a message taken here, not yet finished
         self._lock = threading.Lock()
         self.issued = Issued(in_flight, failed)  # computations issued, not known finished
         self._dead: dict[str, tuple[tuple[str, ...], ...]] = {}  # plan key -> values dead after each step
@@ -131,6 +133,9 @@ class Runner:
         """
         if plan is not None:
             self._plans[message.plan_key] = plan
+        with self._lock:
+            if message.run_id not in self._finished_set:
+                self._taken.add(message.run_id)
         known = plan or self._plans.get(message.plan_key)
         if known is not None:
             layout = self._layout(known)
@@ -165,6 +170,18 @@ class Runner:
             if not fut.done():
                 fut.set_result(Failed(cause))
         return len(waiting)
+
+    def peers_lost(self, hosts: Collection[str], cause: str) -> int:
+        """These hosts' executors are gone: every run taken here so far fails what it still
+        waits for from them (now, or when it gets there), rather than waiting out its
+        timeout on this host's dispatch thread. Runs taken after this are the new executors'
+        peers' and wait as usual. Returns how many runs it told."""
+        with self._lock:
+            runs = self._taken | {run for run, _ in self._mail}
+        for run in runs:
+            for host in hosts:
+                self.deliver(run, "abort", Abort(host, "", cause))
+        return len(runs)
 
     def _mailbox(self, run_id: str, tag: str) -> Future[Payload]:
         with self._lock:
@@ -214,6 +231,8 @@ class Runner:
         if plan is None:
             cause = f"host {self.host} has no plan {message.plan_key} (the server must send it first)"
             self._fail_results(message, Failure(cause))
+            if message.final:
+                self._finish(message.run_id)
             return self.issued.outputs()
         with self._lock:
             run = self._runs.setdefault(message.run_id, _Run())
@@ -264,6 +283,7 @@ class Runner:
         """Forget the run: its environment, its mailboxes, and any delivery still to come."""
         with self._lock:
             self._runs.pop(run_id, None)
+            self._taken.discard(run_id)
             self._aborts.pop(run_id, None)
             for key in [k for k in self._mail if k[0] == run_id]:
                 del self._mail[key]

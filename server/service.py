@@ -298,7 +298,7 @@ class Service:
                     "its executors" if only is None else f"the executors of {list(only)}", cause)
         self.gangs.pause(island)  # what is submitted meanwhile runs on the new executors
         try:
-            restarted, dropped = await self.pool.restart_island(island, only)
+            restarted, dropped = await self.pool.restart_island(island, only, cause)
             for h in dropped:
                 self.rm.mark_host(h, "down")
                 log.warning("island %s: host %s is gone with its Ray node; new slices avoid it", island, h)

@@ -15,6 +15,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from polling import admin_hosts, until
@@ -72,3 +74,38 @@ def test_a_killed_executor_fails_its_work_typed_and_its_host_comes_back_by_itsel
         assert row["pid"] != before["pid"]
         np.testing.assert_array_equal(f(c.put(x0, s)).numpy(), x0 * 2.0 + 1.0)
         np.testing.assert_array_equal(kept.numpy(), x0 + 100)  # the island's other host kept its values
+
+
+def test_a_host_waiting_for_a_killed_sender_fails_at_once_and_serves_on(server):
+    """A program whose value crosses from island a to island b: while its sender computes,
+    the receiving host waits for it on its dispatch thread. The sender's executor killed,
+    the server tells the receiver as it replaces it: the wait ends with the cause, and the
+    receiver takes other work at once (not after the run's 300 s timeout)."""
+    address, token = server
+    with isthmus.connect(address, token=token, name="healing-across") as c:
+        src, dst = c.slice({"x": 1}, island="a"), c.slice({"x": 1}, island="b")
+        sender, receiver = src.hosts[0], dst.hosts[0]
+        spin = c.jit(lambda v, n: jax.lax.fori_loop(0, n, lambda i, w: jnp.tanh(w @ w), v), slice=src)
+        inc = c.jit(lambda v: v + 1.0, slice=dst)
+
+        @c.program
+        def across(v, n):
+            return inc(spin(v, n))
+
+        x0 = np.eye(64, dtype=np.float32) * 0.5
+        x = c.put(x0, src)
+        expected = jax.jit(lambda v: jnp.tanh(v @ v) + 1.0)(x0)
+        np.testing.assert_allclose(across(x, c.put(np.int32(1), src)).numpy(), expected, rtol=1e-6)
+
+        out = across(x, c.put(np.int32(2**31 - 1), src))  # computes until its host is killed
+        until(lambda: all(admin_hosts(address, token)[h]["running"] for h in (sender, receiver)), 60,
+              "the program running on both hosts")
+        os.kill(admin_hosts(address, token)[sender]["pid"], signal.SIGKILL)
+        killed = time.monotonic()
+        with pytest.raises(isthmus.RemoteError, match=f"executors of {sender} are gone"):
+            out.numpy()
+        assert time.monotonic() - killed < 30
+
+        y0 = np.arange(4, dtype=np.float32)
+        np.testing.assert_array_equal(inc(c.put(y0, dst)).numpy(), y0 + 1.0)
+        assert time.monotonic() - killed < 30

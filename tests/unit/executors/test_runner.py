@@ -4,6 +4,8 @@ Two `Host`s in this process stand for two hosts; a send goes straight to the pee
 `deliver`, as the Ray actor's does.
 """
 
+import asyncio
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -135,6 +137,27 @@ async def test_a_missing_sender_fails_the_value_instead_of_hanging(pair):
     reply = await b.fetch(1, "out")
     assert isinstance(reply, Failed)
     assert "no data from host a0" in reply.cause
+
+
+async def test_a_lost_sender_fails_the_runs_taken_so_far_at_once_and_not_the_later_ones(pair):
+    """The server tells b0 that a0's executor is gone: the runs b0 has taken (one waiting on
+    its receive, one queued behind it) fail now with the cause, not at their timeout; a run
+    taken after that waits for the new a0 as usual."""
+    a, b = pair
+    await compile_both(a, b)
+    pa, pb = plans("double", "inc")
+    await b.run(0, message(pb, "r0", results=[("%3", "out0")], timeout=60), pb)
+    await b.run(1, message(pb, "r1", results=[("%3", "out1")], timeout=60), None)
+    assert await b.peers_lost(["a0"], "a0 was lost") == 2
+    for seq, out in ((2, "out0"), (3, "out1")):
+        reply = await asyncio.wait_for(b.fetch(seq, out), 10)
+        assert isinstance(reply, Failed) and "a0 was lost" in reply.cause
+    await b.run(4, message(pb, "r2", results=[("%3", "out2")], timeout=60), None)
+    a.put(0, "in", np.arange(3, dtype=np.float32).tobytes(), "float32", (3,), ON0, [])
+    await a.run(1, message(pa, "r2", args=[("%0", "in")]), pa)
+    reply = await asyncio.wait_for(b.fetch(5, "out2"), 10)
+    assert isinstance(reply, Ready) and np.frombuffer(reply.value, np.float32).tolist() == [1.0, 3.0, 5.0]
+    assert not b.runner._taken and not b.runner._aborts
 
 
 async def test_an_unknown_plan_fails_the_results(pair):
