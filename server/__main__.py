@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from ir import IsthmusError
     from server.app import create_app
+    from server.http import guarded_http
     from server.settings import Settings
 
     overrides = {k: v for k, v in {
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.stop_with_stdin:
         stop_with_stdin()
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
+                            http=guarded_http(settings.header_timeout_s, settings.max_idle_connections),
                             log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
     # uvicorn stops on SIGTERM in order (the app's shutdown stops the executors and the Ray
     # it started), then raises the signal again for the handler found before it: this one,

@@ -105,6 +105,11 @@ class Settings(BaseSettings):
     max_computations: int = Field(1024, ge=1)  # per client
     max_programs: int = Field(256, ge=1)  # per client
     max_queued: int = Field(4096, ge=1)  # calls and runs a client has waiting for admission
+    # Connections that send no request (docs/security.md): a request's headers must be
+    # complete within `header_timeout_s`; past `max_idle_connections` idle at once, a new one
+    # closes the one idle the longest.
+    header_timeout_s: float = Field(10.0, gt=0, le=3600)
+    max_idle_connections: int = Field(1024, ge=1)
     # A client that sends nothing for this long is closed and everything it holds freed (the
     # Python client renews its lease in the background while it is open).
     client_lease_s: float = Field(300.0, gt=0)

@@ -1,0 +1,96 @@
+"""The HTTP connection: uvicorn's httptools protocol, with bounds on connections that send
+no request.
+
+uvicorn closes a connection that stays idle after a response (`timeout_keep_alive`), but not
+one that never sends a complete request: a client that opens connections and sends a few
+bytes of headers each, never the end (slowloris), holds them forever, and with enough of
+them (about 20 000 here, the process's file limit) every other client is locked out.
+
+Contract (`guarded_http(header_timeout_s, max_idle)` gives the protocol class):
+- A request's headers must be complete within `header_timeout_s` of the connection opening
+  or of the request's first byte; else the connection is closed unanswered.
+- A connection is idle from when it opens, or its last response is complete, until the
+  next request's headers are complete. At most `max_idle` are idle at once: a new
+  connection past that closes the one idle the longest. A request in progress is never
+  closed, and a client that sends its request as it connects (every HTTP client does)
+  loses nothing unless `max_idle` connections open in that moment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from typing import Any
+from weakref import WeakKeyDictionary
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+Idle = OrderedDict[HttpToolsProtocol, None]  # oldest first
+_IDLE: WeakKeyDictionary[Any, Idle] = WeakKeyDictionary()  # per uvicorn server (its state)
+
+
+def guarded_http(header_timeout_s: float, max_idle: int) -> type[HttpToolsProtocol]:
+    class GuardedHttp(_Guarded):
+        pass
+
+    GuardedHttp.header_timeout_s = header_timeout_s
+    GuardedHttp.max_idle = max_idle
+    return GuardedHttp
+
+
+class _Guarded(HttpToolsProtocol):
+    header_timeout_s: float
+    max_idle: int
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._idle = _IDLE.setdefault(self.server_state, OrderedDict())
+        self._headers_due: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+        self._now_idle()
+        while len(self._idle) > self.max_idle:
+            oldest, _ = self._idle.popitem(last=False)
+            oldest.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        self._idle.pop(self, None)
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._headers_due is None:
+            self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        self._idle.pop(self, None)
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        busy = bool(self.pipeline)  # a request already read starts now
+        super().on_response_complete()
+        if not busy and not self.transport.is_closing():
+            self._now_idle()
+
+    def _now_idle(self) -> None:
+        self._idle[self] = None
+        self._idle.move_to_end(self)
+
+    def _arm(self) -> None:
+        self._headers_due = self.loop.call_later(self.header_timeout_s, self._headers_late)
+
+    def _disarm(self) -> None:
+        if self._headers_due is not None:
+            self._headers_due.cancel()
+            self._headers_due = None
+
+    def _headers_late(self) -> None:
+        self._headers_due = None
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.keep_alive = False  # (a request pipelined behind one in progress)
+        elif not self.transport.is_closing():
+            self.transport.close()

@@ -1,0 +1,119 @@
+"""server.http: connections that never complete a request are closed; a request in
+progress never is.
+
+uvicorn serves a stand-in ASGI app in this process with the guarded protocol, a short
+header timeout and few idle connections allowed; the clients are raw sockets and httpx."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+import pytest
+import uvicorn
+
+from server.http import guarded_http
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+HEADER_TIMEOUT_S = 0.5
+MAX_IDLE = 20
+PARTIAL = b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: "  # headers that never end
+
+
+class Served:
+    def __init__(self) -> None:
+        self.entered = threading.Event()  # /slow has begun
+        self.release = threading.Event()  # lets /slow answer
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["path"] == "/slow":
+            self.entered.set()
+            await asyncio.get_running_loop().run_in_executor(None, self.release.wait, 30)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+@contextmanager
+def serving(header_timeout_s: float) -> Iterator[tuple[int, Served]]:
+    app = Served()
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="warning",
+                            http=guarded_http(header_timeout_s, MAX_IDLE))
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    end = time.monotonic() + 20
+    while not server.started and thread.is_alive() and time.monotonic() < end:
+        time.sleep(0.01)
+    assert server.started, "uvicorn did not start"
+    try:
+        yield server.servers[0].sockets[0].getsockname()[1], app
+    finally:
+        app.release.set()
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[int, Served]]:
+    with serving(HEADER_TIMEOUT_S) as served:
+        yield served
+
+
+def partial(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(PARTIAL)
+    return s
+
+
+def closed(s: socket.socket) -> bool:
+    """Whether the server has closed it (waiting at most the socket's timeout)."""
+    try:
+        return s.recv(1024) == b""
+    except (ConnectionResetError, TimeoutError):
+        return False
+
+
+def test_headers_that_never_end_are_cut_off_after_the_header_timeout(served):
+    port, _ = served
+    s, silent = partial(port), socket.create_connection(("127.0.0.1", port), timeout=10)
+    start = time.monotonic()
+    assert closed(s) and closed(silent)
+    assert time.monotonic() - start < HEADER_TIMEOUT_S + 5
+    assert httpx.get(f"http://127.0.0.1:{port}/", timeout=10).text == "ok"
+
+
+def test_past_the_idle_bound_the_oldest_idle_connections_go_and_others_are_served():
+    with serving(header_timeout_s=60) as (port, _):
+        socks = [partial(port) for _ in range(5 * MAX_IDLE)]
+        assert httpx.get(f"http://127.0.0.1:{port}/", timeout=10).text == "ok"
+        for s in socks[:4 * MAX_IDLE]:  # the oldest: closed as the newer ones came
+            assert closed(s)
+        for s in socks[4 * MAX_IDLE + 1:]:  # the newest stay (until their headers are late)
+            s.settimeout(0.05)
+            assert not closed(s)
+        for s in socks:
+            s.close()
+
+
+def test_a_request_in_progress_outlasts_the_header_timeout_and_a_flood_of_idle_connections(served):
+    port, app = served
+    with httpx.Client(timeout=30) as http:
+        answer: list[httpx.Response] = []
+        waiting = threading.Thread(target=lambda: answer.append(http.get(f"http://127.0.0.1:{port}/slow")))
+        waiting.start()
+        assert app.entered.wait(20)
+        socks = [partial(port) for _ in range(5 * MAX_IDLE)]
+        for s in socks[:MAX_IDLE]:  # the flood's oldest went, and its newest outlive them
+            assert closed(s)
+        app.release.set()
+        waiting.join(30)
+        assert answer and answer[0].text == "ok"
+        assert http.get(f"http://127.0.0.1:{port}/").text == "ok"  # the same connection, kept alive
+    for s in socks:
+        s.close()
