@@ -6,6 +6,10 @@ A plain ASGI middleware, so that it runs before anything reads the request's bod
 - a body larger than its route's limit is answered 413: at once when its Content-Length
   says so, else (a chunked body) as soon as the bytes read pass the limit, reading no
   further. Uploads of array bytes have `max_upload_mb`; every JSON body `max_json_mb`;
+- the bodies of requests in progress are bounded together (`Bodies`): `max_bodies_mb` over
+  all callers, `max_upload_mb` per caller. A body that would pass either is answered 429
+  with Retry-After before it is read (a chunked one as its bytes pass), so concurrent
+  uploads cannot take the server's memory, nor one client all of the room;
 - the caller is put into the request's state for the handlers (`server.deps`), and a
   client's lease is renewed by every request it makes (`Service.expire_clients`): while one
   of its requests is in progress (a long wait for a result, say) it never expires.
@@ -15,38 +19,78 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ir import InvalidArgument, IsthmusError
 from server import errors
 from server.auth import Admin
-from server.errors import PayloadTooLarge
+from server.errors import OverQuota, PayloadTooLarge
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+class Bodies:
+    """The bytes of request bodies in progress: at most `total` in all, `each` per caller."""
+
+    def __init__(self, total: int, each: int) -> None:
+        self.total, self.each = total, each
+        self.held = 0
+        self._by: dict[str, int] = {}
+
+    def take(self, who: str, size: int) -> None:
+        mine = self._by.get(who, 0)
+        if mine + size > self.each:
+            raise OverQuota(f"body: {size} bytes more would pass the {self.each >> 20} MiB of request "
+                            f"bodies one caller may send at once ({mine} in progress); retry when they end")
+        if self.held + size > self.total:
+            raise OverQuota(f"body: {size} bytes more would pass the {self.total >> 20} MiB of request "
+                            "bodies the server takes at once; retry shortly")
+        self._by[who] = mine + size
+        self.held += size
+
+    def give(self, who: str, size: int) -> None:
+        if size:
+            self.held -= size
+            left = self._by[who] - size
+            if left:
+                self._by[who] = left
+            else:
+                del self._by[who]
 
 
 class Guard:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self._bodies: Bodies | None = None  # made with the service's settings, on first use
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
             await self.app(scope, receive, send)
             return
         service = scope["app"].state.service
+        settings = service.settings
+        if self._bodies is None:
+            self._bodies = Bodies(settings.max_bodies_mb << 20, settings.max_upload_mb << 20)
         headers = _headers(scope)
+        who, held = "", [0]
         try:
-            caller = service.caller(headers.get("authorization"))
-            limit_mb = (service.settings.max_upload_mb if _is_upload(scope)
-                        else service.settings.max_json_mb)
-            receive = await _bounded(scope, receive, headers, limit_mb)
-        except IsthmusError as e:
-            # (answering unlinks e, and with it what was read of a body too large)
-            await errors.response(e)(scope, receive, send)
-            return
-        scope.setdefault("state", {})["caller"] = caller
-        send = _committing(send, service.registry.flush)
+            try:
+                caller = service.caller(headers.get("authorization"))
+                who = "admin" if isinstance(caller, Admin) else caller.id
+                limit_mb = settings.max_upload_mb if _is_upload(scope) else settings.max_json_mb
+                receive = await _bounded(scope, receive, headers, limit_mb, self._counter(who, held))
+            except IsthmusError as e:
+                # (answering unlinks e, and with it what was read of a body too large)
+                await errors.response(e)(scope, receive, send)
+                return
+            scope.setdefault("state", {})["caller"] = caller
+            await self._serve(caller, scope, receive, _committing(send, service.registry.flush))
+        finally:
+            self._bodies.give(who, held[0])
+
+    async def _serve(self, caller: Admin | Any, scope: Scope, receive: Receive, send: Send) -> None:
         if isinstance(caller, Admin):
             await self.app(scope, receive, send)
             return
@@ -57,6 +101,17 @@ class Guard:
         finally:
             client.in_flight -= 1
             client.last_seen = time.monotonic()
+
+    def _counter(self, who: str, held: list[int]) -> Callable[[int], None]:
+        """Counts a request's body bytes against `Bodies` as they are known; `held` sums them."""
+        assert self._bodies is not None
+        bodies = self._bodies
+
+        def take(size: int) -> None:
+            bodies.take(who, size)
+            held[0] += size
+
+        return take
 
 
 def _committing(send: Send, flush: Callable[[], None]) -> Send:
@@ -77,8 +132,10 @@ def _is_upload(scope: Scope) -> bool:
     return scope["method"] == "POST" and scope["path"].rstrip("/") == "/v1/buffers"
 
 
-async def _bounded(scope: Scope, receive: Receive, headers: dict[str, str], limit_mb: int) -> Receive:
-    """`receive` for a body within the limit; `PayloadTooLarge` for one past it."""
+async def _bounded(scope: Scope, receive: Receive, headers: dict[str, str], limit_mb: int,
+                   take: Callable[[int], None]) -> Receive:
+    """`receive` for a body within the limit; `PayloadTooLarge` for one past it. `take` is
+    told of its bytes before they are read (or, chunked, as they arrive)."""
     limit = limit_mb << 20
     too_large = PayloadTooLarge(f"body: larger than the {limit_mb} MiB limit of {scope['path']}")
     length = headers.get("content-length")
@@ -87,6 +144,7 @@ async def _bounded(scope: Scope, receive: Receive, headers: dict[str, str], limi
             raise InvalidArgument(f"content-length: not a byte count: {length[:40]!r}")
         if int(length) > limit:
             raise too_large
+        take(int(length))
         return receive
     if scope["method"] not in BODY_METHODS:
         return receive
@@ -101,6 +159,7 @@ async def _bounded(scope: Scope, receive: Receive, headers: dict[str, str], limi
         size += len(chunk)
         if size > limit:
             raise too_large
+        take(len(chunk))
         chunks.append(chunk)
         more = message.get("more_body", False)
     return _replay([{"type": "http.request", "body": b"".join(chunks), "more_body": False}], receive)

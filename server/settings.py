@@ -96,6 +96,7 @@ class Settings(BaseSettings):
 
     # -- limits on what one request or one client may hold (docs/security.md) ----------------
     max_json_mb: int = Field(64, ge=1)  # JSON bodies (artifacts travel base64 inside them)
+    max_bodies_mb: int = Field(2048, ge=1)  # request bodies in progress at once, all clients
     max_artifact_mb: int = Field(32, ge=1)  # one serialized jax.export artifact
     max_artifact_ops: int = Field(200_000, ge=1)  # operations in one artifact's module
     max_clients: int = Field(1024, ge=1)  # open client sessions

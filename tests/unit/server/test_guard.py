@@ -3,6 +3,7 @@
 The guard runs in front of a stand-in app whose 'service' only says who a credential is;
 the checks are the guard's own (pure ASGI, no Ray)."""
 
+import asyncio
 import gc
 from dataclasses import dataclass, field
 
@@ -24,6 +25,7 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 class Settings:
     max_upload_mb: int = 2
     max_json_mb: int = 1
+    max_bodies_mb: int = 3
 
 
 @dataclass
@@ -44,7 +46,8 @@ class Registry:
 @dataclass
 class Service:
     settings: Settings = field(default_factory=Settings)
-    clients: dict = field(default_factory=lambda: {"Bearer s-alice": Client("alice")})
+    clients: dict = field(default_factory=lambda: {"Bearer s-alice": Client("alice"),
+                                                   "Bearer s-bob": Client("bob")})
     bodies_read: int = 0
     registry: Registry = field(default_factory=Registry)
 
@@ -56,10 +59,12 @@ class Service:
         raise Unauthorized("unknown credential")
 
 
-def app(service: Service) -> Starlette:
+def app(service: Service, gate: asyncio.Event | None = None) -> Starlette:
     async def echo(request: Request) -> JSONResponse:
         body = await request.body()
         service.bodies_read += 1
+        if gate is not None and "x-wait" in request.headers:
+            await gate.wait()
         caller = request.state.caller
         return JSONResponse({"bytes": len(body), "caller": getattr(caller, "id", "admin"),
                              "in_flight": getattr(caller, "in_flight", None)})
@@ -130,6 +135,35 @@ async def test_a_chunked_body_is_counted_and_refused_once_past_the_limit():
     r = await ask(service, "POST", "/v1/buffers", content=small(), headers=h)
     assert r.json()["bytes"] == 4
 
+
+
+async def test_bodies_in_progress_are_bounded_per_caller_and_in_all():
+    """Alice's 2 MiB upload is in progress (its handler waits): a byte more of hers passes
+    her 2 MiB, Bob's 2 MiB the server's 3; both 429 before a byte is read. Once hers ends,
+    Bob's goes through."""
+    service, gate = Service(), asyncio.Event()
+    alice, bob = {"Authorization": "Bearer s-alice"}, {"Authorization": "Bearer s-bob"}
+    transport = httpx.ASGITransport(app=app(service, gate))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as h:
+        held = asyncio.create_task(
+            h.post("/v1/buffers", content=b"x" * (2 << 20), headers={**alice, "x-wait": "1"}))
+        await asyncio.wait_for(_until(lambda: service.bodies_read == 1), 10)
+        mine = await h.post("/v1/buffers", content=b"x", headers=alice)
+        assert mine.status_code == 429 and "one caller may send at once" in mine.json()["detail"]
+        assert mine.headers["retry-after"] == "1"
+        every = await h.post("/v1/buffers", content=b"x" * (2 << 20), headers=bob)
+        assert every.status_code == 429 and "the server takes at once" in every.json()["detail"]
+        assert service.bodies_read == 1
+        assert (await h.post("/v1/things", content=b"{}", headers=bob)).status_code == 200  # room for 1 MiB
+        gate.set()
+        assert (await asyncio.wait_for(held, 10)).status_code == 200
+        for who in (bob, alice):
+            assert (await h.post("/v1/buffers", content=b"x" * (2 << 20), headers=who)).status_code == 200
+
+
+async def _until(condition) -> None:
+    while not condition():
+        await asyncio.sleep(0)
 
 
 @pytest.mark.usefixtures("collector_off")
