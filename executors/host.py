@@ -393,6 +393,10 @@ class Host:
         log.info("host %s: hosts %s are gone; %d runs told", self.host, list(hosts), told)
         return told
 
+    async def cancel(self, run_ids: Sequence[str], cause: str) -> int:
+        """Stop these runs' loops (unsequenced; a coroutine for the reason `peers_lost` is)."""
+        return self.runner.cancel(run_ids, cause)
+
     def _deliver(self, to: str, run_id: str, tag: str, payload: Payload) -> None:
         """Hand a value to a peer host; `executors.pool` wires this to the peer's actor."""
         raise Failure(f"host {self.host} has no route to host {to}")

@@ -453,6 +453,16 @@ class ExecutorPool(IslandLifecycle):
     async def stats(self, host: str, timeout: float) -> dict[str, Any]:
         return await self._await(self._call(host, "stats"), host, timeout, "stats")
 
+    def cancel(self, hosts: Sequence[str], run_ids: Sequence[str], cause: str) -> None:
+        """Stop these runs' loops on these hosts (`Host.cancel`; unsequenced, after the run
+        messages sent so far)."""
+        self.outbox.flush()
+        for host in hosts:
+            try:
+                self._call(host, "cancel", list(run_ids), cause)
+            except Unavailable as e:  # a host that is down runs nothing
+                log.info("cancel on host %s skipped: %s", host, e)
+
     def delete(self, host: str, buffer_ids: Sequence[str]) -> None:
         """Free buffers on a host, with the others released in this turn (`executors.deletes`);
         one that is down has lost them already."""

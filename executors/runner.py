@@ -36,11 +36,15 @@ Contract:
   timeout fails the value it defines, and every dependent with it; an error XLA reports
   while a computation runs reaches every array computed from it. A peer whose executor the
   server found gone (`peers_lost`) fails at once what the runs taken so far wait for from it.
+- A run's loops end, failed, at their next test once the run is cancelled (`cancel`: its
+  client closed) or has run past its message's `limit` on this host: a loop of 2**31
+  iterations does not hold the host for everyone else.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import traceback
@@ -84,6 +88,7 @@ class RunMessage:
     results: Sequence[tuple[str, str]]  # (value, buffer id)
     final: bool
     timeout: float
+    limit: float = math.inf  # the most seconds the run may loop on this host (from its first message)
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,8 @@ class Runner:
         self._finished: deque[str] = deque(maxlen=FINISHED_RUNS)
         self._finished_set: set[str] = set()
         self._taken: set[str] = set()  # runs with a message taken here, not yet finished
+        self._stops: dict[str, str] = {}  # run -> why its loops end now (`cancel`)
+        self._deadlines: dict[str, float] = {}  # run -> when its loops end (monotonic, `limit`)
         self._lock = threading.Lock()
         self.issued = Issued(in_flight, failed)  # computations issued, not known finished
         self._dead: dict[str, tuple[tuple[str, ...], ...]] = {}  # plan key -> values dead after each step
@@ -183,6 +190,21 @@ class Runner:
                 self.deliver(run, "abort", Abort(host, "", cause))
         return len(runs)
 
+    def cancel(self, run_ids: Collection[str], cause: str) -> int:
+        """Stop these runs, of those taken here: each loop of theirs ends at its next test
+        (its predicate fails with `cause`, and the peers are told as for any failed
+        predicate), and what they wait for from peers fails now. A computation already
+        issued runs to its end. Returns how many runs it stopped."""
+        with self._lock:
+            stopped = [r for r in run_ids if r in self._taken]
+            for r in stopped:
+                self._stops[r] = cause
+            waiting = [fut for (run, _), fut in self._mail.items() if run in self._stops and not fut.done()]
+        for fut in waiting:
+            if not fut.done():
+                fut.set_result(Failed(cause))
+        return len(stopped)
+
     def _mailbox(self, run_id: str, tag: str) -> Future[Payload]:
         with self._lock:
             fut = self._mail.get((run_id, tag))
@@ -191,7 +213,16 @@ class Runner:
                 abort = next((a for a in self._aborts.get(run_id, ()) if aborted(tag, a)), None)
                 if abort is not None:
                     fut.set_result(Failed(abort.cause))
+                elif run_id in self._stops:
+                    fut.set_result(Failed(self._stops[run_id]))
             return fut
+
+    def _stopped(self, message: RunMessage) -> str | None:
+        """Why the run's loops must end now (cancelled, or past its limit), if they must."""
+        cause = self._stops.get(message.run_id)
+        if cause is None and time.monotonic() > self._deadlines.get(message.run_id, math.inf):
+            cause = f"run {message.run_id} looped past its limit of {message.limit:g}s on host {self.host}"
+        return cause
 
     # -- in turn (dispatch thread) ---------------------------------------------------------
 
@@ -235,7 +266,11 @@ class Runner:
                 self._finish(message.run_id)
             return self.issued.outputs()
         with self._lock:
-            run = self._runs.setdefault(message.run_id, _Run())
+            run = self._runs.get(message.run_id)
+            if run is None:
+                run = self._runs[message.run_id] = _Run()
+                if message.limit < math.inf:
+                    self._deadlines[message.run_id] = time.monotonic() + message.limit
         for value, buffer_id in message.args:
             if value not in run.env:
                 run.env[value] = self._argument(buffer_id, message.timeout)
@@ -284,6 +319,8 @@ class Runner:
         with self._lock:
             self._runs.pop(run_id, None)
             self._taken.discard(run_id)
+            self._stops.pop(run_id, None)
+            self._deadlines.pop(run_id, None)
             self._aborts.pop(run_id, None)
             for key in [k for k in self._mail if k[0] == run_id]:
                 del self._mail[key]
@@ -318,6 +355,10 @@ class Runner:
         try:
             if isinstance(step, Enter | Merge | Switch | NextIteration | Exit):
                 layout = self._layout(plan)
+                if isinstance(step, Switch) and i in layout.loops and blocked([env[step.pred]]) is None:
+                    stop = self._stopped(message)
+                    if stop is not None:  # the loop ends here, failed, on every host
+                        env[step.pred] = Failure(stop)
                 after = control.step(step, i, env, frames, layout, guarded)
                 if i in layout.loops and isinstance(env[step.pred], Failure):  # leaving the loop
                     self._abort(message.run_id, frames, layout.peers[layout.loops[i]], env[step.pred])

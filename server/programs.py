@@ -94,6 +94,7 @@ class Programs:
         # the runs they finished by id.
         self._incarnation = secrets.token_hex(3)
         self._tasks = Tasks()
+        self._looping: dict[str, tuple[str, tuple[str, ...]]] = {}  # run in flight -> (owner, hosts)
 
     # -- registration ------------------------------------------------------------------------
 
@@ -270,11 +271,11 @@ class Programs:
         _, plans = self._lowered(owner, rec)
         run_id = f"{rec.id}/{self._incarnation}.{next(self._run_numbers)}"  # a computation has several
         rec.runs += 1
-        timeout = self.service.settings.step_timeout_s
+        timeout, limit = self.service.settings.step_timeout_s, self.service.settings.max_run_s
         messages = [
             (plan, RunMessage(run_id, plan.key, 0, len(plan.steps),
                               [(v, inputs[k]) for k, v in plan.args],
-                              [(v, outputs[k]) for k, v in plan.results], True, timeout))
+                              [(v, outputs[k]) for k, v in plan.results], True, timeout, limit))
             for plan in plans.values()
         ]
         island = self.service.slice(owner, rec.program.slices[0].name).island
@@ -284,10 +285,32 @@ class Programs:
         looping = any(plan.loops for plan in plans.values())
         sequential = (dispatch or self.service.settings.dispatch) == "sequential" and not looping
         start = (lambda: self._sequential(messages)) if sequential else (lambda: self._parallel(messages))
+        if looping:
+            start = self._tracked(run_id, owner.id, tuple(sorted(plans)), start)
         # Sequential dispatch writes the results with its closing messages: they wait until then.
         outputs = list(outputs)
         self.service.gangs.submit(island, sub, start, [*inputs, *([] if sequential else outputs)],
                                   outputs if sequential else [], outputs=outputs)
+
+    def _tracked(self, run_id: str, owner_id: str, hosts: tuple[str, ...],
+                 start: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+        """`start`, the run known as looping while its hosts run it (`cancel_runs`)."""
+        def started() -> Awaitable[None]:
+            running = asyncio.ensure_future(start())
+            self._looping[run_id] = (owner_id, hosts)
+            running.add_done_callback(lambda _: self._looping.pop(run_id, None))
+            return running
+
+        return started
+
+    def cancel_runs(self, owner_id: str, cause: str) -> int:
+        """Stop the client's runs with loops that its hosts run now: each loop ends, failed,
+        at its next test (`executors.runner`). Returns how many."""
+        runs = {r: hosts for r, (o, hosts) in self._looping.items() if o == owner_id}
+        if runs:
+            hosts = sorted({h for hs in runs.values() for h in hs})
+            self.service.pool.cancel(hosts, list(runs), cause)
+        return len(runs)
 
     # -- calls -------------------------------------------------------------------------------
 

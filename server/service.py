@@ -212,6 +212,7 @@ class Service:
         owner = self.client(client_id)
         self.credentials.revoke(owner.key)
         self.gangs.cancel_client(owner.id)  # its queued work first: nothing of it runs after
+        self.programs.cancel_runs(owner.id, f"client {owner.id} was closed")  # nor loops on
         self.delete_buffers(owner, sorted(owner.buffers))
         self.lineage.drop_owner(owner.id)
         self._drop_computations(owner, list(owner.computations))

@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     # How long a host waits for a peer's data, an executable, or (CPU) its peers in a
     # collective before failing the value.
     step_timeout_s: float = Field(300.0, gt=0)
+    # A run's loops end, failed, once it has run this long on a host (its client closed: at
+    # once). One computation (a lax.while_loop inside one jitted function) runs to its end.
+    max_run_s: float = Field(3600.0, gt=0)
     # Program runs: one message per host (parallel), or one per node after the previous
     # one is accepted (sequential, for comparison).
     dispatch: Literal["parallel", "sequential"] = "parallel"

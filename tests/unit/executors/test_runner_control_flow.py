@@ -3,7 +3,9 @@ lowered to Switch / Merge / Enter / Exit / NextIteration plans and run by two `H
 hand each other values (and the predicate, and dead signals) directly.
 """
 
+import asyncio
 import itertools
+import math
 import threading
 
 import jax
@@ -41,15 +43,15 @@ def compute(b, name, f, ins, args, out, slice_name):
     return value
 
 
-def loop_program(cross: bool, parallel: int = 1):
-    """x, n = while n < 5: (x * 2 [on b0 when cross], n + 1); returns (x, n); up to
+def loop_program(cross: bool, parallel: int = 1, bound: int = 5):
+    """x, n = while n < bound: (x * 2 [on b0 when cross], n + 1); returns (x, n); up to
     `parallel` iterations at once on each host."""
     b = ProgramBuilder()
     sa, sb = b.slice("sa", {"x": 1}, island="a"), b.slice("sb", {"x": 1}, island="b")
     x, n = b.arg(F32, (), sa), b.arg(I32, (), sa)
     cond = b.sub()
     _, cn = cond.arg(F32, (), sa), cond.arg(I32, (), sa)
-    cond.result(compute(cond, "lt5", lambda k: k < 5, None, [cn], BOOL, sa))
+    cond.result(compute(cond, f"lt{bound}", lambda k: k < bound, None, [cn], BOOL, sa))
     body = b.sub()
     bx, bn = body.arg(F32, (), sa), body.arg(I32, (), sa)
     if cross:
@@ -77,7 +79,8 @@ def cond_program():
     return b.build()
 
 
-async def run(hosts: dict[str, Host], program, inputs: list[np.ndarray], run_id: str = "r0"):
+async def run(hosts: dict[str, Host], program, inputs: list[np.ndarray], run_id: str = "r0",
+              limit: float = math.inf):
     lowered = lower(program, PLACES, check=True)
     plans = host_plans(lowered)
     table = lowered.artifact_table
@@ -95,7 +98,7 @@ async def run(hosts: dict[str, Host], program, inputs: list[np.ndarray], run_id:
                          inputs[k].shape, mesh, [])
             args.append((value, f"{run_id}.in{k}"))
         results = [(value, f"{run_id}.out{k}") for k, value in plan.results]
-        message = RunMessage(run_id, plan.key, 0, len(plan.steps), args, results, True, 30.0)
+        message = RunMessage(run_id, plan.key, 0, len(plan.steps), args, results, True, 30.0, limit)
         await hosts[h].run(next(seq[h]), message, plan)
     outs = []
     for k in range(len(program.results)):
@@ -154,6 +157,40 @@ async def test_a_host_that_loses_the_predicate_tells_its_peers_and_none_waits(ho
     for host in hosts.values():
         st = host.stats()
         assert (st["runs"], st["frames"], st["mailboxes"]) == (0, 0, 0), st
+
+
+@pytest.mark.parametrize("parallel", [1, 4])
+async def test_a_loop_past_its_limit_ends_failed_on_every_host(hosts, parallel):
+    program = loop_program(cross=True, parallel=parallel, bound=2**30)  # a billion iterations
+    inputs = [np.ones(3, np.float32), np.int32(0)]
+    (x, n), _ = await asyncio.wait_for(run(hosts, program, inputs, limit=0.5), 60)
+    for reply in (x, n):
+        assert isinstance(reply, Failed) and "looped past its limit of 0.5s" in reply.cause, reply
+    for host in hosts.values():
+        st = host.stats()
+        assert (st["runs"], st["frames"], st["mailboxes"]) == (0, 0, 0), st
+
+
+@pytest.mark.parametrize("parallel", [1, 4])
+async def test_a_cancelled_run_ends_its_loop_on_every_host(hosts, parallel):
+    program = loop_program(cross=True, parallel=parallel, bound=2**30)
+    running = asyncio.create_task(run(hosts, program, [np.ones(3, np.float32), np.int32(0)]))
+
+    async def inside() -> None:  # both hosts in the loop
+        while not all(h.stats()["frames"] for h in hosts.values()):
+            assert not running.done()
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(inside(), 30)
+    for host in hosts.values():
+        assert await host.cancel(["r0", "never-taken"], "client c was closed") == 1
+    (x, n), _ = await asyncio.wait_for(running, 60)
+    for reply in (x, n):
+        assert isinstance(reply, Failed) and "client c was closed" in reply.cause, reply
+    for host in hosts.values():
+        st = host.stats()
+        assert (st["runs"], st["frames"], st["mailboxes"]) == (0, 0, 0), st
+    assert not any(h.runner._stops or h.runner._deadlines for h in hosts.values())
 
 
 class Gated(Wired):

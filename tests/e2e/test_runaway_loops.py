@@ -1,0 +1,69 @@
+"""A loop that would never end does not hold its host: past `max_run_s` it ends failed,
+naming the limit, and closing its client ends it at once (executors/runner.py).
+
+Its own server, with `ISTHMUS_MAX_RUN_S=20`; the loops count to 2**30, far past it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from polling import admin_hosts, until
+from servers import own_server
+
+import client as isthmus
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+LIMIT_S = 20
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    state = tmp_path_factory.mktemp("runaway") / "state"
+    with own_server(state, {"ISTHMUS_MAX_RUN_S": str(LIMIT_S)}) as server:
+        yield server
+
+
+def runaway(c: isthmus.Client, s: isthmus.Slice):
+    lt = c.jit(lambda i, n: i < n, slice=s)
+    inc = c.jit(lambda i: i + 1, slice=s)
+
+    @c.program
+    def count(i, n):
+        return isthmus.while_loop(lambda j: lt(j, n), inc, i)
+
+    return count
+
+
+def test_a_loop_past_the_run_limit_ends_failed_and_names_it(server):
+    address, token = server
+    with isthmus.connect(address, token=token, name="runaway-limit") as c:
+        s = c.slice({"x": 1}, island="a")
+        count = runaway(c, s)
+        assert int(count(np.int32(0), np.int32(10)).numpy()) == 10  # jax.lax.while_loop's answer
+        started = time.monotonic()
+        with pytest.raises(isthmus.RemoteError, match=f"looped past its limit of {LIMIT_S}s"):
+            count(np.int32(0), np.int32(2**30)).numpy()
+        assert time.monotonic() - started >= LIMIT_S
+        assert int(count(np.int32(5), np.int32(7)).numpy()) == 7  # the host serves on
+
+
+def test_closing_a_client_ends_its_loops_and_frees_the_host_for_others(server):
+    address, token = server
+    looping = isthmus.connect(address, token=token, name="runaway-closed")
+    s = looping.slice({"x": 1}, island="b")
+    host = s.hosts[0]
+    out = runaway(looping, s)(np.int32(0), np.int32(2**30))
+    until(lambda: admin_hosts(address, token)[host]["running"], 60, f"the loop running on {host}")
+    closed = time.monotonic()
+    looping.close()
+    del out
+    with isthmus.connect(address, token=token, name="runaway-neighbour") as c:
+        other = next(t for t in (c.slice({"x": 1}, island="b") for _ in range(2)) if host in t.hosts)
+        x0 = np.arange(4, dtype=np.float32)
+        np.testing.assert_array_equal(c.jit(lambda v: v * 2.0, slice=other)(c.put(x0, other)).numpy(), x0 * 2)
+    assert time.monotonic() - closed < LIMIT_S / 2  # not once the limit ended it
