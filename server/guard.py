@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -27,6 +26,7 @@ from ir import InvalidArgument, IsthmusError
 from server import errors
 from server.auth import Admin
 from server.errors import OverQuota, PayloadTooLarge
+from server.records import ClientRecord
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
@@ -90,7 +90,7 @@ class Guard:
         finally:
             self._bodies.give(who, held[0])
 
-    async def _serve(self, caller: Admin | Any, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _serve(self, caller: Admin | ClientRecord, scope: Scope, receive: Receive, send: Send) -> None:
         if isinstance(caller, Admin):
             await self.app(scope, receive, send)
             return
