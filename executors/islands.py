@@ -125,18 +125,9 @@ class IslandLifecycle:
         return hosts, dropped
 
     def _tell_gone(self, gone: Sequence[str], cause: str) -> None:
-        """Tell every other host that these hosts' executors are gone (`Host.peers_lost`),
-        over its channel, after the run messages numbered for it so far (the outbox is
-        flushed first), which the host has taken by the time it reads this."""
-        if not gone:
-            return
-        self.outbox.flush()
-        for h, channel in list(self._channels.items()):
-            if h not in gone:
-                try:
-                    channel.tell("peers_lost", list(gone), cause)
-                except Unavailable as e:  # that one is gone too: its own loss is reported
-                    log.info("host %s was not told of %s: %s", h, list(gone), e)
+        """Tell every other host that these hosts' executors are gone (`Host.peers_lost`)."""
+        if gone:
+            self._tell_all([h for h in self._handles if h not in gone], "peers_lost", list(gone), cause)
 
     def _retire(self, host: str) -> None:
         """Kill a host's executor and close its channel (quietly: it may be gone already)."""

@@ -454,14 +454,19 @@ class ExecutorPool(IslandLifecycle):
         return await self._await(self._call(host, "stats"), host, timeout, "stats")
 
     def cancel(self, hosts: Sequence[str], run_ids: Sequence[str], cause: str) -> None:
-        """Stop these runs' loops on these hosts (`Host.cancel`; unsequenced, after the run
-        messages sent so far)."""
+        """Stop these runs' loops on these hosts (`Host.cancel`)."""
+        self._tell_all(hosts, "cancel", list(run_ids), cause)
+
+    def _tell_all(self, hosts: Sequence[str], method: str, *args: Any) -> None:
+        """An unsequenced request nobody reads the answer of, to each of these hosts, after
+        the run messages numbered for it so far (the outbox is flushed first), which the
+        host has taken by the time it reads this."""
         self.outbox.flush()
         for host in hosts:
             try:
-                self._call(host, "cancel", list(run_ids), cause)
-            except Unavailable as e:  # a host that is down runs nothing
-                log.info("cancel on host %s skipped: %s", host, e)
+                self._call(host, method, *args)
+            except Unavailable as e:  # a host that is down: its own loss is reported
+                log.info("%s on host %s skipped: %s", method, host, e)
 
     def delete(self, host: str, buffer_ids: Sequence[str]) -> None:
         """Free buffers on a host, with the others released in this turn (`executors.deletes`);

@@ -39,6 +39,9 @@ class Bodies:
         self.held = 0
         self._by: dict[str, int] = {}
 
+    def ticket(self, who: str) -> Ticket:
+        return Ticket(self, who)
+
     def take(self, who: str, size: int) -> None:
         mine = self._by.get(who, 0)
         if mine + size > self.each:
@@ -60,6 +63,21 @@ class Bodies:
                 del self._by[who]
 
 
+class Ticket:
+    """One request's share of `Bodies`: what it has taken, given back at `close`."""
+
+    def __init__(self, bodies: Bodies, who: str) -> None:
+        self._bodies, self._who, self._held = bodies, who, 0
+
+    def take(self, size: int) -> None:
+        self._bodies.take(self._who, size)
+        self._held += size
+
+    def close(self) -> None:
+        self._bodies.give(self._who, self._held)
+        self._held = 0
+
+
 class Guard:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -74,13 +92,13 @@ class Guard:
         if self._bodies is None:
             self._bodies = Bodies(settings.max_bodies_mb << 20, settings.max_upload_mb << 20)
         headers = _headers(scope)
-        who, held = "", [0]
+        body: Ticket | None = None
         try:
             try:
                 caller = service.caller(headers.get("authorization"))
-                who = "admin" if isinstance(caller, Admin) else caller.id
+                body = self._bodies.ticket("admin" if isinstance(caller, Admin) else caller.id)
                 limit_mb = settings.max_upload_mb if _is_upload(scope) else settings.max_json_mb
-                receive = await _bounded(scope, receive, headers, limit_mb, self._counter(who, held))
+                receive = await _bounded(scope, receive, headers, limit_mb, body.take)
             except IsthmusError as e:
                 # (answering unlinks e, and with it what was read of a body too large)
                 await errors.response(e)(scope, receive, send)
@@ -88,7 +106,8 @@ class Guard:
             scope.setdefault("state", {})["caller"] = caller
             await self._serve(caller, scope, receive, _committing(send, service.registry.flush))
         finally:
-            self._bodies.give(who, held[0])
+            if body is not None:
+                body.close()
 
     async def _serve(self, caller: Admin | ClientRecord, scope: Scope, receive: Receive, send: Send) -> None:
         if isinstance(caller, Admin):
@@ -101,17 +120,6 @@ class Guard:
         finally:
             client.in_flight -= 1
             client.last_seen = time.monotonic()
-
-    def _counter(self, who: str, held: list[int]) -> Callable[[int], None]:
-        """Counts a request's body bytes against `Bodies` as they are known; `held` sums them."""
-        assert self._bodies is not None
-        bodies = self._bodies
-
-        def take(size: int) -> None:
-            bodies.take(who, size)
-            held[0] += size
-
-        return take
 
 
 def _committing(send: Send, flush: Callable[[], None]) -> Send:

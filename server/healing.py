@@ -13,6 +13,9 @@ Contract:
   restarting, or for a host marked down, changes nothing. A restart that fails is tried again
   after 1, 2, 4, ... seconds, `heal_attempts` times in all; past that the next probe that
   finds the host lost starts again. Meanwhile calls there fail typed, never hang.
+- `restart_claimed` is the one way executors are replaced (the operator's
+  `Service.restart_island` too): the gang paused, the pool's executors replaced, the values
+  lost, the programs compiled again, the gang resumed.
 - `restart` is the one path of automatic restarts: a host lost, and a failed cross-host
   collective (`Service.restart_when_broken`). `POST /v1/islands/{name}/restart` stays for
   operators.
@@ -60,13 +63,37 @@ class Healer:
         s.restarting.add(island)
         s.spawn(self._heal(island, cause, only, time.monotonic()))
 
+    async def restart_claimed(self, island: str, cause: str, only: Sequence[str] | None = None) -> int:
+        """Restart an island the caller has put in `restarting` (this takes it out): `only`
+        these hosts where the island is not one JAX group. A host whose Ray node is gone is
+        dropped (marked down) instead. Returns how many buffers were lost."""
+        s = self.service
+        log.warning("island %s: restarting %s (%s)", island,
+                    "its executors" if only is None else f"the executors of {list(only)}", cause)
+        s.gangs.pause(island)  # what is submitted meanwhile runs on the new executors
+        try:
+            restarted, dropped = await s.pool.restart_island(island, only, cause)
+            for h in dropped:
+                s.rm.mark_host(h, "down")
+                log.warning("island %s: host %s is gone with its Ray node; new slices avoid it", island, h)
+            if island in s.pool.groups:  # hosts that joined since are in the new group
+                s.rm.join_groups(s.pool.islands[island], s.pool.span)
+            lost = s.lose_values([*restarted, *dropped], f"island {island} was restarted ({cause}), "
+                                 "and the values on its hosts with it")
+            s.programs.compile_again(set(restarted))  # computations too: their call programs
+        finally:
+            s.restarting.discard(island)
+            s.gangs.resume(island)
+        log.warning("island %s: restarted; %d buffers lost", island, len(lost))
+        return len(lost)
+
     async def _heal(self, island: str, cause: str, only: Sequence[str] | None, since: float) -> None:
         """Restart, retrying with a doubling pause."""
         s = self.service
         delay = 1.0
         for attempt in range(1, s.settings.heal_attempts + 1):
             try:
-                await s.restart_claimed(island, cause, only)
+                await self.restart_claimed(island, cause, only)
                 log.warning("island %s: healed %.1fs after %s", island, time.monotonic() - since, cause)
                 return
             except Exception as e:

@@ -1,7 +1,7 @@
 """The islands whose executors are being replaced, and a wait for a restart's end.
 
 Whoever starts a restart adds the island (`Service.restart_island`, `server.healing`), and
-`Service.restart_claimed` discards it when the restart is over, failed or not: whoever
+`Healer.restart_claimed` discards it when the restart is over, failed or not: whoever
 waits on `over` then goes on.
 """
 

@@ -283,36 +283,13 @@ class Service:
         if island in self.restarting:
             raise Conflict(f"island {island!r} is already restarting")
         self.restarting.add(island)
-        return await self.restart_claimed(island, cause)
+        return await self.healer.restart_claimed(island, cause)
 
     def restart_when_broken(self, island: str, cause: str) -> None:
         """A host reported a failed collective: its island's group cannot run collectives
         again, so restart it (once; reports during the restart are ignored)."""
         if island in self.pool.groups:
             self.healer.restart(island, f"a collective failed: {cause}")
-
-    async def restart_claimed(self, island: str, cause: str, only: Sequence[str] | None = None) -> int:
-        """Restart an island the caller has put in `restarting` (this takes it out): `only`
-        these hosts where the island is not one JAX group. A host whose Ray node is gone is
-        dropped (marked down) instead. Returns how many buffers were lost."""
-        log.warning("island %s: restarting %s (%s)", island,
-                    "its executors" if only is None else f"the executors of {list(only)}", cause)
-        self.gangs.pause(island)  # what is submitted meanwhile runs on the new executors
-        try:
-            restarted, dropped = await self.pool.restart_island(island, only, cause)
-            for h in dropped:
-                self.rm.mark_host(h, "down")
-                log.warning("island %s: host %s is gone with its Ray node; new slices avoid it", island, h)
-            if island in self.pool.groups:  # hosts that joined since are in the new group
-                self.rm.join_groups(self.pool.islands[island], self.pool.span)
-            lost = self.lose_values([*restarted, *dropped], f"island {island} was restarted ({cause}), "
-                                    "and the values on its hosts with it")
-            self.programs.compile_again(set(restarted))  # computations too: their call programs
-        finally:
-            self.restarting.discard(island)
-            self.gangs.resume(island)
-        log.warning("island %s: restarted; %d buffers lost", island, len(lost))
-        return len(lost)
 
     def lose_values(self, hosts: Sequence[str], why: str) -> list[str]:
         """The buffers on these hosts are gone (their executors are): reading one says why.
