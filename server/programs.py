@@ -106,7 +106,7 @@ class Programs:
         program = await asyncio.to_thread(_parse, doc)
         self._check_slices(owner, program)
         targets = {d.name: self.service.slice(owner, d.name) for d in program.slices}
-        infos = await asyncio.to_thread(_read_artifacts, program, targets, self.service.inspect)
+        infos = await self._read_artifacts(owner, program, targets)
         self._check_slices(owner, program)
         self.service.quotas.check("programs", len(owner.programs), 1)
         _check_artifacts(program, infos)
@@ -121,6 +121,17 @@ class Programs:
         self.service.registry.add_program(owner, rec)
         self.records[rec.id] = rec
         return rec
+
+    async def _read_artifacts(self, owner: ClientRecord, program: Program,
+                              slices: dict[str, Slice]) -> dict[tuple[str, str], ArtifactInfo]:
+        """Each computation's artifact read once per slice, in the owner's turns."""
+        infos: dict[tuple[str, str], ArtifactInfo] = {}
+        table = program.artifact_table
+        for node in program.graph.walk():  # the computations of loops and branches too
+            if node.op is Op.COMPUTE and (node.attrs.artifact, node.attrs.slice) not in infos:
+                infos[node.attrs.artifact, node.attrs.slice] = await self.service.inspect(
+                    owner, table[node.attrs.artifact].data, slices[node.attrs.slice])
+        return infos
 
     def restore(self, owner: ClientRecord, program_id: str, name: str, fuse: bool, doc: Any) -> None:
         """A program registered before the server restarted (checked then): read, lowered
@@ -421,18 +432,6 @@ def _parse(doc: Any) -> Program:
     program = from_wire(doc)
     verify(program)
     return program
-
-
-def _read_artifacts(program: Program, slices: dict[str, Slice],
-                    inspect: Callable[[bytes, Slice], ArtifactInfo]) -> dict[tuple[str, str], ArtifactInfo]:
-    """Each computation's artifact read once per slice (runs off the event loop)."""
-    infos: dict[tuple[str, str], ArtifactInfo] = {}
-    table = program.artifact_table
-    for node in program.graph.walk():  # the computations of loops and branches too
-        if node.op is Op.COMPUTE and (node.attrs.artifact, node.attrs.slice) not in infos:
-            infos[node.attrs.artifact, node.attrs.slice] = inspect(
-                table[node.attrs.artifact].data, slices[node.attrs.slice])
-    return infos
 
 
 def _check_artifacts(program: Program, infos: dict[tuple[str, str], ArtifactInfo]) -> None:

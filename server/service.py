@@ -38,8 +38,7 @@ from ir import (
 from ir.passes import device_mesh
 from resource_manager import ClusterSpec, ResourceManager, Slice, default_cluster, load_cluster
 from server import recovery
-from server.artifact_reader import ArtifactReader
-from server.artifacts import ArtifactInfo, inspect_artifact
+from server.artifacts import ArtifactInfo
 from server.auth import Admin, Credentials
 from server.caches import HostCaches
 from server.gang import Gangs
@@ -48,6 +47,7 @@ from server.lineage import Lineage, Upload
 from server.membership import watch_nodes
 from server.programs import Programs
 from server.quotas import Quotas
+from server.readers import Readers
 from server.records import BufferRecord, ClientRecord, ComputationRecord, new_id, output_ids
 from server.registry import Registry
 from server.remake import queued_put, usable
@@ -75,9 +75,9 @@ class Service:
         self.credentials = Credentials(admin_token)
         self.quotas = Quotas.of(settings)
         self.caches = HostCaches(pool.forget)
-        # Client artifacts are read in a process of their own (server.artifact_reader).
-        self.reader = ArtifactReader()
-        self.reader.start()
+        # Client artifacts are read in processes of their own, shared fairly (server.readers).
+        self.readers = Readers(settings.artifact_readers)
+        self.readers.start()
         # The records (what survives a restart) are the registry's; these read them.
         self.registry = registry
         self.clients = registry.clients
@@ -159,7 +159,7 @@ class Service:
 
     def close(self) -> None:
         self._tasks.cancel()
-        self.reader.close()
+        self.readers.close()
         self.programs.close()
         self.gangs.close()
         keep = self.settings.keep_executors
@@ -471,7 +471,8 @@ class Service:
         self.quotas.check("computations", len(owner.computations), 1)
         # Decoding and reading the artifact take time in proportion to its size: off the
         # event loop, which meanwhile serves every other request.
-        artifact, info = await asyncio.to_thread(self._read_artifact, artifact_b64, s)
+        artifact = await asyncio.to_thread(_decode, artifact_b64)
+        info = await self.inspect(owner, artifact, s)
         s = self.slice(owner, slice_id)  # still there, and still the caller's, after the wait
         self.quotas.check("computations", len(owner.computations), 1)
         ins = _specs(in_specs, info.in_avals, s, "in_specs")
@@ -485,19 +486,12 @@ class Service:
         owner.registered[said] = rec.id
         return rec
 
-    def _read_artifact(self, artifact_b64: str, s: Slice) -> tuple[bytes, ArtifactInfo]:
-        try:
-            artifact = base64.b64decode(artifact_b64, validate=True)
-        except (binascii.Error, ValueError):
-            raise InvalidArgument("artifact: not valid base64") from None
-        return artifact, self.inspect(artifact, s)
-
-    def inspect(self, artifact: bytes, s: Slice) -> ArtifactInfo:
-        """Read a client's artifact for slice `s` under the server's limits (blocking: call
-        it off the event loop)."""
-        return inspect_artifact(artifact, s.mesh, self.slice_platform(s), reader=self.reader,
-                                max_bytes=self.settings.max_artifact_mb << 20,
-                                max_ops=self.settings.max_artifact_ops)
+    async def inspect(self, owner: ClientRecord, artifact: bytes, s: Slice) -> ArtifactInfo:
+        """Read the owner's artifact for slice `s` under the server's limits, taking its turn
+        among the clients (server.readers)."""
+        return await self.readers.read(owner.id, artifact, s.mesh, self.slice_platform(s),
+                                       max_bytes=self.settings.max_artifact_mb << 20,
+                                       max_ops=self.settings.max_artifact_ops)
 
     def _drop_computations(self, owner: ClientRecord, computation_ids: Sequence[str]) -> None:
         """Forget these computations; hosts forget executables nothing else uses."""
@@ -547,6 +541,13 @@ class Service:
 
         self.pool.when_settled(refs, hosts, self.settings.fetch_timeout_s, then)
         return done
+
+
+def _decode(artifact_b64: str) -> bytes:
+    try:
+        return base64.b64decode(artifact_b64, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidArgument("artifact: not valid base64") from None
 
 
 def _said(artifact_b64: str, rest: list[Any]) -> bytes:
