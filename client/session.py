@@ -28,6 +28,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import sys
 import threading
 import time
 import weakref
@@ -182,7 +183,7 @@ class Session:
         says so): queued when small, else sent now (after what is queued)."""
         aval = Aval(tuple(array.shape), dtype_name(array.dtype))
         buf = Buffer(self, new_id(), slice_id, aval, spec, view)
-        data = array.tobytes()  # C order, whatever the array's layout
+        data = little_endian(array).tobytes()  # C order, whatever the array's layout
         if len(data) <= INLINE_BYTES:
             self._enqueue(Pending({"op": "put", "id": buf.id, "slice_id": slice_id, "dtype": aval.dtype,
                                    "shape": list(aval.shape), "spec": spec.to_json(),
@@ -328,3 +329,12 @@ class Session:
         self._stopped = True
         self._wake.set()
         self._queue.clear()
+
+
+def little_endian(array: np.ndarray) -> np.ndarray:
+    """The array in the wire's byte order: a big-endian one (read from a file, say) converted,
+    its values unchanged."""
+    order = array.dtype.byteorder
+    if order == ">" or (order == "=" and sys.byteorder == "big"):
+        return array.astype(array.dtype.newbyteorder("<"))
+    return array
