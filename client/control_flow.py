@@ -202,8 +202,9 @@ def cond(pred: Any, true_fun: Callable[..., Any], false_fun: Callable[..., Any],
         inputs = jax.tree_util.tree_unflatten(treedef, [child.traced(v) for v in args[k]])
         with tracing(child):
             outs[k] = _flatten(child, fn(*inputs))
-        for i, v in enumerate(ops):  # an untyped operand: as its first consumer wants it
-            if trace.typed(v) is None and (want := child.typed(args[k][i])) is not None:
+        for i, v in enumerate(ops):  # an operand untyped here: as its first consumer wants it
+            want = child.typed(args[k][i])
+            if want is not None and trace.typed(v) != want:  # (one passed twice: typed already)
                 ops[i] = trace.use(v, trace.slices[want.slice], want.spec)
     where = _slice_of(trace, [p, *ops], "cond")
     for i, v in enumerate(ops):  # read by neither branch

@@ -134,6 +134,23 @@ def test_cond_inside_while_chooses_between_islands(c, fns):
     assert_no_state_left(c)
 
 
+def test_one_operand_passed_twice_to_a_cond_goes_where_each_use_wants_it(c, fns):
+    f, g, lf, lg = fns["f"], fns["g"], fns["lf"], fns["lg"]
+    spread = c.jit(lambda v: v - v.mean(), slice=fns["sa"])  # island a, replicated
+
+    @c.program
+    def both(x, pr):  # x's two uses: P("x") on island a, P("y") on island b, P() on island a
+        return isthmus.cond(pr, lambda u, w, d: (f(u), g(w), spread(d["v"])), lambda u, w, d: (u, w, d["v"]),
+                            x, x, {"v": x})
+
+    for pr in (True, False):
+        got = both(X0, np.bool_(pr))
+        want = jax.lax.cond(pr, lambda u, w, d: (lf(u), lg(w), d["v"] - d["v"].mean()),
+                            lambda u, w, d: (u, w, d["v"]), X0, X0, {"v": X0})
+        for o, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(o.numpy(), np.asarray(w), rtol=1e-6)
+
+
 def test_while_inside_cond_the_untaken_branch_hosts_finish(c, fns):
     f, g, lt, inc = fns["f"], fns["g"], fns["lt"], fns["inc"]
     positive = c.jit(lambda v: v[0] > 0, slice=fns["sa"], in_specs=P("x"))
