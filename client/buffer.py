@@ -32,6 +32,7 @@ class Futures(Protocol):
     def wait(self, buffer: Buffer) -> None: ...
     def ready(self, buffer: Buffer) -> bool: ...
     def fetch(self, buffer: Buffer) -> bytes: ...
+    def put(self, array: np.ndarray, slice_id: str, spec: Spec, view: View = PLAIN) -> Buffer: ...
 
 
 class Shaped:
@@ -82,7 +83,7 @@ class Buffer(Shaped):
 
     def __del__(self) -> None:
         # A plain method, not weakref.finalize: this runs once per call on the hot path.
-        if self._deleted:
+        if getattr(self, "_deleted", True):  # (unset: it was never made whole)
             return
         try:
             self._futures.release(self.id)
@@ -190,6 +191,27 @@ class Buffer(Shaped):
         value = self.numpy()
         return value.astype(dtype) if dtype is not None else np.array(value) if copy else value
 
+    def __copy__(self) -> Buffer:
+        """The buffer itself: its value never changes, so a copy may share it (as JAX's
+        arrays, immutable, may be shared)."""
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Buffer:
+        """A new buffer of the same value on the same slice, whose life is its own (deleting
+        or donating either leaves the other): fetched and uploaded again, through the client."""
+        return self._futures.put(self._data(), self.slice_id, self.spec, self._view)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled as its value (fetched): a numpy array, or typed keys as a JAX key array.
+        Unpickled, it is a local array; `c.put` places it again."""
+        if self.key is not None:
+            return _keys, (self._data(), self.key)
+        return np.asarray, (self.numpy(),)
+
     def __repr__(self) -> str:
         keys = "" if self.key is None else f" keys={self.key}"
         return f"Buffer({self.id}, {self.aval}{keys}, {self.spec}, slice={self.slice_id})"
+
+
+def _keys(data: np.ndarray, impl: str) -> Any:
+    return jax.random.wrap_key_data(data, impl=impl)

@@ -4,6 +4,9 @@ and optimizer states as pytrees, typed PRNG keys (`jax.random.key`, nnx's `Rngs`
 of computations and programs, keyword arguments, and host callbacks refused with a clear
 error."""
 
+import copy
+import pickle
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -248,6 +251,32 @@ def test_buffers_answer_what_jax_arrays_answer(c):
     assert sum(leaf.size for leaf in jax.tree_util.tree_leaves(out)) == 6  # as counting parameters does
     got = jax.device_get(out)
     assert isinstance(got["v"], np.ndarray) and got["v"].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_big_endian_arrays_keep_their_values(c):
+    s = c.slice({"x": 2})
+    x, i = np.arange(4, dtype=">f4"), np.arange(4, dtype=">i4")  # as read from a file, say
+    doubled, incremented = c.jit(lambda v, w: (v * 2, w + 1), slice=s)(x, i)
+    assert doubled.numpy().tolist() == [0.0, 2.0, 4.0, 6.0] and incremented.numpy().tolist() == [1, 2, 3, 4]
+    assert c.put(x, s, P("x")).numpy().tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_copies_of_buffers_as_python_makes_them(c):
+    s = c.slice({"x": 2})
+    params = c.put({"w": np.arange(4, dtype=np.float32), "key": jax.random.key(3)}, s)
+    shallow = copy.copy(params["w"])
+    assert shallow is params["w"]  # immutable: shared, and dropping the copy frees nothing
+    best = copy.deepcopy(params)  # a snapshot whose life is its own
+    assert best["w"].id != params["w"].id
+    step = c.jit(lambda p: jax.tree.map(lambda v: v + 1 if v.dtype == jnp.float32 else v, p), slice=s,
+                 donate_argnums=0)
+    params = step(params)  # donated: the originals are deleted
+    assert best["w"].numpy().tolist() == [0.0, 1.0, 2.0, 3.0]
+    same_keys(best["key"].keys(), jax.random.key(3))
+    assert params["w"].numpy().tolist() == [1.0, 2.0, 3.0, 4.0]
+    value = pickle.loads(pickle.dumps(best))  # pickled as values: local arrays
+    assert isinstance(value["w"], np.ndarray) and value["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    same_keys(value["key"], jax.random.key(3))
 
 
 def test_static_arguments_as_jax_jit_takes_them(c):
