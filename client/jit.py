@@ -9,9 +9,11 @@ pytree prefix of the arguments / results, as in `jax.jit`'s shardings.
 from __future__ import annotations
 
 import base64
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import jax
 import numpy as np
@@ -29,6 +31,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Export", "Function", "as_array", "leaf_specs"]
 
+# Signatures of one function whose registrations are kept: the least recently called one goes
+# past this (it is exported and registered again if called again), as a cache of compiled
+# functions keeps a bounded number, and the server's quota counts what clients hold.
+SIGNATURES_KEPT = 256
 # the dynamic arguments' tree, the static values, per leaf its data's shape, dtype and view
 Signature = tuple[Any, StaticKey, tuple[tuple[tuple[int, ...], str, View], ...]]
 
@@ -59,7 +65,10 @@ class Function:
         self.donated = donated or Donated()
         self.name = name or getattr(fn, "__name__", "computation")
         self._exports: dict[Signature, Export] = {}
-        self._registered: dict[Signature, str] = {}
+        # the newest signatures' computations, oldest first (`forget`)
+        self._registered: OrderedDict[Signature, str] = OrderedDict()
+        if session is not None:  # what it registered is forgotten once it is gone
+            weakref.finalize(self, forget, session, "computations", self._registered).atexit = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         donated = self.donated.buffers(args, kwargs)
@@ -88,12 +97,19 @@ class Function:
         """Queue one call of `exported` (registered on first use) on `arrays`."""
         session = self._session
         assert session is not None, "a Function made without a session can only be traced"
-        if sig not in self._registered:
-            self._registered[sig] = self._register(session, exported)
+        computation = self._registered.get(sig)
+        if computation is None:
+            if len(self._registered) >= SIGNATURES_KEPT:  # its room in the quota is freed first
+                old, oldest = self._registered.popitem(last=False)
+                self._exports.pop(old, None)
+                session.let_go("computations", [oldest])
+            computation = self._registered[sig] = self._register(session, exported)
+        elif len(self._registered) > 1:
+            self._registered.move_to_end(sig)
         # Uploads are queued before the call; their release (when dropped) comes after it.
         inputs = [x if isinstance(x, Buffer) else session.put(x[0], self.slice.id, spec, x[1])
                   for x, spec in zip(arrays, exported.in_specs, strict=True)]
-        return session.call(self._registered[sig], [b.id for b in inputs], exported.outputs)
+        return session.call(computation, [b.id for b in inputs], exported.outputs)
 
     def export(self, args: Any, kwargs: dict[str, Any], sig: Signature) -> Export:
         """The artifact for one signature (cached): `args` and `kwargs` give the pytree its
@@ -173,7 +189,7 @@ class Function:
         return Export(artifact, in_specs, out_specs, out_avals, out_views, out_tree, outputs)
 
     def _register(self, session: Session, exported: Export) -> str:
-        record = session.json("POST", "/v1/computations", json={
+        record = session.register("/v1/computations", {
             "slice_id": self.slice.id,
             "artifact": base64.b64encode(exported.artifact).decode(),
             "in_specs": [sp.to_json() for sp in exported.in_specs],
@@ -184,6 +200,11 @@ class Function:
 
     def __repr__(self) -> str:
         return f"isthmus.Function({self.name} on {self.slice.id})"
+
+
+def forget(session: Session, kind: Literal["computations", "programs"], registered: dict[Any, str]) -> None:
+    """A function is gone: let go of what its signatures registered (`Session.let_go`)."""
+    session.let_go(kind, list(registered.values()))
 
 
 def host_callbacks(jaxpr: Any) -> set[str]:

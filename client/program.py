@@ -9,6 +9,8 @@ typed as the server registered the program's results.
 
 from __future__ import annotations
 
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -18,6 +20,7 @@ import numpy as np
 
 from client.arrays import View, as_array
 from client.buffer import Buffer
+from client.jit import SIGNATURES_KEPT, forget
 from client.trace import Trace, Traced, tracing
 from ir import Aval, Program, Spec, Type, print_program, to_wire
 from ir.ops import check_parallel_iterations
@@ -51,7 +54,9 @@ class ProgramFunction:
         self.dispatch = dispatch
         self.fuse = fuse
         self.name = name or getattr(fn, "__name__", "program")
-        self._cache: dict[Any, Registered] = {}
+        self._cache: OrderedDict[Any, Registered] = OrderedDict()  # the newest signatures, oldest first
+        self._programs: dict[Any, str] = {}  # the same signatures' program ids
+        weakref.finalize(self, forget, session, "programs", self._programs).atexit = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         items, traced = self._signature((args, kwargs))
@@ -73,9 +78,16 @@ class ProgramFunction:
             else ("array", x[0].shape, x[0].dtype.str, x[1])
             for x in items
         ))
-        if sig not in self._cache:
-            self._cache[sig] = self._trace(items, in_tree)
-        return items, self._cache[sig]
+        traced = self._cache.get(sig)
+        if traced is None:
+            if len(self._cache) >= SIGNATURES_KEPT:  # its room in the quota is freed first
+                old, _ = self._cache.popitem(last=False)
+                self._session.let_go("programs", [self._programs.pop(old)])
+            traced = self._cache[sig] = self._trace(items, in_tree)
+            self._programs[sig] = traced.program_id
+        elif len(self._cache) > 1:
+            self._cache.move_to_end(sig)
+        return items, traced
 
     def trace(self, *args: Any, **kwargs: Any) -> Program:
         """The IR program these arguments trace to (traced and registered if new)."""
@@ -99,8 +111,8 @@ class ProgramFunction:
             x if isinstance(x, Buffer) else self._session.put(x, t.slice, t.spec)
             for x, t in zip(trace.bound, arg_types[len(items):], strict=True)
         ]
-        record = self._session.json("POST", "/v1/programs",
-                                    json={"program": to_wire(program), "name": self.name, "fuse": self.fuse})
+        record = self._session.register("/v1/programs",
+                                        {"program": to_wire(program), "name": self.name, "fuse": self.fuse})
         outputs = [(r["slice_id"], Aval(tuple(r["shape"]), r["dtype"]), Spec.from_json(r["spec"]), view)
                    for r, view in zip(record["results"], views, strict=True)]
         return Registered(record["id"], program, arg_types, bound, out_tree, outputs)

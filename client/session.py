@@ -9,6 +9,9 @@ Contract:
 - A dropped buffer's release joins the same queue. A buffer cannot be dropped while a
   queued call still names it (the caller held it to make the call), so its release comes
   after every use. Releases do not wake the sender: they ride with the next batch.
+- A computation or program no function here holds any more (`let_go`) is forgotten on the
+  server the same way, at the end of a batch (after every operation queued before it), and
+  never while a registration is under way (`register`), which may be answered with its id.
 - Everything else that talks to the server (`json`, `request`, `wait`, `ready`, `fetch`)
   first sends what is queued, so the server sees the session's requests in the order they
   were made. `wait` sends the queued operations and waits in the same request.
@@ -32,9 +35,10 @@ import sys
 import threading
 import time
 import weakref
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType
@@ -155,6 +159,15 @@ class Session:
         self._wake = threading.Event()
         self._stopped = False
         self._deferred: IsthmusError | None = None  # a background send's failure, for the next blocking call
+        # computation or program id -> the functions' signatures here that hold it (the
+        # server answers a registration it has seen with the same id)
+        self._held: Counter[str] = Counter()
+        self._held_lock = threading.RLock()  # (a finalizer may run in any thread, mid-hold)
+        # ids no signature held when last let go -> "computations" or "programs" (`_forgets`)
+        self._unheld: dict[str, str] = {}
+        # held from a registration's request until its id is held; a forget is sent only
+        # under it, so that the server never forgets an id a registration just answered
+        self._registering = threading.Lock()
         if background:
             threading.Thread(target=self._send_forever, name="isthmus-sender", daemon=True).start()
 
@@ -199,6 +212,39 @@ class Session:
         if not self._stopped:
             self._queue.append(buffer_id)
 
+    def register(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Register a computation or program (`POST path`); its signature holds the record
+        the server answers with until `let_go`."""
+        self.flush()  # what was let go is forgotten first: its room in the quota is free
+        with self._registering:
+            record = self.json("POST", path, json=body)
+            with self._held_lock:
+                self._held[record["id"]] += 1
+        return record
+
+    def let_go(self, kind: Literal["computations", "programs"], record_ids: Iterable[str]) -> None:
+        """These signatures are gone: what no other one holds is forgotten on the server,
+        after everything queued before (which may still use it). Like a release, it rides
+        with the next batch."""
+        with self._held_lock:
+            for r in record_ids:
+                self._held[r] -= 1
+                if self._held[r] <= 0:
+                    del self._held[r]
+                    self._unheld[r] = kind
+
+    def _forgets(self) -> list[dict[str, Any]]:
+        """The forget operation for what is still unheld (under `_sending` and
+        `_registering`): a registration answered since with one of its ids holds it again."""
+        with self._held_lock:
+            gone, self._unheld = self._unheld, {}
+        by_kind: dict[str, list[str]] = {"computations": [], "programs": []}
+        for r, kind in gone.items():
+            if r not in self._held:
+                by_kind[kind].append(r)
+        return [{"op": "forget", kind: ids[i:i + MAX_RELEASES]}
+                for kind, ids in by_kind.items() for i in range(0, len(ids), MAX_RELEASES)]
+
     def _enqueue(self, op: Pending) -> None:
         self._queue.append(op)
         self._wake.set()
@@ -238,14 +284,21 @@ class Session:
         queue of releases only stays queued. Hold `_sending`."""
         while True:
             ops, owners = self._take()
-            if not ops:
-                return None
-            if not releases and not any(owners):  # they wait for the next batch
-                self._queue.extendleft(reversed([b for op in ops for b in op["ids"]]))
-                return None
             last = not self._queue
-            body = {"ops": ops, "wait": wait.id if wait is not None and last else None}
+            # Forgets go last, after whatever may still use what they name, and like releases
+            # ride with operations; a registration under way defers them (`_registering`).
+            forgetting = (last and bool(self._unheld) and (releases or any(owners))
+                          and self._registering.acquire(blocking=False))
+            if forgetting:
+                forgets = self._forgets()
+                ops, owners = [*ops, *forgets], [*owners, *[None] * len(forgets)]
             try:
+                if not ops:
+                    return None
+                if not releases and not any(owners):  # they wait for the next batch
+                    self._queue.extendleft(reversed([b for op in ops for b in op["ids"]]))
+                    return None
+                body = {"ops": ops, "wait": wait.id if wait is not None and last else None}
                 answer = self.transport.json("POST", "/v1/batch", json=body)
                 failed = [(owners[f["index"]], refusal(f["status"], f["error"], f["detail"]))
                           for f in answer["failed"]]
@@ -254,6 +307,9 @@ class Session:
                     f"POST /v1/batch: an answer the client cannot read: {type(e).__name__}: {e}")
                 failed = [(p, error) for p in owners]
                 answer = None
+            finally:
+                if forgetting:
+                    self._registering.release()
             for p, error in failed:
                 if p is not None:
                     p.fail(error)

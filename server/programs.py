@@ -21,7 +21,9 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
+import json
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
@@ -102,8 +104,12 @@ class Programs:
         """Check, lower and register a program. Reading the document, its artifacts and
         lowering it take time in proportion to its size: they run off the event loop, and
         what they depend on (the caller's slices, its quota) is checked again after."""
+        name = name or "program"
+        program, said = await asyncio.to_thread(_parse, doc, name, fuse)
+        known = self.records.get(owner.registered.get(said, ""))
+        if known is not None and known.owner == owner.id and known.status != "failed":
+            return known  # the same program registered again (traced anew in a loop, say)
         self.service.quotas.check("programs", len(owner.programs), 1)
-        program = await asyncio.to_thread(_parse, doc)
         self._check_slices(owner, program)
         targets = {d.name: self.service.slice(owner, d.name) for d in program.slices}
         infos = await self._read_artifacts(owner, program, targets)
@@ -112,7 +118,7 @@ class Programs:
         _check_artifacts(program, infos)
         args, results = graph_signature(program.graph, program.slice_table,
                                         frozenset(program.artifact_table))
-        rec = ProgramRecord(new_id("p"), owner.id, name or "program", program, args, results, fuse)
+        rec = ProgramRecord(new_id("p"), owner.id, name, program, args, results, fuse)
         key = self._placements(owner, program)
         lowered = await asyncio.to_thread(self._lower, rec, key)
         self._check_slices(owner, program)
@@ -120,6 +126,7 @@ class Programs:
             self._keep(rec, key, lowered)
         self.service.registry.add_program(owner, rec)
         self.records[rec.id] = rec
+        owner.registered[said] = rec.id
         return rec
 
     async def _read_artifacts(self, owner: ClientRecord, program: Program,
@@ -136,7 +143,7 @@ class Programs:
     def restore(self, owner: ClientRecord, program_id: str, name: str, fuse: bool, doc: Any) -> None:
         """A program registered before the server restarted (checked then): read, lowered
         and compiled again under its id (executors taken over still hold its executables)."""
-        program = _parse(doc)
+        program, said = _parse(doc, name, fuse)
         self._check_slices(owner, program)
         args, results = graph_signature(program.graph, program.slice_table, frozenset(program.artifact_table))
         rec = ProgramRecord(program_id, owner.id, name, program, args, results, fuse)
@@ -144,6 +151,7 @@ class Programs:
         self._keep(rec, key, self._lower(rec, key))
         self.records[rec.id] = rec
         owner.programs.add(rec.id)
+        owner.registered[said] = rec.id
 
     def _check_slices(self, owner: ClientRecord, program: Program) -> None:
         for d in program.slices:
@@ -226,12 +234,21 @@ class Programs:
         """A deleted slice takes the programs that use it with it."""
         self._remove(owner, [p for p in owner.programs if slice_id in self.records[p].program.slice_table])
 
+    def delete(self, owner: ClientRecord, program_ids: Sequence[str]) -> None:
+        """Forget programs the client no longer runs; an id not among its programs is
+        skipped (deleting is idempotent). Runs already queued still run."""
+        self._remove(owner, [p for p in program_ids if p in owner.programs])
+
     def _remove(self, owner: ClientRecord, program_ids: Sequence[str]) -> None:
+        """Gone at once for new runs; its hosts forget its plans and executables once the
+        runs queued before have run (`record_key`)."""
         self.service.registry.remove_programs(owner, program_ids)
+        gone = set(program_ids)
+        owner.registered = {k: r for k, r in owner.registered.items() if r not in gone}
         for pid in program_ids:
             rec = self.records.pop(pid, None)
             if rec is not None:
-                self._remove_lowerings(rec)
+                self.service.gangs.later([record_key(pid)], lambda rec=rec: self._remove_lowerings(rec))
 
     def _drop(self, lowered: tuple[Program, dict[str, HostPlan]]) -> None:
         """A lowering no longer kept: its hosts forget what no other record uses."""
@@ -300,8 +317,10 @@ class Programs:
             start = self._tracked(run_id, owner.id, tuple(sorted(plans)), start)
         # Sequential dispatch writes the results with its closing messages: they wait until then.
         outputs = list(outputs)
+        # Held until it has run: its record's executables and plans stay on the hosts until then.
+        record = record_key(rec.computation.id if rec.computation is not None else rec.id)
         self.service.gangs.submit(island, sub, start, [*inputs, *([] if sequential else outputs)],
-                                  outputs if sequential else [], outputs=outputs)
+                                  [*(outputs if sequential else []), record], outputs=outputs)
 
     def _tracked(self, run_id: str, owner_id: str, hosts: tuple[str, ...],
                  start: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
@@ -365,9 +384,15 @@ class Programs:
         return rec
 
     def forget_calls(self, computation_id: str) -> None:
-        """A deleted computation: its call programs go, and what only they used on the hosts."""
-        for rec in self.calls.pop(computation_id, {}).values():
-            self._remove_lowerings(rec)
+        """A deleted computation: its call programs go, and what only they used on the hosts
+        once the calls queued before have run (`record_key`)."""
+        calls = self.calls.pop(computation_id, {})
+
+        def forget() -> None:
+            for rec in calls.values():
+                self._remove_lowerings(rec)
+
+        self.service.gangs.later([record_key(computation_id)], forget)
 
     def _remove_lowerings(self, rec: ProgramRecord) -> None:
         for lowered in rec.lowered.values():
@@ -428,10 +453,19 @@ def _results(messages: Sequence[tuple[HostPlan, RunMessage]]) -> list[str]:
     return list(dict.fromkeys(b for _, m in messages for _, b in m.results))
 
 
-def _parse(doc: Any) -> Program:
+def record_key(record_id: str) -> str:
+    """What a run of a computation or program holds in the gang scheduler while it is queued
+    or running, so that deleting the record lets go of its hosts' caches only after it
+    (no buffer id has a '#')."""
+    return "#" + record_id
+
+
+def _parse(doc: Any, name: str, fuse: bool) -> tuple[Program, bytes]:
+    """The program, and a digest of what its registration says."""
     program = from_wire(doc)
     verify(program)
-    return program
+    said = hashlib.sha256(json.dumps(["program", doc, name, fuse], sort_keys=True).encode()).digest()
+    return program, said
 
 
 def _check_artifacts(program: Program, infos: dict[tuple[str, str], ArtifactInfo]) -> None:

@@ -53,8 +53,8 @@ class ClientRecord:
     buffer_bytes: int = 0  # the bytes of its live buffers, against its quota
     buffers: set[str] = field(default_factory=set)
     computations: set[str] = field(default_factory=set)
-    # what each of its registrations said (a digest) -> the computation made of it, so that
-    # registering the same again (a function jitted anew in a loop) finds that one
+    # what each of its registrations said (a digest) -> the computation or program made of
+    # it, so that registering the same again (a function jitted anew in a loop) finds that one
     registered: dict[bytes, str] = field(default_factory=dict, repr=False)
     programs: set[str] = field(default_factory=set)
     # ids the client chose for outputs of a submission the server refused -> why; a later

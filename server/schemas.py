@@ -280,7 +280,13 @@ class ReleaseOp(BaseModel):
     ids: list[Id] = Field(max_length=MAX_IDS, description="buffers the client dropped")
 
 
-BatchOp = Annotated[CallOp | RunOp | PutOp | ReleaseOp, Field(discriminator="op")]
+class ForgetOp(BaseModel):
+    op: Literal["forget"]
+    computations: list[Id] = Field([], max_length=MAX_IDS, description="computations the client dropped")
+    programs: list[Id] = Field([], max_length=MAX_IDS, description="programs the client dropped")
+
+
+BatchOp = Annotated[CallOp | RunOp | PutOp | ReleaseOp | ForgetOp, Field(discriminator="op")]
 
 
 class BatchCreate(BaseModel):

@@ -493,8 +493,14 @@ class Service:
                                        max_bytes=self.settings.max_artifact_mb << 20,
                                        max_ops=self.settings.max_artifact_ops)
 
+    def delete_computations(self, owner: ClientRecord, computation_ids: Sequence[str]) -> None:
+        """Forget computations the client no longer calls; an id not among its computations
+        is skipped (deleting is idempotent). Calls already queued still run."""
+        self._drop_computations(owner, [c for c in computation_ids if c in owner.computations])
+
     def _drop_computations(self, owner: ClientRecord, computation_ids: Sequence[str]) -> None:
-        """Forget these computations; hosts forget executables nothing else uses."""
+        """Forget these computations; hosts forget executables nothing else uses, once the
+        calls queued before have run."""
         for cid in computation_ids:
             if self.registry.remove_computation(owner, cid):
                 self.programs.forget_calls(cid)

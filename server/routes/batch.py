@@ -1,4 +1,4 @@
-"""A batch: the calls, runs, small uploads and releases a client queued, in one request.
+"""A batch: the calls, runs, small uploads, releases and forgets a client queued, in one request.
 
 The asynchronous client (`client.session`) names every output itself and sends what it
 queued in order, without waiting for each answer. The contract:
@@ -31,6 +31,7 @@ from server.schemas import (
     BatchOp,
     BatchPublic,
     CallOp,
+    ForgetOp,
     OpFailure,
     Outcome,
     PutOp,
@@ -65,6 +66,9 @@ async def submit(op: BatchOp, client: ClientRecord, service: Service) -> None:
                 service.upload(client, op.slice_id, aval, Spec.from_json(op.spec), _data(op), op.id)
         case ReleaseOp():
             service.release(client, op.ids)
+        case ForgetOp():
+            service.delete_computations(client, op.computations)
+            service.programs.delete(client, op.programs)
 
 
 def outcome(e: IsthmusError) -> Outcome:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from server.deps import ClientDep, ServiceDep
 from server.records import ComputationRecord
@@ -36,6 +36,14 @@ async def register(body: ComputationCreate, client: ClientDep,
 async def get_computation(computation_id: str, client: ClientDep,
                     service: ServiceDep) -> ComputationPublic:
     return public(service.computation(client, computation_id))
+
+
+@router.delete("/computations/{computation_id}", status_code=204, responses=error_responses(404))
+async def delete_computation(computation_id: str, client: ClientDep, service: ServiceDep) -> Response:
+    """Forget a computation: no new call of it is taken; calls already queued still run."""
+    service.computation(client, computation_id)  # 404 if it is not the caller's
+    service.delete_computations(client, [computation_id])
+    return Response(status_code=204)
 
 
 @router.get("/computations")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from ir import Type, print_program
 from server.deps import ClientDep, ServiceDep
@@ -47,6 +47,14 @@ async def program_text(program_id: str, client: ClientDep, service: ServiceDep) 
     lowered, plans = service.programs.lowered(client, program_id)
     return ProgramText(text=print_program(rec.program), lowered=print_program(lowered),
                        plans=[plans[h].to_json() for h in sorted(plans)])
+
+
+@router.delete("/programs/{program_id}", status_code=204, responses=error_responses(404))
+async def delete_program(program_id: str, client: ClientDep, service: ServiceDep) -> Response:
+    """Forget a program: no new run of it is taken; runs already queued still run."""
+    service.programs.get(client, program_id)  # 404 if it is not the caller's
+    service.programs.delete(client, [program_id])
+    return Response(status_code=204)
 
 
 @router.get("/programs")

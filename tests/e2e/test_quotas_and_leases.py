@@ -5,6 +5,7 @@ A server of its own, with small quotas and a 2 s lease, started once for the mod
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Iterator
 
@@ -17,6 +18,9 @@ from polling import until
 from servers import own_server
 
 import client as isthmus
+from client import connection as client_connection
+from client import jit as client_jit
+from client import program as client_program
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -87,6 +91,94 @@ def test_jitting_again_in_a_loop_counts_once_against_the_quota(small):
         np.testing.assert_array_equal(x.numpy(), np.full(4, 8, np.float32))
         listed = httpx.get(f"{address}/v1/computations", headers={"Authorization": f"Bearer {c.secret}"})
         assert len(listed.json()) == 2  # the quota's limit, never passed
+
+
+def _listed(address: str, secret: str, what: str) -> list[dict]:
+    return httpx.get(f"{address}/v1/{what}", headers={"Authorization": f"Bearer {secret}"}).json()
+
+
+def test_a_function_called_with_more_signatures_than_it_keeps_goes_on(small, monkeypatch):
+    """As jax.jit takes any number of shapes, a function keeps the registrations of its
+    newest signatures only (256; 2 here, as this server holds 2 computations): the oldest
+    is forgotten on the server and registered again if called again."""
+    monkeypatch.setattr(client_jit, "SIGNATURES_KEPT", 2)
+    monkeypatch.setattr(client_program, "SIGNATURES_KEPT", 1)
+    address, token = small
+    with isthmus.connect(address, token=token, name="shapes") as c:
+        s = c.slice({"x": 1})
+        total = c.jit(lambda v: v.sum(), slice=s)
+        for n in [*range(1, 8), 1, 2]:
+            assert total(np.ones(n, np.float32)).numpy() == n
+        assert len(_listed(address, c.secret, "computations")) <= 2
+
+        twice = c.jit(lambda v: v * 2, slice=s)
+
+        @c.program
+        def quadruple(v: object) -> object:
+            return twice(twice(v))
+
+        for n in [*range(1, 5), 1]:  # a program for each shape; one kept
+            np.testing.assert_array_equal(quadruple(np.ones(n, np.float32)).numpy(), np.full(n, 4.0))
+        assert len(_listed(address, c.secret, "programs")) == 1
+
+
+def test_functions_made_in_a_loop_are_forgotten_on_the_server_once_dropped(small, monkeypatch):
+    """A function and program written anew each step, each different: what the client no
+    longer holds leaves the server's quota (with 256 functions kept; 1 here)."""
+    monkeypatch.setattr(client_connection, "JITTED_KEPT", 1)
+    address, token = small
+    with isthmus.connect(address, token=token, name="anew") as c:
+        s = c.slice({"x": 1})
+        x = c.put(np.zeros(4, np.float32), s)
+        for i in range(1, 6):
+            add = c.jit(lambda v, i=i: v + i, slice=s)
+            step = c.program(lambda v, add=add: add(add(v)))
+            x = add(step(x))
+            assert len(_listed(address, c.secret, "computations")) <= 2
+            assert len(_listed(address, c.secret, "programs")) <= 1
+        np.testing.assert_array_equal(x.numpy(), np.full(4, 45, np.float32))
+
+
+def test_a_dropped_function_s_queued_calls_still_run(small, monkeypatch):
+    """Calls queued before their function was dropped run: the server forgets it after
+    them, and the hosts forget its executables once they have run."""
+    monkeypatch.setattr(client_connection, "JITTED_KEPT", 0)  # `c.jit` keeps no function
+    address, token = small
+    with isthmus.connect(address, token=token, name="dropping") as c:
+        s = c.slice({"x": 1})
+        x = c.put(np.arange(4, dtype=np.float32), s)
+        f = c.jit(lambda v: v * 3, slice=s)
+        ys = [f(x) for _ in range(50)]
+        del f
+        gc.collect()
+        for y in ys:
+            np.testing.assert_array_equal(y.numpy(), np.arange(4) * 3)
+        assert _listed(address, c.secret, "computations") == []
+
+
+def test_deleting_a_computation_or_program_over_http(small):
+    address, token = small
+    with isthmus.connect(address, token=token, name="owner") as c, \
+            isthmus.connect(address, token=token, name="other") as other:
+        s = c.slice({"x": 1})
+        f = c.jit(lambda v: v + 1, slice=s)
+
+        @c.program
+        def g(v: object) -> object:
+            return f(f(v))
+
+        x = c.put(np.zeros(4, np.float32), s)
+        np.testing.assert_array_equal(g(f(x)).numpy(), np.full(4, 3.0))
+        [comp], [prog] = _listed(address, c.secret, "computations"), _listed(address, c.secret, "programs")
+        mine, theirs = {"Authorization": f"Bearer {c.secret}"}, {"Authorization": f"Bearer {other.secret}"}
+        for what, record in (("computations", comp), ("programs", prog)):
+            r = httpx.delete(f"{address}/v1/{what}/{record['id']}", headers=theirs)
+            assert r.status_code == 404 and record["id"] in r.json()["detail"], r.text
+            assert httpx.delete(f"{address}/v1/{what}/{record['id']}", headers=mine).status_code == 204
+            assert httpx.get(f"{address}/v1/{what}/{record['id']}", headers=mine).status_code == 404
+        r = httpx.post(f"{address}/v1/calls", json={"computation_id": comp["id"], "inputs": [x.id]},
+                       headers=mine)
+        assert r.status_code == 404 and comp["id"] in r.json()["detail"], r.text
 
 
 def test_a_large_array_closed_over_is_refused_with_what_to_do_instead(small):
