@@ -63,7 +63,10 @@ def leaf_specs(specs: Any, tree: Any, what: str) -> list[Spec]:
 def call_specs(specs: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Spec]:
     """One `Spec` per leaf of `(args, kwargs)`: `specs` is one spec for every leaf, or a
     prefix of the positional arguments, keyword arguments then being replicated (as
-    `jax.jit`'s `in_shardings` cover the positional ones)."""
+    `jax.jit`'s `in_shardings` cover the positional ones; a list of them is taken as the
+    tuple of the arguments, as there)."""
+    if isinstance(specs, list):
+        specs = tuple(specs)
     if _is_spec(specs):
         return leaf_specs(specs, (args, kwargs), "in_specs")
     return leaf_specs(specs, args, "in_specs") + leaf_specs(None, kwargs, "in_specs")

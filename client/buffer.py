@@ -63,6 +63,12 @@ class Shaped:
         """The number of elements (of keys, for typed keys), as `jax.Array.size`."""
         return math.prod(self.shape)
 
+    def __len__(self) -> int:
+        """The first dimension, as `len` of a `jax.Array` (no data needed)."""
+        if not self.shape:
+            raise TypeError("len() of unsized object")
+        return self.shape[0]
+
 
 class Buffer(Shaped):
     __slots__ = ("__weakref__", "_deleted", "_futures", "_value", "_view", "aval", "error", "id", "slice_id",
@@ -150,6 +156,10 @@ class Buffer(Shaped):
 
     def __int__(self) -> int:
         return int(self.numpy())
+
+    def __bool__(self) -> bool:
+        """The value's truth, as for a JAX array (fetched; one element only)."""
+        return bool(self.numpy())
 
     def __str__(self) -> str:
         """The value, as `str` of a JAX array shows it (`print(loss)`): fetched. `repr` names

@@ -5,6 +5,11 @@ shape, dtype and weak type, or for a `Buffer` its slice and spec too), registers
 with the server, and then queues one run per call (`client.session`): nothing waits for
 the server. The outputs come back at once as `Buffer` futures, in the function's pytree,
 typed as the server registered the program's results.
+
+While a program is being traced, its own Python code only passes values between jitted
+functions and control flow: an array operation on a traced value is refused, naming the
+operation and where it goes (a `c.jit` function). A program called by a program being traced
+is part of it, inlined, as a `jax.jit` function called by another is.
 """
 
 from __future__ import annotations
@@ -21,8 +26,8 @@ import numpy as np
 from client.arrays import View, as_array
 from client.buffer import Buffer
 from client.jit import SIGNATURES_KEPT, forget
-from client.trace import Trace, Traced, tracing
-from ir import Aval, Program, Spec, Type, print_program, to_wire
+from client.trace import DATA_LESS, Trace, Traced, current_trace, tracing
+from ir import Aval, InvalidArgument, Program, Spec, Type, print_program, to_wire
 from ir.ops import check_parallel_iterations
 
 if TYPE_CHECKING:
@@ -59,6 +64,8 @@ class ProgramFunction:
         weakref.finalize(self, forget, session, "programs", self._programs).atexit = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if current_trace() is not None:  # called by a program being traced: part of it, inline
+            return self.fn(*args, **kwargs)
         items, traced = self._signature((args, kwargs))
         inputs = [
             x.live() if isinstance(x, Buffer)
@@ -102,7 +109,13 @@ class ProgramFunction:
         traced_args = [trace.argument(x) if isinstance(x, Buffer) else trace.argument(*x) for x in items]
         with tracing(trace):
             args, kwargs = jax.tree_util.tree_unflatten(in_tree, traced_args)
-            out = self.fn(*args, **kwargs)
+            try:
+                out = self.fn(*args, **kwargs)
+            except TypeError as e:  # a jax.numpy or lax function given a traced value, say
+                if "Traced" not in str(e):
+                    raise
+                said = str(e).rstrip(".")
+                raise InvalidArgument(f"{self.name}: {said}. {DATA_LESS[0].upper()}{DATA_LESS[1:]}") from e
         out_leaves, out_tree = jax.tree_util.tree_flatten(out)
         program, arg_types = trace.finish(out_leaves)
         # each a Traced, a Buffer or a constant: `finish` checked

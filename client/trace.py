@@ -88,6 +88,52 @@ class Traced(Shaped):
         t = self._trace.values[self._id].type
         return f"Traced({self.aval}{'' if t is None else f' {t.spec} @{t.slice}'})"
 
+    def __bool__(self) -> bool:
+        raise InvalidArgument(f"the truth value of {self!r}: {DATA_LESS} (a branch on a value: "
+                              "isthmus.cond; a loop: isthmus.while_loop or fori_loop)")
+
+    def __iter__(self) -> Any:
+        raise InvalidArgument(f"iterating over {self!r}: {DATA_LESS}")
+
+    def __getattr__(self, name: str) -> Any:
+        """`x.sum()`, `x.T`, ...: what a `jax.Array` has and a traced value has not (an
+        `AttributeError` too, for what looks before it leaps: `hasattr`, `getattr(x, n, d)`)."""
+        if name in _ARRAY_ATTRIBUTES:
+            raise _NoAttribute(f".{name} of {self!r}: {DATA_LESS}")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+class _NoAttribute(InvalidArgument, AttributeError):
+    pass
+
+
+# What a value inside a program can be given to: why an operation on one is refused.
+DATA_LESS = ("a value inside @program has no data yet, and a program's own Python code only "
+             "passes its values between c.jit functions, isthmus.while_loop, cond and fori_loop: "
+             "do the operation inside a c.jit function")
+_ARRAY_ATTRIBUTES = frozenset(a for a in dir(jax.Array) if not a.startswith("_")) - {
+    "shape", "dtype", "ndim", "size", "aval", "view"}
+
+
+def _refused(operation: str) -> Any:
+    def refuse(self: Traced, *args: Any) -> Any:
+        raise InvalidArgument(f"{operation} on {self!r}: {DATA_LESS}")
+    return refuse
+
+
+for _name, _operation in {
+    "add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//", "mod": "%", "pow": "**",
+    "matmul": "@", "and": "&", "or": "|", "xor": "^", "lshift": "<<", "rshift": ">>",
+}.items():
+    setattr(Traced, f"__{_name}__", _refused(_operation))
+    setattr(Traced, f"__r{_name}__", _refused(_operation))
+for _name, _operation in {
+    "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "neg": "unary -", "pos": "unary +", "abs": "abs()",
+    "invert": "~", "getitem": "indexing", "setitem": "item assignment", "float": "float()",
+    "int": "int()", "index": "use as an index", "complex": "complex()",
+}.items():
+    setattr(Traced, f"__{_name}__", _refused(_operation))
+
 
 Names = dict[int, str]  # value -> its name in the builder of its graph
 

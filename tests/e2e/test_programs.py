@@ -9,6 +9,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+import client as isthmus
 from ir import InvalidArgument, RemoteError
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -184,6 +185,31 @@ def test_bad_programs_and_runs_are_4xx_naming_the_fault(c):
     with pytest.raises(Exception, match="sl-000000000000"):
         c._json("POST", "/v1/programs", json={"program": wire})
     np.testing.assert_array_equal(prog(x).numpy(), np.ones(3, np.float32))  # still serving
+
+
+def test_array_operations_inside_a_program_are_refused_saying_where_they_go(c):
+    """A program's Python code passes values between jitted functions; an operation on a
+    value there (as on a jax tracer outside jit) names itself and what to do instead."""
+    s = c.slice({"x": 1})
+    f = c.jit(lambda v: v * 2, slice=s)
+    x = np.arange(4, dtype=np.float32)
+    for name, body in [
+        (r"\+", lambda v: f(v) + 1),
+        ("<", lambda v: isthmus.cond(f(v) < 3, f, f, v)),
+        ("indexing", lambda v: f(v)[:2]),
+        (r"\.sum", lambda v: f(v).sum()),
+        ("truth value", lambda v: f(v) if f(v) else v),
+        ("Traced.* is not a valid JAX type", lambda v: jnp.sin(f(v))),
+        ("Traced.* is not a valid JAX type", lambda v: jax.lax.fori_loop(0, 2, lambda i, w: f(w), v)),
+    ]:
+        with pytest.raises(InvalidArgument, match=f"(?s){name}.*(i|I)nside @program has no data yet.*c.jit"):
+            c.program(body)(x)
+    shaped = c.program(lambda v: isthmus.fori_loop(0, len(v), lambda i, w: f(w), v))  # shapes are known
+    np.testing.assert_array_equal(shaped(x).numpy(), x * 16)
+    outer = c.program(lambda v: shaped(f(v)))  # a program calling a program: one program, inlined
+    np.testing.assert_array_equal(outer(x).numpy(), x * 32)
+    ops = [n.op.name for n in outer.trace(x).graph.nodes]
+    assert ops.count("COMPUTE") == 1 and ops.count("WHILE") == 1  # its call of f, and shaped's loop
 
 
 def test_fused_chains_match_local_jit_within_a_stated_tolerance(c):

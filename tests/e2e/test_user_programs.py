@@ -251,6 +251,12 @@ def test_buffers_answer_what_jax_arrays_answer(c):
     assert sum(leaf.size for leaf in jax.tree_util.tree_leaves(out)) == 6  # as counting parameters does
     got = jax.device_get(out)
     assert isinstance(got["v"], np.ndarray) and got["v"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert len(out["v"]) == 4  # its first dimension, nothing fetched
+    with pytest.raises(TypeError, match="unsized"):
+        len(out["mean"])
+    assert bool(out["count"]) and not bool(c.put(np.float32(0), s))  # fetched, as for JAX arrays
+    with pytest.raises(ValueError, match="ambiguous"):
+        bool(out["v"])
 
 
 def test_big_endian_arrays_keep_their_values(c):
@@ -349,6 +355,8 @@ def test_shardings_by_jax_jit_names_and_as_named_shardings(c):
     y = f(c.put(x, s, rows), w)
     assert y.sharding == P("data")
     np.testing.assert_array_equal(y.numpy(), x * w)
+    listed = c.jit(scale, slice=s, in_specs=[P("data"), P()])  # a list, as jax.jit takes it
+    np.testing.assert_array_equal(listed(x, w).numpy(), x * w)
     with pytest.raises(isthmus.InvalidArgument, match=r"in_shardings is in_specs by jax\.jit's name"):
         c.jit(scale, slice=s, in_specs=P(), in_shardings=rows)
     other = NamedSharding(jax.sharding.AbstractMesh((2,), ("model",)), P("model"))
