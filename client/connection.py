@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import types
@@ -28,6 +29,7 @@ from ir import Aval, InvalidArgument, IsthmusError, NotFound, Spec
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8470"
 JITTED_KEPT = 256  # functions whose `Function` (or program) `Client.jit` (`.program`) gives again
+EXIT_TIMEOUT_S = 5.0  # for closing, as the process exits, a session it opened
 
 
 def state_dir() -> Path:
@@ -51,7 +53,8 @@ class Client:
     Opened with the admin `token` (a new session, whose secret this client keeps and sends
     from then on), or with the `secret` of a session the admin opened for it. While the
     client is open a background thread renews its lease; a client that stops (its process
-    killed, say) is closed by the server after the lease, freeing what it held.
+    killed, say) is closed by the server after the lease, freeing what it held. A session
+    this process opened is closed when the process exits, if `close()` was not called.
 
     Calls, runs, small uploads and releases do not wait: they are queued and sent in order,
     batched, by the client's session (`client.session`); a blocking call (a buffer's
@@ -79,6 +82,9 @@ class Client:
         # lease) and stops its sender.
         weakref.finalize(self, self._lease.stop)
         weakref.finalize(self, self._session.close)
+        if secret is None:  # opened here: closed when this process exits, if not before
+            self._opener = os.getpid()
+            _OPENED.add(self)
 
     @property
     def secret(self) -> str:
@@ -231,11 +237,36 @@ class Client:
             self._closed = True
             self._session.transport.close()
 
+    def _close_at_exit(self) -> None:
+        """The process is exiting with this session open: close it on the server now (its
+        queued work could never be read), rather than hold it all for a lease."""
+        if self._closed or os.getpid() != self._opener:  # (a forked child exiting: not its own)
+            return
+        self._closed = True
+        self._lease.stop()
+        self._session.close()
+        with contextlib.suppress(IsthmusError):
+            transport = Transport(self._session.transport.address, self.secret, EXIT_TIMEOUT_S)
+            transport.request("DELETE", f"/v1/clients/{self.id}")
+            transport.close()
+
     def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# The sessions this process opened (with the admin token), closed when it exits, as its files
+# are: a script that ends without close() leaves nothing held on the server for a lease. A
+# session attached by its secret is for its opener to close.
+_OPENED: weakref.WeakSet[Client] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_opened() -> None:
+    for c in list(_OPENED):
+        c._close_at_exit()
 
 
 def _identity(fn: Callable[..., Any]) -> Any:

@@ -1,4 +1,8 @@
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -49,6 +53,41 @@ def test_two_clients_see_only_their_own_buffers_and_slices(connect):
     bob._transport.request("POST", "/v1/buffers/delete", json_body={"ids": [xa.id]})
     assert xa.id in {b["id"] for b in alice.buffers()}
     np.testing.assert_array_equal(ya.numpy(), np.arange(4) + 1)  # untouched by bob's attempts
+
+
+SCRIPT = """
+import sys
+import numpy as np
+import client as isthmus
+address, credential, opened = sys.argv[1:]
+c = isthmus.connect(address, **({"token": credential} if opened == "token" else {"secret": credential}))
+x = c.put(np.arange(4, dtype=np.float32), c.slice({"x": 1}))
+print(c.id, flush=True)
+"""  # and exits without close()
+
+
+def _script(*args: str) -> str:
+    done = subprocess.run([sys.executable, "-c", SCRIPT, *args], capture_output=True, text=True, timeout=120,
+                          env=os.environ | {"JAX_PLATFORMS": "cpu"})
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_a_script_that_exits_without_closing_closes_the_session_it_opened(server, c):
+    """A session the process opened with the token is closed when it exits, as a file is;
+    one it attached to by its secret is its opener's, and stays open."""
+    token = (Path(server.state_dir) / "token").read_text().strip()
+    admin = {"Authorization": f"Bearer {token}"}
+
+    def open_ids() -> set[str]:
+        return {k["id"] for k in httpx.get(f"{server.address}/v1/clients", headers=admin).json()}
+
+    opened = _script(server.address, token, "token")
+    assert opened not in open_ids()  # closed as it exited, not a lease later
+    s = c.slice({"x": 1})
+    assert _script(server.address, c.secret, "secret") == c.id
+    assert c.id in open_ids()
+    np.testing.assert_array_equal(c.put(np.ones(2, np.float32), s).numpy(), np.ones(2))
 
 
 def test_requests_without_the_token_are_refused(server):
