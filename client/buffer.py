@@ -22,7 +22,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from client.arrays import PLAIN, View, key_type
-from ir import Aval, IsthmusError, NotFound, Spec, parse_dtype
+from ir import Aval, InvalidArgument, IsthmusError, NotFound, Spec, parse_dtype
 
 
 class Futures(Protocol):
@@ -107,11 +107,16 @@ class Buffer(Shaped):
     def is_deleted(self) -> bool:
         return self._deleted
 
-    def live(self) -> Buffer:
-        """This buffer, to be read by a call; `NotFound` if it was deleted."""
+    def live(self, reader: Futures | None = None) -> Buffer:
+        """This buffer, to be read by a call (of the client whose session is `reader`);
+        `NotFound` if it was deleted, `InvalidArgument` if it is another client's."""
         if self._deleted:
             raise NotFound(f"buffer {self.id} ({self.aval}) has been deleted (donated to a call, "
                            "or .delete()): as in JAX, a donated argument cannot be used again")
+        if reader is not None and reader is not self._futures:
+            raise InvalidArgument(
+                f"buffer {self.id} ({self.aval}) is another client's: a client's functions read its "
+                "own buffers only. Fetch it (.numpy()) and pass the array, or make it with this client")
         return self
 
     @property

@@ -128,7 +128,14 @@ def while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], i
     so a counter and a predicate can run ahead of a value still crossing hosts. A loop
     whose computations span hosts (an island's JAX group) runs one iteration at a time
     whatever this asks: its hosts must enter those collectives in one order."""
-    trace = _trace("while_loop")
+    return _while_loop(cond_fun, body_fun, init_val, parallel_iterations, "while_loop")
+
+
+def _while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], init_val: Any,
+                parallel_iterations: int | None, what: str, carried: str = "") -> Any:
+    """`while_loop`, for `what` (a `fori_loop` too): errors name the user's function and the
+    paths of the carry under `carried` (the path of the user's carry within `init_val`)."""
+    trace = _trace(what)
     parallel = trace.root.parallel_iterations if parallel_iterations is None else \
         check_parallel_iterations(parallel_iterations)
     init, treedef, paths = _flatten(trace, init_val)
@@ -142,7 +149,7 @@ def while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], i
     pred_leaves, _, _ = _flatten(cond, pred_tree)
     if len(pred_leaves) != 1 or cond.values[pred_leaves[0]].aval != BOOL:
         found = ", ".join(str(cond.values[v].aval) for v in pred_leaves)
-        raise InvalidArgument(f"while_loop: cond_fun must return one bool[] scalar; it returned ({found})")
+        raise InvalidArgument(f"{what}: cond_fun must return one bool[] scalar; it returned ({found})")
     pred = cond.local(pred_leaves[0])
     types = [cond.typed(v) for v in cond_args]  # the cond may have typed an array argument
     body_args = [body.new_arg(a, w, t) for a, w, t in zip(avals, views, types, strict=True)]
@@ -150,16 +157,17 @@ def while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], i
         out = body_fun(jax.tree_util.tree_unflatten(treedef, [body.traced(v) for v in body_args]))
     out_leaves, out_def, _ = _flatten(body, out)
     if out_def != treedef:
-        raise InvalidArgument(f"while_loop: body_fun must return the carry's structure {treedef}; "
+        raise InvalidArgument(f"{what}: body_fun must return the carry's structure {treedef}; "
                               f"it returned {out_def}")
     results = []
     for k, (v, path) in enumerate(zip(out_leaves, paths, strict=True)):
         found = body.values[v].aval
         if found != avals[k] or body.values[v].view.key != views[k].key:
-            raise InvalidArgument(f"while_loop: carry leaf {path}: body_fun returns {_shown(body, v)}, "
+            leaf = path.removeprefix(carried) or "(the whole carry)"
+            raise InvalidArgument(f"{what}: carry leaf {leaf}: body_fun returns {_shown(body, v)}, "
                                   f"the carry (init_val) is {_shown(trace, init[k])}")
         want = body.typed(body_args[k]) or body.typed(v) or \
-            Type(avals[k], Spec(()), _slice_of(trace, init, "while_loop").id)  # only carried along
+            Type(avals[k], Spec(()), _slice_of(trace, init, what).id)  # only carried along
         for t, a in ((cond, cond_args[k]), (body, body_args[k])):  # typed where not consumed yet
             if t.values[a].type is None:
                 t.values[a].type = want
@@ -289,9 +297,21 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any, Any], Any], init_
         keep_going = lambda c: below(c[0])  # noqa: E731
     start = lower if isinstance(lower, Traced) else np.int32(lower)
     counter = trace.use(trace.leaf(start), where, Spec(()))
-    _, carry = while_loop(keep_going, lambda c: (inc(c[0]), body_fun(c[0], c[1])),
-                          (trace.traced(counter), init_val), parallel_iterations)
+
+    def step(c: tuple[Any, Any]) -> tuple[Any, Any]:
+        out = body_fun(c[0], c[1])
+        if jax.tree_util.tree_structure(out, is_leaf=_is_traced) != treedef:
+            raise InvalidArgument(f"fori_loop: body_fun must return the carry's structure {treedef}; "
+                                  f"it returned {jax.tree_util.tree_structure(out, is_leaf=_is_traced)}")
+        return inc(c[0]), out
+
+    _, carry = _while_loop(keep_going, step, (trace.traced(counter), init_val), parallel_iterations,
+                           "fori_loop", carried="[1]")
     return carry
+
+
+def _is_traced(x: Any) -> bool:
+    return isinstance(x, Traced)
 
 
 def _probe(trace: Trace, body_fun: Callable[[Any, Any], Any], leaves: Sequence[int], treedef: Any) -> None:

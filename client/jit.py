@@ -78,7 +78,7 @@ class Function:
             return trace.apply(self, args, kwargs, static)
         leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs))
         arrays: list[Buffer | tuple[np.ndarray, View]] = [
-            x.live() if isinstance(x, Buffer) else as_array(x) for x in leaves
+            x.live(self._session) if isinstance(x, Buffer) else as_array(x) for x in leaves
         ]
         sig: Signature = (in_tree, static, tuple(
             (a.aval.shape, a.aval.dtype, a.view) if isinstance(a, Buffer)

@@ -79,7 +79,7 @@ class ProgramFunction:
                    ) -> tuple[list[Buffer | tuple[np.ndarray, View]], Registered]:
         """The leaves of `(args, kwargs)`, and their signature's traced program (traced if new)."""
         leaves, in_tree = jax.tree_util.tree_flatten(args)
-        items = [x if isinstance(x, Buffer) else as_array(x) for x in leaves]
+        items = [x.live(self._session) if isinstance(x, Buffer) else as_array(x) for x in leaves]
         sig = (in_tree, tuple(
             ("buffer", x.aval, x.spec, x.slice_id, x.key) if isinstance(x, Buffer)
             else ("array", x[0].shape, x[0].dtype.str, x[1])
@@ -121,7 +121,7 @@ class ProgramFunction:
         # each a Traced, a Buffer or a constant: `finish` checked
         views = [x.view if isinstance(x, Traced | Buffer) else as_array(x)[1] for x in out_leaves]
         bound = [
-            x if isinstance(x, Buffer) else self._session.put(x, t.slice, t.spec)
+            x.live(self._session) if isinstance(x, Buffer) else self._session.put(x, t.slice, t.spec)
             for x, t in zip(trace.bound, arg_types[len(items):], strict=True)
         ]
         record = self._session.register("/v1/programs",

@@ -61,12 +61,23 @@ class ClientRecord:
     # submission reading one fails with that cause (bounded: the oldest go first)
     failed: OrderedDict[str, str] = field(default_factory=OrderedDict)
 
+    # ids of its buffers freed with their slice -> the slice, so that a later use says so
+    # (bounded as `failed`)
+    freed_with: OrderedDict[str, str] = field(default_factory=OrderedDict)
+
     def fail(self, ids: Sequence[str], cause: str) -> None:
-        for b in ids:
-            self.failed[b] = cause
-            self.failed.move_to_end(b)
-        while len(self.failed) > FAILED_KEPT:
-            self.failed.popitem(last=False)
+        _remember(self.failed, ids, cause)
+
+    def free_with(self, ids: Sequence[str], slice_id: str) -> None:
+        _remember(self.freed_with, ids, slice_id)
+
+
+def _remember(memory: OrderedDict[str, str], ids: Sequence[str], what: str) -> None:
+    for b in ids:
+        memory[b] = what
+        memory.move_to_end(b)
+    while len(memory) > FAILED_KEPT:
+        memory.popitem(last=False)
 
 
 @dataclass(frozen=True)

@@ -244,7 +244,9 @@ class Service:
 
     def delete_slice(self, owner: ClientRecord, slice_id: str) -> None:
         s = self.slice(owner, slice_id)
-        self.delete_buffers(owner, [b for b in owner.buffers if self.buffers[b].slice_id == s.id])
+        on_it = [b for b in owner.buffers if self.buffers[b].slice_id == s.id]
+        self.delete_buffers(owner, on_it)
+        owner.free_with(on_it, s.id)
         on_slice = [c for c in owner.computations if self.computations[c].slice_id == s.id]
         self._drop_computations(owner, on_slice)
         self.programs.forget_slice(owner, s.id)
@@ -340,6 +342,7 @@ class Service:
         ids = output_ids(chosen, count, self.buffers, what)
         for b in chosen or ():
             owner.failed.pop(b, None)
+            owner.freed_with.pop(b, None)
         return ids
 
     def buffer(self, owner: ClientRecord, buffer_id: str) -> BufferRecord:
@@ -348,6 +351,9 @@ class Service:
         if cause is not None:  # an output of a submission the server refused
             raise RemoteError(f"buffer {buffer_id} was never made: {cause}")
         if rec is None or rec.owner != owner.id:
+            freed_with = owner.freed_with.get(buffer_id)
+            if freed_with is not None:
+                raise NotFound(f"buffer {buffer_id!r} was freed with its slice {freed_with}, deleted")
             raise NotFound(f"buffer {buffer_id!r} does not exist")
         return rec
 

@@ -55,6 +55,28 @@ def test_two_clients_see_only_their_own_buffers_and_slices(connect):
     np.testing.assert_array_equal(ya.numpy(), np.arange(4) + 1)  # untouched by bob's attempts
 
 
+def test_what_a_client_cannot_use_says_why(connect):
+    a, b = connect("a"), connect("b")
+    sa, sb = a.slice({"x": 1}), b.slice({"x": 1})
+    xa = a.put(np.ones(4, np.float32), sa)
+    fb = b.jit(lambda v: v + 1, slice=sb)
+    for use in (fb, b.program(lambda v: fb(v))):
+        with pytest.raises(isthmus.InvalidArgument, match=f"buffer {xa.id} .*is another client's"):
+            use(xa)
+    np.testing.assert_array_equal(fb(xa.numpy()).numpy(), np.full(4, 2.0))  # as the error says
+    doomed = a.slice({"x": 1})
+    y = a.put(np.ones(4, np.float32), doomed)
+    y.result()
+    doomed.delete()
+    with pytest.raises(isthmus.NotFound, match=f"{y.id}' was freed with its slice {doomed.id}"):
+        y.numpy()
+    z = a.put(np.ones(2), sa)
+    a.close()
+    for use in (z.numpy, lambda: a.slice({"x": 1}), lambda: a.put(np.ones(2), sa)):
+        with pytest.raises(isthmus.Unauthorized, match="this client is closed"):
+            use()
+
+
 SCRIPT = """
 import sys
 import numpy as np

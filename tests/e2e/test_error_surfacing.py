@@ -63,10 +63,10 @@ def test_a_call_refused_at_submission_fails_its_future_and_dependents_with_its_c
     lost = c.put(np.ones(4, np.float32), gone)
     gone.delete()  # frees `lost` on the server; the client still holds its future
     failing, dependents, independents, x0 = queue_around(c, s, lambda y: add(y, lost))
-    with pytest.raises(isthmus.NotFound, match=f"{lost.id}.* does not exist"):
+    with pytest.raises(isthmus.NotFound, match=f"{lost.id}.* was freed with its slice {gone.id}"):
         failing.result()
     for d in dependents:
-        with pytest.raises(isthmus.RemoteError, match=f"never made: .*{lost.id}.* does not exist"):
+        with pytest.raises(isthmus.RemoteError, match=f"never made: .*{lost.id}.* was freed with its slice"):
             d.result()
     np.testing.assert_array_equal(independents[-1].numpy(), x0 + 70)
     np.testing.assert_array_equal(independents[0].numpy(), x0 + 41)

@@ -45,6 +45,17 @@ def test_a_carry_that_changes_its_aval_names_the_leaf_and_both_avals():
                                            (F(x), {"w": F(x)})), X)
 
 
+def test_a_fori_loop_carry_is_named_as_the_user_wrote_it():
+    shrink = Function(None, lambda x: x[:2], SA, in_specs=P(), out_specs=P())
+    with pytest.raises(InvalidArgument, match=r"fori_loop: carry leaf \['w'\]: body_fun returns f"):
+        trace(lambda x: isthmus.fori_loop(0, 3, lambda i, c: {"w": shrink(c["w"])}, {"w": F(x)}), X)
+    with pytest.raises(InvalidArgument, match=r"fori_loop: carry leaf \(the whole carry\)"):
+        trace(lambda x: isthmus.fori_loop(0, 3, lambda i, c: shrink(c), F(x)), X)
+    with pytest.raises(InvalidArgument, match=r"fori_loop: body_fun must return the carry's structure "
+                                              r"PyTreeDef\(\*\); it returned PyTreeDef\(\(\*, \*\)\)"):
+        trace(lambda x: isthmus.fori_loop(0, 3, lambda i, c: (c, c), F(x)), X)
+
+
 def test_the_structure_and_the_predicate_are_checked():
     with pytest.raises(InvalidArgument, match="must return the carry's structure"):
         trace(lambda x: isthmus.while_loop(SMALL, lambda v: (v, v), F(x)), X)
