@@ -62,7 +62,7 @@ class Client:
     """
 
     def __init__(self, address: str, token: str | None = None, name: str = "", timeout: float = 600.0,
-                 weight: float = 1.0, secret: str | None = None) -> None:
+                 weight: float = 1.0, secret: str | None = None, close_at_exit: bool = True) -> None:
         if token is None and secret is None:
             raise InvalidArgument("connect: needs the server's admin token or a client secret")
         self._admin_token = token
@@ -82,7 +82,7 @@ class Client:
         # lease) and stops its sender.
         weakref.finalize(self, self._lease.stop)
         weakref.finalize(self, self._session.close)
-        if secret is None:  # opened here: closed when this process exits, if not before
+        if secret is None and close_at_exit:  # opened here: closed as this process exits, if not before
             self._opener = os.getpid()
             _OPENED.add(self)
 
@@ -287,18 +287,20 @@ def _one_of(value: Any, alias: Any, name: str, alias_name: str) -> Any:
 
 
 def connect(address: str | None = None, token: str | None = None, name: str = "",
-            weight: float = 1.0, secret: str | None = None) -> Client:
+            weight: float = 1.0, secret: str | None = None, close_at_exit: bool = True) -> Client:
     """Connect to an Isthmus server (default: `ISTHMUS_ADDRESS`, else the local one).
 
     With the admin `token` (default: `ISTHMUS_TOKEN`, else the local server's token file) a
     new client session is opened; with a session's `secret` (default:
     `ISTHMUS_CLIENT_SECRET`), that session is used. `weight` is the new session's share of
-    an island when the server schedules by proportional share (`ISTHMUS_GANG_POLICY=share`)."""
+    an island when the server schedules by proportional share (`ISTHMUS_GANG_POLICY=share`).
+    A session opened here is closed when this process exits unless `close_at_exit` is False
+    (its secret handed to other processes that go on using it, say)."""
     address = address or os.environ.get("ISTHMUS_ADDRESS") or DEFAULT_ADDRESS
     secret = secret or (None if token else os.environ.get("ISTHMUS_CLIENT_SECRET"))
     if secret:
         return Client(address, token, name=name, weight=weight, secret=secret)
-    return Client(address, token or find_token(), name=name, weight=weight)
+    return Client(address, token or find_token(), name=name, weight=weight, close_at_exit=close_at_exit)
 
 
 __all__ = ["Client", "PartitionSpec", "Slice", "connect"]

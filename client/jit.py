@@ -9,6 +9,7 @@ pytree prefix of the arguments / results, as in `jax.jit`'s shardings.
 from __future__ import annotations
 
 import base64
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -67,6 +68,7 @@ class Function:
         self._exports: dict[Signature, Export] = {}
         # the newest signatures' computations, oldest first (`forget`)
         self._registered: OrderedDict[Signature, str] = OrderedDict()
+        self._lock = threading.RLock()
         if session is not None:  # what it registered is forgotten once it is gone
             weakref.finalize(self, forget, session, "computations", self._registered).atexit = False
 
@@ -97,19 +99,22 @@ class Function:
         """Queue one call of `exported` (registered on first use) on `arrays`."""
         session = self._session
         assert session is not None, "a Function made without a session can only be traced"
-        computation = self._registered.get(sig)
-        if computation is None:
-            if len(self._registered) >= SIGNATURES_KEPT:  # its room in the quota is freed first
-                old, oldest = self._registered.popitem(last=False)
-                self._exports.pop(old, None)
-                session.let_go("computations", [oldest])
-            computation = self._registered[sig] = self._register(session, exported)
-        elif len(self._registered) > 1:
-            self._registered.move_to_end(sig)
-        # Uploads are queued before the call; their release (when dropped) comes after it.
-        inputs = [x if isinstance(x, Buffer) else session.put(x[0], self.slice.id, spec, x[1])
-                  for x, spec in zip(arrays, exported.in_specs, strict=True)]
-        return session.call(computation, [b.id for b in inputs], exported.outputs)
+        # One thread at a time from the lookup until the call is queued: a signature evicted
+        # by another thread is let go of only after this call of it (`Session.let_go`).
+        with self._lock:
+            computation = self._registered.get(sig)
+            if computation is None:
+                if len(self._registered) >= SIGNATURES_KEPT:  # its room in the quota is freed first
+                    old, oldest = self._registered.popitem(last=False)
+                    self._exports.pop(old, None)
+                    session.let_go("computations", [oldest])
+                computation = self._registered[sig] = self._register(session, exported)
+            elif len(self._registered) > 1:
+                self._registered.move_to_end(sig)
+            # Uploads are queued before the call; their release (when dropped) comes after it.
+            inputs = [x if isinstance(x, Buffer) else session.put(x[0], self.slice.id, spec, x[1])
+                      for x, spec in zip(arrays, exported.in_specs, strict=True)]
+            return session.call(computation, [b.id for b in inputs], exported.outputs)
 
     def export(self, args: Any, kwargs: dict[str, Any], sig: Signature) -> Export:
         """The artifact for one signature (cached): `args` and `kwargs` give the pytree its

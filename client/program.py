@@ -14,6 +14,7 @@ is part of it, inlined, as a `jax.jit` function called by another is.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -61,18 +62,20 @@ class ProgramFunction:
         self.name = name or getattr(fn, "__name__", "program")
         self._cache: OrderedDict[Any, Registered] = OrderedDict()  # the newest signatures, oldest first
         self._programs: dict[Any, str] = {}  # the same signatures' program ids
+        self._lock = threading.RLock()
         weakref.finalize(self, forget, session, "programs", self._programs).atexit = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if current_trace() is not None:  # called by a program being traced: part of it, inline
             return self.fn(*args, **kwargs)
-        items, traced = self._signature((args, kwargs))
-        inputs = [
-            x.live() if isinstance(x, Buffer)
-            else self._session.put(x[0], t.slice, t.spec, x[1])
-            for x, t in zip(items, traced.arg_types[:len(items)], strict=True)
-        ] + traced.bound
-        outs = self._session.run(traced.program_id, [b.id for b in inputs], self.dispatch, traced.outputs)
+        with self._lock:  # from the lookup until the run is queued, as `Function._call`
+            items, traced = self._signature((args, kwargs))
+            inputs = [
+                x.live() if isinstance(x, Buffer)
+                else self._session.put(x[0], t.slice, t.spec, x[1])
+                for x, t in zip(items, traced.arg_types[:len(items)], strict=True)
+            ] + traced.bound
+            outs = self._session.run(traced.program_id, [b.id for b in inputs], self.dispatch, traced.outputs)
         return jax.tree_util.tree_unflatten(traced.out_tree, outs)
 
     def _signature(self, args: tuple[tuple[Any, ...], dict[str, Any]]
@@ -98,7 +101,8 @@ class ProgramFunction:
 
     def trace(self, *args: Any, **kwargs: Any) -> Program:
         """The IR program these arguments trace to (traced and registered if new)."""
-        return self._signature((args, kwargs))[1].program
+        with self._lock:
+            return self._signature((args, kwargs))[1].program
 
     def show(self, *args: Any, **kwargs: Any) -> str:
         """The text form of the program these arguments trace to."""
@@ -112,7 +116,7 @@ class ProgramFunction:
             try:
                 out = self.fn(*args, **kwargs)
             except TypeError as e:  # a jax.numpy or lax function given a traced value, say
-                if "Traced" not in str(e):
+                if "client.trace.Traced" not in str(e):  # (its class, as JAX names it)
                     raise
                 said = str(e).rstrip(".")
                 raise InvalidArgument(f"{self.name}: {said}. {DATA_LESS[0].upper()}{DATA_LESS[1:]}") from e

@@ -9,9 +9,11 @@ Contract:
 - A dropped buffer's release joins the same queue. A buffer cannot be dropped while a
   queued call still names it (the caller held it to make the call), so its release comes
   after every use. Releases do not wake the sender: they ride with the next batch.
-- A computation or program no function here holds any more (`let_go`) is forgotten on the
-  server the same way, at the end of a batch (after every operation queued before it), and
-  never while a registration is under way (`register`), which may be answered with its id.
+- A registration let go of (`let_go`: a function dropped, a signature evicted) is forgotten
+  on the server the same way, at the end of a batch, after every operation queued before
+  it. The server counts an id's registrations (it answers the same function registered
+  again with the id it gave before, to this session or another on the same secret) and
+  drops the computation or program once none holds it.
 - Everything else that talks to the server (`json`, `request`, `wait`, `ready`, `fetch`)
   first sends what is queued, so the server sees the session's requests in the order they
   were made. `wait` sends the queued operations and waits in the same request.
@@ -35,7 +37,7 @@ import sys
 import threading
 import time
 import weakref
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -159,15 +161,10 @@ class Session:
         self._wake = threading.Event()
         self._stopped = False
         self._deferred: IsthmusError | None = None  # a background send's failure, for the next blocking call
-        # computation or program id -> the functions' signatures here that hold it (the
-        # server answers a registration it has seen with the same id)
-        self._held: Counter[str] = Counter()
-        self._held_lock = threading.RLock()  # (a finalizer may run in any thread, mid-hold)
-        # ids no signature held when last let go -> "computations" or "programs" (`_forgets`)
-        self._unheld: dict[str, str] = {}
-        # held from a registration's request until its id is held; a forget is sent only
-        # under it, so that the server never forgets an id a registration just answered
-        self._registering = threading.Lock()
+        # registrations let go of ("computations" or "programs", id), to be forgotten on the
+        # server, which counts each id's registrations (an id once for each: `_forgets`)
+        self._unheld: list[tuple[str, str]] = []
+        self._unheld_lock = threading.Lock()  # (a finalizer may let go in any thread)
         if background:
             threading.Thread(target=self._send_forever, name="isthmus-sender", daemon=True).start()
 
@@ -216,37 +213,28 @@ class Session:
             self._queue.append(buffer_id)
 
     def register(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """Register a computation or program (`POST path`); its signature holds the record
-        the server answers with until `let_go`."""
+        """Register a computation or program (`POST path`): the server counts the
+        registration until it is let go of (`let_go`), whatever id it answers with (one it
+        has answered before, for the same function registered again)."""
         self.flush()  # what was let go is forgotten first: its room in the quota is free
-        with self._registering:
-            record = self.json("POST", path, json=body)
-            with self._held_lock:
-                self._held[record["id"]] += 1
-        return record
+        return self.json("POST", path, json=body)
 
     def let_go(self, kind: Literal["computations", "programs"], record_ids: Iterable[str]) -> None:
-        """These signatures are gone: what no other one holds is forgotten on the server,
-        after everything queued before (which may still use it). Like a release, it rides
-        with the next batch."""
-        with self._held_lock:
-            for r in record_ids:
-                self._held[r] -= 1
-                if self._held[r] <= 0:
-                    del self._held[r]
-                    self._unheld[r] = kind
+        """Registrations that are gone (a signature evicted, a function dropped), an id once
+        for each: forgotten on the server after everything queued before (which may still
+        use them). Like a release, this rides with the next batch."""
+        with self._unheld_lock:
+            self._unheld += [(kind, r) for r in record_ids]
 
-    def _forgets(self) -> list[dict[str, Any]]:
-        """The forget operation for what is still unheld (under `_sending` and
-        `_registering`): a registration answered since with one of its ids holds it again."""
-        with self._held_lock:
-            gone, self._unheld = self._unheld, {}
-        by_kind: dict[str, list[str]] = {"computations": [], "programs": []}
-        for r, kind in gone.items():
-            if r not in self._held:
-                by_kind[kind].append(r)
-        return [{"op": "forget", kind: ids[i:i + MAX_RELEASES]}
-                for kind, ids in by_kind.items() for i in range(0, len(ids), MAX_RELEASES)]
+    def _take_unheld(self) -> list[tuple[str, str]]:
+        with self._unheld_lock:
+            taken, self._unheld = self._unheld, []
+        return taken
+
+    def _keep_unheld(self, taken: list[tuple[str, str]]) -> None:
+        """Registrations taken to be forgotten, not sent after all: first in line again."""
+        with self._unheld_lock:
+            self._unheld[:0] = taken
 
     def _enqueue(self, op: Pending) -> None:
         self._queue.append(op)
@@ -286,15 +274,17 @@ class Session:
         about `wait` (None: nothing was queued, so nothing waited). `releases` False: a
         queue of releases only stays queued. Hold `_sending`."""
         while True:
+            # Taken before the operations: each was let go of after every operation that
+            # used it had been queued, so those are in this batch or an earlier one.
+            unheld = self._take_unheld()
             ops, owners = self._take()
             last = not self._queue
             # Forgets go last, after whatever may still use what they name, and like releases
-            # ride with operations; a registration under way defers them (`_registering`).
-            forgetting = (last and bool(self._unheld) and (releases or any(owners))
-                          and self._registering.acquire(blocking=False))
-            if forgetting:
-                forgets = self._forgets()
-                ops, owners = [*ops, *forgets], [*owners, *[None] * len(forgets)]
+            # ride with operations.
+            forgets = _forgets(unheld) if last and (releases or any(owners)) else []
+            if unheld and not forgets:
+                self._keep_unheld(unheld)
+            ops, owners = [*ops, *forgets], [*owners, *[None] * len(forgets)]
             try:
                 if not ops:
                     return None
@@ -310,9 +300,10 @@ class Session:
                     f"POST /v1/batch: an answer the client cannot read: {type(e).__name__}: {e}")
                 failed = [(p, error) for p in owners]
                 answer = None
-            finally:
-                if forgetting:
-                    self._registering.release()
+                # A batch the server answered with a refusal took nothing: its forgets are
+                # sent again. One that may have been taken is not: the server counts them.
+                if forgets and not isinstance(error, Unavailable):
+                    self._keep_unheld(unheld)
             for p, error in failed:
                 if p is not None:
                     p.fail(error)
@@ -395,6 +386,15 @@ class Session:
         self._stopped = True
         self._wake.set()
         self._queue.clear()
+
+
+def _forgets(unheld: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The forget operations for registrations let go of (an id once for each)."""
+    by_kind: dict[str, list[str]] = {"computations": [], "programs": []}
+    for kind, r in unheld:
+        by_kind[kind].append(r)
+    return [{"op": "forget", kind: ids[i:i + MAX_RELEASES]}
+            for kind, ids in by_kind.items() for i in range(0, len(ids), MAX_RELEASES)]
 
 
 def little_endian(array: np.ndarray) -> np.ndarray:

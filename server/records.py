@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 import secrets
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 
@@ -56,6 +56,9 @@ class ClientRecord:
     # what each of its registrations said (a digest) -> the computation or program made of
     # it, so that registering the same again (a function jitted anew in a loop) finds that one
     registered: dict[bytes, str] = field(default_factory=dict, repr=False)
+    # computation or program id -> the registrations answered with it that the client has
+    # not forgotten since (a session's functions, or several sessions on one secret)
+    holds: Counter[str] = field(default_factory=Counter, repr=False)
     programs: set[str] = field(default_factory=set)
     # ids the client chose for outputs of a submission the server refused -> why; a later
     # submission reading one fails with that cause (bounded: the oldest go first)
@@ -64,6 +67,17 @@ class ClientRecord:
     # ids of its buffers freed with their slice -> the slice, so that a later use says so
     # (bounded as `failed`)
     freed_with: OrderedDict[str, str] = field(default_factory=OrderedDict)
+
+    def forgotten(self, ids: Sequence[str]) -> list[str]:
+        """Registrations the client forgot (an id once per registration): the ids none
+        holds any more."""
+        gone = []
+        for r in ids:
+            self.holds[r] -= 1
+            if self.holds[r] <= 0:
+                del self.holds[r]
+                gone.append(r)
+        return gone
 
     def fail(self, ids: Sequence[str], cause: str) -> None:
         _remember(self.failed, ids, cause)

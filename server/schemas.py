@@ -282,8 +282,9 @@ class ReleaseOp(BaseModel):
 
 class ForgetOp(BaseModel):
     op: Literal["forget"]
-    computations: list[Id] = Field([], max_length=MAX_IDS, description="computations the client dropped")
-    programs: list[Id] = Field([], max_length=MAX_IDS, description="programs the client dropped")
+    # an id once for each registration of it let go (the server counts them)
+    computations: list[Id] = Field([], max_length=MAX_IDS, description="computations the client let go of")
+    programs: list[Id] = Field([], max_length=MAX_IDS, description="programs the client let go of")
 
 
 BatchOp = Annotated[CallOp | RunOp | PutOp | ReleaseOp | ForgetOp, Field(discriminator="op")]

@@ -473,6 +473,7 @@ class Service:
         said = await asyncio.to_thread(_said, artifact_b64, [slice_id, in_specs, out_specs, name])
         known = self.computations.get(owner.registered.get(said, ""))
         if known is not None and known.status != "failed":
+            owner.holds[known.id] += 1
             return known  # (one that failed to compile, on a host since lost perhaps, is tried anew)
         self.quotas.check("computations", len(owner.computations), 1)
         # Decoding and reading the artifact take time in proportion to its size: off the
@@ -490,6 +491,7 @@ class Service:
         self.programs.add_computation(rec)  # lowered, held on its hosts and compiled there
         self.registry.add_computation(owner, rec)
         owner.registered[said] = rec.id
+        owner.holds[rec.id] += 1
         return rec
 
     async def inspect(self, owner: ClientRecord, artifact: bytes, s: Slice) -> ArtifactInfo:
@@ -504,6 +506,11 @@ class Service:
         is skipped (deleting is idempotent). Calls already queued still run."""
         self._drop_computations(owner, [c for c in computation_ids if c in owner.computations])
 
+    def forget_computations(self, owner: ClientRecord, computation_ids: Sequence[str]) -> None:
+        """Registrations the client let go of (an id once for each): a computation goes once
+        none holds it (`delete_computations`)."""
+        self.delete_computations(owner, owner.forgotten(computation_ids))
+
     def _drop_computations(self, owner: ClientRecord, computation_ids: Sequence[str]) -> None:
         """Forget these computations; hosts forget executables nothing else uses, once the
         calls queued before have run."""
@@ -512,6 +519,8 @@ class Service:
                 self.programs.forget_calls(cid)
         gone = set(computation_ids)
         owner.registered = {k: c for k, c in owner.registered.items() if c not in gone}
+        for c in gone:
+            owner.holds.pop(c, None)
 
     def computation(self, owner: ClientRecord, computation_id: str) -> ComputationRecord:
         rec = self.computations.get(computation_id)

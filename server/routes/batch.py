@@ -67,8 +67,8 @@ async def submit(op: BatchOp, client: ClientRecord, service: Service) -> None:
         case ReleaseOp():
             service.release(client, op.ids)
         case ForgetOp():
-            service.delete_computations(client, op.computations)
-            service.programs.delete(client, op.programs)
+            service.forget_computations(client, op.computations)
+            service.programs.let_go(client, op.programs)
 
 
 def outcome(e: IsthmusError) -> Outcome:

@@ -82,7 +82,8 @@ import sys
 import numpy as np
 import client as isthmus
 address, credential, opened = sys.argv[1:]
-c = isthmus.connect(address, **({"token": credential} if opened == "token" else {"secret": credential}))
+c = isthmus.connect(address, **({"token": credential, "close_at_exit": opened == "token"}
+                                 if opened.startswith("token") else {"secret": credential}))
 x = c.put(np.arange(4, dtype=np.float32), c.slice({"x": 1}))
 print(c.id, flush=True)
 """  # and exits without close()
@@ -106,6 +107,9 @@ def test_a_script_that_exits_without_closing_closes_the_session_it_opened(server
 
     opened = _script(server.address, token, "token")
     assert opened not in open_ids()  # closed as it exited, not a lease later
+    handed_on = _script(server.address, token, "token, kept open for others")  # close_at_exit=False
+    assert handed_on in open_ids()
+    httpx.delete(f"{server.address}/v1/clients/{handed_on}", headers=admin).raise_for_status()
     s = c.slice({"x": 1})
     assert _script(server.address, c.secret, "secret") == c.id
     assert c.id in open_ids()

@@ -156,6 +156,33 @@ def test_a_dropped_function_s_queued_calls_still_run(small, monkeypatch):
         assert _listed(address, c.secret, "computations") == []
 
 
+def test_a_session_on_the_same_secret_keeps_what_it_registered_when_another_lets_go(small, monkeypatch):
+    """The server counts registrations: two sessions on one secret answered with one id
+    (the same function registered by each) each hold it; one letting go leaves the other's."""
+    monkeypatch.setattr(client_connection, "JITTED_KEPT", 0)  # `c.jit` keeps no function
+    address, token = small
+    with isthmus.connect(address, token=token, name="shared") as a:
+        b = isthmus.connect(address, secret=a.secret)
+        s = a.slice({"x": 1})
+        x = np.arange(4, dtype=np.float32)
+
+        def times_5(v: object) -> object:
+            return v * 5
+
+        fa, fb = a.jit(times_5, slice=s), b.jit(times_5, slice=s)
+        for f in (fa, fb):  # (one call site: an export carries its source locations)
+            f(x).result()
+        assert len(_listed(address, a.secret, "computations")) == 1  # one id for both
+        del fa
+        gc.collect()
+        a.flush()
+        np.testing.assert_array_equal(fb(x).numpy(), x * 5)
+        del fb, f
+        gc.collect()
+        b.flush()
+        assert _listed(address, a.secret, "computations") == []
+
+
 def test_deleting_a_computation_or_program_over_http(small):
     address, token = small
     with isthmus.connect(address, token=token, name="owner") as c, \

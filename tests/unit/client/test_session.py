@@ -223,3 +223,51 @@ def test_a_blocking_call_with_nothing_queued_waits_directly():
     s.flush()
     s.wait(y)
     assert [p for _, p, _ in server.requests] == ["/v1/batch", f"/v1/buffers/{y.id}"]
+
+
+def test_a_registration_let_go_is_forgotten_after_the_calls_queued_before_it_once_each():
+    server = FakeServer()
+    s = quiet_session(server)
+    s.call("c-a", [], OUT)
+    s.let_go("computations", ["c-a", "c-a"])  # two signatures answered with one id: twice
+    s.let_go("programs", ["p-1"])
+    s.flush()
+    ops = server.batches()[0]["ops"]
+    assert [op["op"] for op in ops[:1]] == ["call"] and ops[-2:] == [
+        {"op": "forget", "computations": ["c-a", "c-a"]}, {"op": "forget", "programs": ["p-1"]}]
+    s.let_go("computations", ["c-b"])  # like a release: rides with the next batch, wakes nothing
+    assert len(server.batches()) == 1
+    s.flush()
+    assert server.batches()[1]["ops"] == [{"op": "forget", "computations": ["c-b"]}]
+
+
+def test_a_forget_not_yet_due_waits_for_the_last_batch_of_what_came_before():
+    server = FakeServer()
+    s = quiet_session(server)
+    outs = [b for _ in range(MAX_BATCH + 1) for b in s.call("c-a", [], OUT)]
+    s.let_go("computations", ["c-a"])
+    s.wait(outs[-1])
+    first, second = server.batches()
+    assert all(op["op"] != "forget" for op in first["ops"])
+    assert second["ops"][-1] == {"op": "forget", "computations": ["c-a"]}
+
+
+def test_forgets_in_a_batch_the_server_refused_whole_are_sent_again_not_if_it_may_have_taken_them():
+    server = FakeServer()
+    s = quiet_session(server)
+    answer = server.json
+    server.json = lambda *a, **k: (_ for _ in ()).throw(OverQuota("bodies: over the limit"))  # type: ignore[method-assign]
+    s.let_go("computations", ["c-a"])
+    with pytest.raises(OverQuota):
+        s.flush()
+    server.json = answer  # type: ignore[method-assign]
+    s.flush()
+    assert server.batches()[-1]["ops"] == [{"op": "forget", "computations": ["c-a"]}]
+    server.down = True
+    s.let_go("computations", ["c-b"])
+    with pytest.raises(Unavailable):
+        s.flush()
+    server.down = False
+    s.flush()
+    sent = [op for b in server.batches() for op in b["ops"] if op.get("computations") == ["c-b"]]
+    assert len(sent) == 1  # the attempt the server may have taken, not again
