@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import base64
 import threading
-import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -23,6 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec, use_abstract_mesh
 from client.arrays import View, as_array, call_specs, leaf_specs, unwrap, wrap
 from client.buffer import Buffer
 from client.donation import Donated
+from client.registrations import Registrations
 from client.statics import StaticKey, Statics
 from client.trace import current_trace
 from ir import Aval, InvalidArgument, IsthmusError, Spec, dtype_name, parse_dtype
@@ -66,11 +65,10 @@ class Function:
         self.donated = donated or Donated()
         self.name = name or getattr(fn, "__name__", "computation")
         self._exports: dict[Signature, Export] = {}
-        # the newest signatures' computations, oldest first (`forget`)
-        self._registered: OrderedDict[Signature, str] = OrderedDict()
+        # the newest signatures' computations, let go of once evicted or this is gone
+        self._registered: Registrations[str] | None = (
+            None if session is None else Registrations(self, session, "computations", str))
         self._lock = threading.RLock()
-        if session is not None:  # what it registered is forgotten once it is gone
-            weakref.finalize(self, forget, session, "computations", self._registered).atexit = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         donated = self.donated.buffers(args, kwargs)
@@ -97,20 +95,17 @@ class Function:
     def _call(self, sig: Signature, exported: Export,
               arrays: list[Buffer | tuple[np.ndarray, View]]) -> list[Buffer]:
         """Queue one call of `exported` (registered on first use) on `arrays`."""
-        session = self._session
-        assert session is not None, "a Function made without a session can only be traced"
+        session, registered = self._session, self._registered
+        assert session is not None and registered is not None, \
+            "a Function made without a session can only be traced"
         # One thread at a time from the lookup until the call is queued: a signature evicted
         # by another thread is let go of only after this call of it (`Session.let_go`).
         with self._lock:
-            computation = self._registered.get(sig)
+            computation = registered.get(sig)
             if computation is None:
-                if len(self._registered) >= SIGNATURES_KEPT:  # its room in the quota is freed first
-                    old, oldest = self._registered.popitem(last=False)
-                    self._exports.pop(old, None)
-                    session.let_go("computations", [oldest])
-                computation = self._registered[sig] = self._register(session, exported)
-            elif len(self._registered) > 1:
-                self._registered.move_to_end(sig)
+                computation, evicted = registered.add(sig, lambda: self._register(session, exported),
+                                                      SIGNATURES_KEPT)
+                self._exports.pop(evicted, None)
             # Uploads are queued before the call; their release (when dropped) comes after it.
             inputs = [x if isinstance(x, Buffer) else session.put(x[0], self.slice.id, spec, x[1])
                       for x, spec in zip(arrays, exported.in_specs, strict=True)]
@@ -205,11 +200,6 @@ class Function:
 
     def __repr__(self) -> str:
         return f"isthmus.Function({self.name} on {self.slice.id})"
-
-
-def forget(session: Session, kind: Literal["computations", "programs"], registered: dict[Any, str]) -> None:
-    """A function is gone: let go of what its signatures registered (`Session.let_go`)."""
-    session.let_go(kind, list(registered.values()))
 
 
 def host_callbacks(jaxpr: Any) -> set[str]:

@@ -15,10 +15,9 @@ is part of it, inlined, as a `jax.jit` function called by another is.
 from __future__ import annotations
 
 import threading
-import weakref
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -26,7 +25,8 @@ import numpy as np
 
 from client.arrays import View, as_array
 from client.buffer import Buffer
-from client.jit import SIGNATURES_KEPT, forget
+from client.jit import SIGNATURES_KEPT
+from client.registrations import Registrations
 from client.trace import DATA_LESS, Trace, Traced, current_trace, tracing
 from ir import Aval, InvalidArgument, Program, Spec, Type, print_program, to_wire
 from ir.ops import check_parallel_iterations
@@ -60,10 +60,10 @@ class ProgramFunction:
         self.dispatch = dispatch
         self.fuse = fuse
         self.name = name or getattr(fn, "__name__", "program")
-        self._cache: OrderedDict[Any, Registered] = OrderedDict()  # the newest signatures, oldest first
-        self._programs: dict[Any, str] = {}  # the same signatures' program ids
+        # the newest signatures' programs, let go of once evicted or this is gone
+        self._cache: Registrations[Registered] = Registrations(
+            self, session, "programs", attrgetter("program_id"))
         self._lock = threading.RLock()
-        weakref.finalize(self, forget, session, "programs", self._programs).atexit = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if current_trace() is not None:  # called by a program being traced: part of it, inline
@@ -90,13 +90,7 @@ class ProgramFunction:
         ))
         traced = self._cache.get(sig)
         if traced is None:
-            if len(self._cache) >= SIGNATURES_KEPT:  # its room in the quota is freed first
-                old, _ = self._cache.popitem(last=False)
-                self._session.let_go("programs", [self._programs.pop(old)])
-            traced = self._cache[sig] = self._trace(items, in_tree)
-            self._programs[sig] = traced.program_id
-        elif len(self._cache) > 1:
-            self._cache.move_to_end(sig)
+            traced, _ = self._cache.add(sig, lambda: self._trace(items, in_tree), SIGNATURES_KEPT)
         return items, traced
 
     def trace(self, *args: Any, **kwargs: Any) -> Program:

@@ -108,7 +108,7 @@ class Programs:
         program, said = await asyncio.to_thread(_parse, doc, name, fuse)
         known = self.records.get(owner.registered.get(said, ""))
         if known is not None and known.owner == owner.id and known.status != "failed":
-            owner.holds[known.id] += 1
+            owner.hold(said, known.id)
             return known  # the same program registered again (traced anew in a loop, say)
         self.service.quotas.check("programs", len(owner.programs), 1)
         self._check_slices(owner, program)
@@ -127,8 +127,7 @@ class Programs:
             self._keep(rec, key, lowered)
         self.service.registry.add_program(owner, rec)
         self.records[rec.id] = rec
-        owner.registered[said] = rec.id
-        owner.holds[rec.id] += 1
+        owner.hold(said, rec.id)
         return rec
 
     async def _read_artifacts(self, owner: ClientRecord, program: Program,
@@ -250,10 +249,7 @@ class Programs:
         """Gone at once for new runs; its hosts forget its plans and executables once the
         runs queued before have run (`record_key`)."""
         self.service.registry.remove_programs(owner, program_ids)
-        gone = set(program_ids)
-        owner.registered = {k: r for k, r in owner.registered.items() if r not in gone}
-        for r in gone:
-            owner.holds.pop(r, None)
+        owner.unregister(program_ids)
         for pid in program_ids:
             rec = self.records.pop(pid, None)
             if rec is not None:

@@ -68,6 +68,18 @@ class ClientRecord:
     # (bounded as `failed`)
     freed_with: OrderedDict[str, str] = field(default_factory=OrderedDict)
 
+    def hold(self, said: bytes, record_id: str) -> None:
+        """A registration answered with `record_id` (made of what it said, or found by it)."""
+        self.registered[said] = record_id
+        self.holds[record_id] += 1
+
+    def unregister(self, record_ids: Sequence[str]) -> None:
+        """Computations or programs gone: registering the same again makes them anew."""
+        gone = set(record_ids)
+        self.registered = {k: r for k, r in self.registered.items() if r not in gone}
+        for r in gone:
+            self.holds.pop(r, None)
+
     def forgotten(self, ids: Sequence[str]) -> list[str]:
         """Registrations the client forgot (an id once per registration): the ids none
         holds any more."""

@@ -473,7 +473,7 @@ class Service:
         said = await asyncio.to_thread(_said, artifact_b64, [slice_id, in_specs, out_specs, name])
         known = self.computations.get(owner.registered.get(said, ""))
         if known is not None and known.status != "failed":
-            owner.holds[known.id] += 1
+            owner.hold(said, known.id)
             return known  # (one that failed to compile, on a host since lost perhaps, is tried anew)
         self.quotas.check("computations", len(owner.computations), 1)
         # Decoding and reading the artifact take time in proportion to its size: off the
@@ -490,8 +490,7 @@ class Service:
                                 info.in_avals, info.out_avals, ins, outs, artifact=artifact)
         self.programs.add_computation(rec)  # lowered, held on its hosts and compiled there
         self.registry.add_computation(owner, rec)
-        owner.registered[said] = rec.id
-        owner.holds[rec.id] += 1
+        owner.hold(said, rec.id)
         return rec
 
     async def inspect(self, owner: ClientRecord, artifact: bytes, s: Slice) -> ArtifactInfo:
@@ -517,10 +516,7 @@ class Service:
         for cid in computation_ids:
             if self.registry.remove_computation(owner, cid):
                 self.programs.forget_calls(cid)
-        gone = set(computation_ids)
-        owner.registered = {k: c for k, c in owner.registered.items() if c not in gone}
-        for c in gone:
-            owner.holds.pop(c, None)
+        owner.unregister(computation_ids)
 
     def computation(self, owner: ClientRecord, computation_id: str) -> ComputationRecord:
         rec = self.computations.get(computation_id)
