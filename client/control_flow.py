@@ -50,7 +50,7 @@ def _trace(what: str) -> Trace:
 
 
 def _flatten(trace: Trace, tree: Any) -> tuple[list[int], Any, list[str]]:
-    flat, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(x, Traced))
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_traced)
     return [trace.leaf(x) for _, x in flat], treedef, [jax.tree_util.keystr(p) or "(root)" for p, _ in flat]
 
 
@@ -300,9 +300,9 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any, Any], Any], init_
 
     def step(c: tuple[Any, Any]) -> tuple[Any, Any]:
         out = body_fun(c[0], c[1])
-        if jax.tree_util.tree_structure(out, is_leaf=_is_traced) != treedef:
+        if (returned := jax.tree_util.tree_structure(out, is_leaf=_is_traced)) != treedef:
             raise InvalidArgument(f"fori_loop: body_fun must return the carry's structure {treedef}; "
-                                  f"it returned {jax.tree_util.tree_structure(out, is_leaf=_is_traced)}")
+                                  f"it returned {returned}")
         return inc(c[0]), out
 
     _, carry = _while_loop(keep_going, step, (trace.traced(counter), init_val), parallel_iterations,
