@@ -9,6 +9,7 @@ pytree prefix of the arguments / results, as in `jax.jit`'s shardings.
 from __future__ import annotations
 
 import base64
+import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,11 @@ from ir import Aval, InvalidArgument, IsthmusError, Spec, dtype_name, parse_dtyp
 
 if TYPE_CHECKING:
     from client.session import Output, Session, Slice
+
+try:  # (a flag of JAX's with no public context manager; without it, artifacts only differ more)
+    from jax._src.config import include_full_tracebacks_in_locations as _full_tracebacks
+except ImportError:  # pragma: no cover
+    _full_tracebacks = None
 
 __all__ = ["Export", "Function", "as_array", "leaf_specs"]
 
@@ -176,7 +182,11 @@ class Function:
         jitted = jax.jit(flat, in_shardings=tuple(map(sharding, in_specs)),
                          out_shardings=tuple(map(sharding, out_specs)))
         try:
-            artifact = bytes(jax.export.export(jitted, platforms=[s.export_platform])(*avals).serialize())
+            # Each operation's location is its line in the function, not the chain of calls
+            # that led there: the same function exported from two call sites (or processes)
+            # is the same artifact, which the server registers once.
+            with _full_tracebacks(False) if _full_tracebacks is not None else contextlib.nullcontext():
+                artifact = bytes(jax.export.export(jitted, platforms=[s.export_platform])(*avals).serialize())
         except Exception:
             callbacks = sorted(host_callbacks(jax.make_jaxpr(flat)(*avals)))
             if not callbacks:
