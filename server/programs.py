@@ -97,6 +97,8 @@ class Programs:
         self._incarnation = secrets.token_hex(3)
         self._tasks = Tasks()
         self._looping: dict[str, tuple[str, tuple[str, ...]]] = {}  # run in flight -> (owner, hosts)
+        # records forgotten, run again for lineage (`repeat`) and not yet run: by identity
+        self._retired: dict[int, ProgramRecord] = {}
 
     # -- registration ------------------------------------------------------------------------
 
@@ -263,7 +265,7 @@ class Programs:
         """Restarted hosts have none of the programs' executables: compile again whatever
         was lowered onto them (plans travel again with the next run messages)."""
         calls = [rec for by_types in self.calls.values() for rec in by_types.values()]
-        for rec in [*self.records.values(), *calls]:
+        for rec in [*self.records.values(), *calls, *self._retired.values()]:
             for lowered, plans in rec.lowered.values():
                 if hosts & set(plans):
                     self._tasks.spawn(self._compile(rec, lowered, plans))
@@ -295,8 +297,25 @@ class Programs:
     def repeat(self, owner: ClientRecord, rec: ProgramRecord, inputs: Sequence[str],
                outputs: Sequence[str]) -> None:
         """Run `rec` again into these outputs (lineage recovery, `server.remake`): no new
-        records, no new lineage."""
+        records, no new lineage. A record forgotten since (its client let go of it, or a
+        computation's call program for input types no longer kept) is lowered and compiled
+        again for this, and what that holds on its hosts goes once the run has run."""
         self._dispatch(owner, self._runnable(rec), inputs, outputs, None)
+        if not self._live(rec) and id(rec) not in self._retired:
+            self._retired[id(rec)] = rec
+
+            def forget() -> None:
+                self._retired.pop(id(rec), None)
+                self._remove_lowerings(rec)
+
+            self.service.gangs.later([record_key(rec.id)], forget)
+
+    def _live(self, rec: ProgramRecord) -> bool:
+        """Whether `rec` is a registered program, or the call program of a registered
+        computation for input types kept."""
+        if rec.computation is None:
+            return self.records.get(rec.id) is rec
+        return any(r is rec for r in self.calls.get(rec.id, {}).values())
 
     def _dispatch(self, owner: ClientRecord, rec: ProgramRecord, inputs: Sequence[str],
                   outputs: Sequence[str], dispatch: Dispatch | None) -> None:

@@ -9,7 +9,10 @@ Contract:
   why, and why it cannot be made again.
 - A run is repeated under the ids of its outputs that are lost; an output still live, or
   one the client released (kept only as another's lineage), is made under a temporary id,
-  freed once what reads it has run. A program or computation deleted since is not run again.
+  freed once what reads it has run. A program or computation its client has forgotten
+  since runs again all the same (its record lives as long as some lineage names it, and
+  what its hosts compile for that goes once it has run); one on a slice deleted since
+  does not.
 """
 
 from __future__ import annotations
@@ -56,6 +59,10 @@ def _run(service: Service, owner: ClientRecord, steps: list[Step]) -> None:
         freed.append((hosts, t))
         return t
 
+    for step in steps:  # first, that each one's slices are still there: else none is queued
+        made, slice_ids = _where(step)
+        for slice_id in slice_ids:
+            _slice(service, owner, slice_id, made)
     for step in steps:
         if isinstance(step, Put):
             s = _slice(service, owner, step.upload.slice_id, step.buffer_id)
@@ -64,12 +71,6 @@ def _run(service: Service, owner: ClientRecord, steps: list[Step]) -> None:
         assert isinstance(step, Repeat)
         o = step.origin
         program = o.program
-        comp = program.computation
-        registered = (service.computations.get(comp.id) is comp if comp is not None
-                      else service.programs.records.get(program.id) is program)
-        if not registered:
-            raise DataLoss(f"the {'computation' if program.computation else 'program'} {program.id} that "
-                           "computed it was deleted")
         inputs = [temporary.get(i, i) for i in o.inputs]
         outputs = [target(b, _slice(service, owner, t.slice, b).hosts)
                    for b, t in zip(o.outputs, program.result_types, strict=True)]
@@ -77,6 +78,13 @@ def _run(service: Service, owner: ClientRecord, steps: list[Step]) -> None:
     for hosts, t in freed:  # after whatever reads it
         for h in hosts:
             service.gangs.later([t], lambda h=h, t=t: service.pool.delete(h, [t]))
+
+
+def _where(step: Step) -> tuple[str, list[str]]:
+    """A buffer the step makes, and the slices it runs on."""
+    if isinstance(step, Put):
+        return step.buffer_id, [step.upload.slice_id]
+    return step.origin.outputs[0], [d.name for d in step.origin.program.program.slices]
 
 
 def queued_put(service: Service, owner: ClientRecord, s: Slice, b: str, u: Upload) -> None:

@@ -1,3 +1,4 @@
+import gc
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 import client as isthmus
+import client.connection as client_connection
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -160,3 +162,31 @@ def test_an_island_restarted_on_request_makes_its_values_again_and_computes_agai
     np.testing.assert_array_equal(y.numpy(), x0 * 2 + 1)
     np.testing.assert_array_equal(f(c.put(x0, s)).numpy(), x0 * 2 + 1)  # compiled again there
     assert {h["status"] for i in c.devices().islands for h in i["hosts"]} == {"up"}
+
+
+def test_values_made_by_functions_since_dropped_are_made_again_after_a_restart(c, monkeypatch):
+    # A function jitted anew in a loop and let go of (past the newest 256 the client keeps;
+    # none here): the server forgets its computation, but the values it made keep what
+    # lineage needs to make them again.
+    monkeypatch.setattr(client_connection, "JITTED_KEPT", 0)
+    s = c.slice({"x": 4}, island="b")
+    x0 = np.arange(8, dtype=np.float32)
+    y = c.put(x0, s)
+    for k in range(3):
+        y = c.jit(lambda a, k=k: a * 2 + k, slice=s)(y)
+
+    def twice(g):
+        return c.program(lambda v: g(g(v)))
+
+    z = twice(c.jit(lambda a: a - 1, slice=s))(y)
+    gc.collect()  # the functions and the program are let go of, forgotten with the next request
+    z.result()
+    assert c._json("GET", "/v1/programs") == []  # (after what is queued)
+    assert c._json("GET", "/v1/computations") == []
+    want_y = ((x0 * 2 + 0) * 2 + 1) * 2 + 2
+    assert c.restart_island("b") >= 2  # y and z, lost
+    np.testing.assert_array_equal(z.numpy(), want_y - 2)
+    np.testing.assert_array_equal(y.numpy(), want_y)
+    assert c.restart_island("b") >= 2  # again: what made them the first time is still known
+    np.testing.assert_array_equal(y.numpy(), want_y)
+    np.testing.assert_array_equal(z.numpy(), want_y - 2)
