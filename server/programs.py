@@ -110,7 +110,7 @@ class Programs:
         program, said = await asyncio.to_thread(_parse, doc, name, fuse)
         known = self.records.get(owner.registered.get(said, ""))
         if known is not None and known.owner == owner.id and known.status != "failed":
-            owner.hold(said, known.id)
+            self.service.registry.hold(owner, said, known.id)
             return known  # the same program registered again (traced anew in a loop, say)
         self.service.quotas.check("programs", len(owner.programs), 1)
         self._check_slices(owner, program)
@@ -129,7 +129,7 @@ class Programs:
             self._keep(rec, key, lowered)
         self.service.registry.add_program(owner, rec)
         self.records[rec.id] = rec
-        owner.hold(said, rec.id)
+        self.service.registry.hold(owner, said, rec.id)
         return rec
 
     async def _read_artifacts(self, owner: ClientRecord, program: Program,
@@ -245,13 +245,13 @@ class Programs:
     def let_go(self, owner: ClientRecord, program_ids: Sequence[str]) -> None:
         """Registrations the client let go of (an id once for each): a program goes once
         none holds it (`delete`)."""
-        self.delete(owner, owner.forgotten(program_ids))
+        self.delete(owner, self.service.registry.let_go(owner, program_ids))
 
     def _remove(self, owner: ClientRecord, program_ids: Sequence[str]) -> None:
         """Gone at once for new runs; its hosts forget its plans and executables once the
         runs queued before have run (`record_key`)."""
         self.service.registry.remove_programs(owner, program_ids)
-        owner.unregister(program_ids)
+        self.service.registry.unregister(owner, program_ids)
         for pid in program_ids:
             rec = self.records.pop(pid, None)
             if rec is not None:

@@ -3,8 +3,10 @@
 Contract:
 - The registry is what survives a server restart: clients (their names, weights and secret
   digests), slices, buffers (where they live, what they hold), which buffers are lost and
-  why, computations with their artifacts, programs in their wire form, and the server's own
-  notes (`meta`: the executors' actor names, the cluster they were started for).
+  why, computations with their artifacts, programs in their wire form, how many
+  registrations hold each (and what they said, so that the same registered again after
+  a restart finds it), and the server's own notes (`meta`: the executors' actor names,
+  the cluster they were started for).
 - Every change goes through one method here, which queues it for the store; `flush`
   commits what is queued (the server calls it before answering any request, `server.guard`,
   and it runs by itself just after the event loop's turn for changes no request made, a
@@ -33,8 +35,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("isthmus.server")
 T = TypeVar("T")
 
-CLIENT, SLICE, BUFFER, LOST, COMPUTATION, PROGRAM, META = (
-    "client", "slice", "buffer", "lost", "computation", "program", "meta")
+CLIENT, SLICE, BUFFER, LOST, COMPUTATION, PROGRAM, HOLDS, META = (
+    "client", "slice", "buffer", "lost", "computation", "program", "holds", "meta")
 
 
 class Registry:
@@ -131,6 +133,29 @@ class Registry:
         owner.computations.discard(computation_id)
         return self.computations.pop(computation_id, None) is not None
 
+    def hold(self, owner: ClientRecord, said: bytes, record_id: str) -> None:
+        """A registration answered with `record_id` (`ClientRecord.hold`)."""
+        owner.hold(said, record_id)
+        self._holds(owner, [record_id])
+
+    def let_go(self, owner: ClientRecord, record_ids: Sequence[str]) -> list[str]:
+        """Registrations forgotten (`ClientRecord.forgotten`): the ids none holds any more,
+        for the caller to remove (`unregister`)."""
+        gone = owner.forgotten(record_ids)
+        self._holds(owner, [r for r in dict.fromkeys(record_ids) if r in owner.holds])
+        return gone
+
+    def unregister(self, owner: ClientRecord, record_ids: Sequence[str]) -> None:
+        self.store.delete(HOLDS, record_ids)
+        owner.unregister(record_ids)
+
+    def _holds(self, owner: ClientRecord, record_ids: Sequence[str]) -> None:
+        """Store the counts of these (held) records, each with what its registration said."""
+        wanted = set(record_ids)
+        said = {r: k for k, r in owner.registered.items() if r in wanted} if wanted else {}
+        self.store.put([Row(HOLDS, r, owner.id, {"n": owner.holds[r], "said": said[r].hex()})
+                        for r in record_ids if r in said])
+
     def add_program(self, owner: ClientRecord, rec: ProgramRecord) -> None:
         self.store.put([Row(PROGRAM, rec.id, rec.owner, {"name": rec.name, "fuse": rec.fuse,
                                                          "program": to_wire(rec.program)})])
@@ -166,6 +191,10 @@ class Registry:
             if (owner := self.clients.get(row.owner)) is not None:
                 self.computations[row.id] = comp
                 owner.computations.add(row.id)
+        for row, (n, said) in self._readable(HOLDS, _holds):
+            if (owner := self.clients.get(row.owner)) is not None:
+                owner.holds[row.id] = n
+                owner.registered[said] = row.id
         known = self.clients
         slices = [s for r, s in self._readable(SLICE, lambda r: Slice.from_json(r.doc)) if r.owner in known]
         programs = [(r.id, r.owner, *p) for r, p in self._readable(PROGRAM, _program) if r.owner in known]
@@ -200,6 +229,10 @@ def _buffer_doc(r: BufferRecord) -> dict[str, Any]:
 def _client(row: Row) -> tuple[str, float, bytes]:
     d = row.doc
     return str(d["name"]), float(d["weight"]), bytes.fromhex(d["key"])
+
+
+def _holds(row: Row) -> tuple[int, bytes]:
+    return int(row.doc["n"]), bytes.fromhex(row.doc["said"])
 
 
 def _program(row: Row) -> tuple[str, bool, Any]:

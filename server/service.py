@@ -473,7 +473,7 @@ class Service:
         said = await asyncio.to_thread(_said, artifact_b64, [slice_id, in_specs, out_specs, name])
         known = self.computations.get(owner.registered.get(said, ""))
         if known is not None and known.status != "failed":
-            owner.hold(said, known.id)
+            self.registry.hold(owner, said, known.id)
             return known  # (one that failed to compile, on a host since lost perhaps, is tried anew)
         self.quotas.check("computations", len(owner.computations), 1)
         # Decoding and reading the artifact take time in proportion to its size: off the
@@ -490,7 +490,7 @@ class Service:
                                 info.in_avals, info.out_avals, ins, outs, artifact=artifact)
         self.programs.add_computation(rec)  # lowered, held on its hosts and compiled there
         self.registry.add_computation(owner, rec)
-        owner.hold(said, rec.id)
+        self.registry.hold(owner, said, rec.id)
         return rec
 
     async def inspect(self, owner: ClientRecord, artifact: bytes, s: Slice) -> ArtifactInfo:
@@ -508,7 +508,7 @@ class Service:
     def forget_computations(self, owner: ClientRecord, computation_ids: Sequence[str]) -> None:
         """Registrations the client let go of (an id once for each): a computation goes once
         none holds it (`delete_computations`)."""
-        self.delete_computations(owner, owner.forgotten(computation_ids))
+        self.delete_computations(owner, self.registry.let_go(owner, computation_ids))
 
     def _drop_computations(self, owner: ClientRecord, computation_ids: Sequence[str]) -> None:
         """Forget these computations; hosts forget executables nothing else uses, once the
@@ -516,7 +516,7 @@ class Service:
         for cid in computation_ids:
             if self.registry.remove_computation(owner, cid):
                 self.programs.forget_calls(cid)
-        owner.unregister(computation_ids)
+        self.registry.unregister(owner, computation_ids)
 
     def computation(self, owner: ClientRecord, computation_id: str) -> ComputationRecord:
         rec = self.computations.get(computation_id)

@@ -9,6 +9,7 @@ started by pid: the server, then the Ray daemon recorded in its state dir.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import time
@@ -19,13 +20,16 @@ import pytest
 from servers import kill_daemon
 
 import client as isthmus
+import client.connection as client_connection
 from bench.soak import free_port
 from client.embedded import EmbeddedServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 
-def test_a_server_killed_and_started_again_carries_on_with_the_clients_handles(tmp_path: Path) -> None:
+def test_a_server_killed_and_started_again_carries_on_with_the_clients_handles(tmp_path: Path,
+                                                                              monkeypatch) -> None:
+    monkeypatch.setattr(client_connection, "JITTED_KEPT", 0)  # a function dropped is let go of
     state, port = tmp_path / "state", free_port()
     servers: list[EmbeddedServer] = []
     try:
@@ -44,6 +48,12 @@ def test_a_server_killed_and_started_again_carries_on_with_the_clients_handles(t
                 return f(f(v))
 
             np.testing.assert_array_equal(step(x).numpy(), (x0 * 2.0 + 1.0) * 2.0 + 1.0)
+            # A second session on the same secret registers the same function: the server
+            # answers with f's computation, held twice.
+            other = isthmus.connect(servers[0].address, secret=c.secret)
+            g = other.jit(f.fn, slice=s)
+            np.testing.assert_array_equal(g(other.put(x0, s)).numpy(), x0 * 2.0 + 1.0)
+            assert g._registered.values() == f._registered.values()
             z = x
             for _ in range(300):  # queued and running when the server dies
                 z = f(z)
@@ -64,6 +74,9 @@ def test_a_server_killed_and_started_again_carries_on_with_the_clients_handles(t
                 np.testing.assert_array_equal(z.numpy(), want)
             except isthmus.IsthmusError:
                 pass
+            del g  # lets go of its registration: f's computation, still held once, stays
+            gc.collect()
+            other.flush()
             np.testing.assert_array_equal(f(y).numpy(), (x0 * 2.0 + 1.0) * 2.0 + 1.0)
             np.testing.assert_array_equal(step(x).numpy(), (x0 * 2.0 + 1.0) * 2.0 + 1.0)
             w = c.put(x0 + 1, s)

@@ -52,6 +52,32 @@ def test_records_survive_a_new_registry_on_the_same_file(tmp_path: Path) -> None
     assert again.meta("cluster") == {"islands": 2}
 
 
+def test_registration_counts_survive_a_new_registry(tmp_path: Path) -> None:
+    """How many registrations hold each record, and what they said: after a restart, one
+    forget does not drop what two registered, and the same registration finds its record."""
+    path = tmp_path / "state.db"
+    first = Registry(open_store(path))
+    client = ClientRecord("cl-1", "alice")
+    first.add_client(client)
+    for said, record in ((b"f", "c-1"), (b"f", "c-1"), (b"g", "c-2"), (b"p", "p-1"), (b"q", "p-2")):
+        first.hold(client, said, record)
+    assert first.let_go(client, ["c-2", "c-1", "p-2"]) == ["c-2", "p-2"]
+    first.unregister(client, ["c-2", "p-2"])
+    first.close()
+
+    again = Registry(open_store(path))
+    again.load()
+    back = again.clients["cl-1"]
+    assert back.holds == {"c-1": 1, "p-1": 1}
+    assert back.registered == {b"f": "c-1", b"p": "p-1"}
+    assert again.let_go(back, ["c-1", "p-1"]) == ["c-1", "p-1"]
+    again.unregister(back, ["c-1", "p-1"])
+    again.close()
+    last = Registry(open_store(path))
+    last.load()
+    assert last.clients["cl-1"].holds == {} and last.clients["cl-1"].registered == {}
+
+
 def test_removing_a_client_removes_everything_it_owned(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     reg = Registry(open_store(path))
@@ -60,11 +86,13 @@ def test_removing_a_client_removes_everything_it_owned(tmp_path: Path) -> None:
     reg.add_client(b)
     reg.add_buffers(a, [_buffer(1, "cl-a")])
     reg.add_buffers(b, [_buffer(2, "cl-b")])
+    reg.hold(a, b"f", "c-1")
     reg.remove_client(a)
     reg.close()
     again = Registry(open_store(path))
     again.load()
     assert set(again.clients) == {"cl-b"} and set(again.buffers) == {"b-00000002"}
+    assert list(SqliteStore(path).load("holds")) == []
 
 
 def test_the_file_is_private_and_another_schema_is_refused(tmp_path: Path) -> None:
