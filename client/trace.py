@@ -95,6 +95,8 @@ class Traced(Shaped):
     def __iter__(self) -> Any:
         raise InvalidArgument(f"iterating over {self!r}: {DATA_LESS}")
 
+    __hash__ = object.__hash__  # (`==` is refused below, as on a JAX array it computes)
+
     def __getattr__(self, name: str) -> Any:
         """`x.sum()`, `x.T`, ...: what a `jax.Array` has and a traced value has not (an
         `AttributeError` too, for what looks before it leaps: `hasattr`, `getattr(x, n, d)`)."""
@@ -128,9 +130,10 @@ for _name, _operation in {
     setattr(Traced, f"__{_name}__", _refused(_operation))
     setattr(Traced, f"__r{_name}__", _refused(_operation))
 for _name, _operation in {
-    "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "neg": "unary -", "pos": "unary +", "abs": "abs()",
-    "invert": "~", "getitem": "indexing", "setitem": "item assignment", "float": "float()",
-    "int": "int()", "index": "use as an index", "complex": "complex()",
+    "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "neg": "unary -",
+    "pos": "unary +", "abs": "abs()", "invert": "~", "getitem": "indexing",
+    "setitem": "item assignment", "float": "float()", "int": "int()", "index": "use as an index",
+    "complex": "complex()",
 }.items():
     setattr(Traced, f"__{_name}__", _refused(_operation))
 

@@ -92,3 +92,19 @@ def test_results_come_from_the_program_or_are_arrays():
         trace(lambda x: (f(x), object()), (np.zeros(2, np.float32), PLAIN))
     with pytest.raises(InvalidArgument, match="called no jitted function"):
         trace(lambda x: x, (np.zeros(2, np.float32), PLAIN))
+
+
+def test_comparing_traced_values_is_refused_but_they_stay_usable_as_keys():
+    sa = make_slice("sa", {"x": 1}, "a")
+    f = Function(None, lambda x: x * 2, sa)
+    for body, name in [(lambda x: f(x) == 3, "=="), (lambda x: f(x) != f(x), "!=")]:
+        with pytest.raises(InvalidArgument, match=f"{name} on Traced.*no data yet"):
+            trace(body, (np.ones(4, np.float32), PLAIN))
+
+    def keyed(x):
+        y = f(x)
+        assert {y: 1}[y] == 1 and y in [y]  # (by identity)
+        return y
+
+    program, _ = trace(keyed, (np.ones(4, np.float32), PLAIN))
+    assert [n.op for n in program.nodes].count(Op.COMPUTE) == 1
