@@ -75,7 +75,7 @@ class Client:
         self.id: str = record["id"]
         self.lease_s: float = record["lease_s"]
         self._closed = False
-        self._session = Session(transport)
+        self._session = Session(transport, self.id)
         self._jitted: OrderedDict[tuple[Any, ...], Function | ProgramFunction] = OrderedDict()  # newest last
         self._lease = Lease(transport, self.lease_s)
         # A client dropped without close() stops renewing (the server frees it after the

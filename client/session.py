@@ -2,7 +2,8 @@
 
 Contract:
 - `call`, `run` and `put` (of an array up to `INLINE_BYTES`) return `Buffer`s at once. Their
-  ids are chosen here ("b-" and 128 random bits in hex), so nothing waits for the server;
+  ids are chosen here (the client's id, a dot and 128 random bits in hex: the server takes
+  only ids in the client's own part of its namespace), so nothing waits for the server;
   the operation joins one queue. A background sender takes everything queued and sends it
   as one `POST /v1/batch` (at most `MAX_BATCH` operations, `MAX_BATCH_BYTES` of inline
   data), one batch at a time: the server submits the operations in queue order.
@@ -60,9 +61,10 @@ LINGER_S = 200e-6
 Output = tuple[str, Aval, Spec, View]  # an output's slice, aval, spec and view (weakly typed, keys)
 
 
-def new_id() -> str:
-    """A buffer id: random, so no two clients (or sessions) ever choose the same one."""
-    return "b-" + os.urandom(16).hex()
+def new_id(client_id: str) -> str:
+    """A buffer id: the client's id and a dot (where the server lets the client choose), then
+    random, so no two sessions on one client ever choose the same one."""
+    return f"{client_id}.{os.urandom(16).hex()}"
 
 
 def refusal(status: int, error: str, detail: str) -> IsthmusError:
@@ -151,10 +153,12 @@ class Slice:
 
 
 class Session:
-    def __init__(self, transport: Transport, background: bool = True) -> None:
-        """`background` False: no sender thread; what is queued leaves with the next
-        blocking call (the tests of the queue say when with it)."""
+    def __init__(self, transport: Transport, client_id: str, background: bool = True) -> None:
+        """`client_id` is the server's id of the client, which the ids chosen here begin with.
+        `background` False: no sender thread; what is queued leaves with the next blocking
+        call (the tests of the queue say when with it)."""
         self.transport = transport
+        self.client_id = client_id
         self.slices: dict[str, Slice] = {}  # the slices this client created, by id
         self._queue: deque[Pending | str] = deque()  # operations, and released ids
         self._sending = threading.Lock()
@@ -175,7 +179,7 @@ class Session:
         """Queue a call; `outputs` are each output's slice, aval, spec and view (weakly typed,
         typed PRNG keys)."""
         self._check_open()
-        outs = [Buffer(self, new_id(), s, a, sp, v) for s, a, sp, v in outputs]
+        outs = [Buffer(self, new_id(self.client_id), s, a, sp, v) for s, a, sp, v in outputs]
         self._enqueue(Pending({"op": "call", "computation_id": computation_id, "inputs": inputs,
                                "ids": [b.id for b in outs]}, [weakref.ref(b) for b in outs]))
         return outs
@@ -184,7 +188,7 @@ class Session:
             outputs: list[Output]) -> list[Buffer]:
         """Queue a program run; `outputs` as for `call`."""
         self._check_open()
-        outs = [Buffer(self, new_id(), s, a, sp, v) for s, a, sp, v in outputs]
+        outs = [Buffer(self, new_id(self.client_id), s, a, sp, v) for s, a, sp, v in outputs]
         self._enqueue(Pending({"op": "run", "program_id": program_id, "inputs": inputs,
                                "ids": [b.id for b in outs], "dispatch": dispatch},
                               [weakref.ref(b) for b in outs]))
@@ -195,7 +199,7 @@ class Session:
         says so): queued when small, else sent now (after what is queued)."""
         self._check_open()
         aval = Aval(tuple(array.shape), dtype_name(array.dtype))
-        buf = Buffer(self, new_id(), slice_id, aval, spec, view)
+        buf = Buffer(self, new_id(self.client_id), slice_id, aval, spec, view)
         data = little_endian(array).tobytes()  # C order, whatever the array's layout
         if len(data) <= INLINE_BYTES:
             self._enqueue(Pending({"op": "put", "id": buf.id, "slice_id": slice_id, "dtype": aval.dtype,

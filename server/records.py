@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from ir import Aval, Conflict, InvalidArgument, Spec
 
 # An id a client chooses for a buffer it is about to create (so it need not wait for the
-# server's answer to name it): 8 to 64 characters, a letter or digit first.
+# server's answer to name it): 8 to 64 characters, a letter or digit first, beginning with
+# the client's own id and a dot (`chosen_prefix`).
 CHOSEN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{7,63}")
 FAILED_KEPT = 10_000  # per client: ids of outputs whose submission was refused, with why
 
@@ -24,17 +25,31 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(6)}"
 
 
-def output_ids(chosen: Sequence[str] | None, count: int, taken: Container[str], what: str) -> list[str]:
-    """The ids of `count` new buffers: fresh ones, or the ones the client chose, checked
-    (the right number, well formed, distinct, and not in use by any buffer)."""
+def chosen_prefix(client_id: str) -> str:
+    """What every id a client chooses begins with. Ids are one namespace on the server (the
+    executors key values by them), so an id chosen in a client's own part of it can collide
+    only with that client's buffers: a refusal for an id in use never tells one tenant what
+    another holds, and no tenant can take an id another will choose."""
+    return f"{client_id}."
+
+
+def output_ids(chosen: Sequence[str] | None, count: int, taken: Container[str], what: str,
+               owner: str) -> list[str]:
+    """The ids of `count` new buffers of client `owner`: fresh ones, or the ones it chose,
+    checked (the right number, well formed, in its own part of the namespace, distinct, and
+    not in use)."""
     if chosen is None:
         return [new_id("b") for _ in range(count)]
     if len(chosen) != count:
         raise InvalidArgument(f"{what}: {len(chosen)} ids for {count} outputs")
+    prefix = chosen_prefix(owner)
     for i, b in enumerate(chosen):
         if not isinstance(b, str) or not CHOSEN_ID.fullmatch(b):
             raise InvalidArgument(f"{what}[{i}]: expected 8 to 64 letters, digits or '_.:-' "
                                   f"(a letter or digit first), got {str(b)[:80]!r}")
+        if not b.startswith(prefix):
+            raise InvalidArgument(f"{what}[{i}]: an id a client chooses begins with its client id "
+                                  f"and a dot, {prefix!r}; got {b!r}")
         if b in taken:
             raise Conflict(f"{what}[{i}]: buffer id {b!r} is already in use")
     if len(set(chosen)) != len(chosen):

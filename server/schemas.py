@@ -16,9 +16,13 @@ MAX_OPS = 10_000  # operations in one batch
 MAX_INLINE = 1 << 20  # bytes of one array uploaded inside a batch (it travels base64)
 ChosenIds = Annotated[list[Id] | None, Field(
     None, max_length=MAX_ARRAYS,
-    description="ids the client chose for the outputs, in order (8 to 64 letters, digits or "
-                "'_.:-', a letter or digit first; distinct and not in use), else the server names them",
+    description="ids the client chose for the outputs, in order (its own client id and a dot, then "
+                "letters, digits or '_.:-', 8 to 64 characters in all; distinct and not in use), "
+                "else the server names them",
 )]
+
+
+OUTPUT_IDS = "the outputs' ids, chosen by the client (its id and a dot first)"
 
 
 class ErrorPublic(BaseModel):
@@ -253,20 +257,20 @@ class CallOp(BaseModel):
     op: Literal["call"]
     computation_id: Id
     inputs: list[Id] = Field(max_length=MAX_ARRAYS)
-    ids: list[Id] = Field(max_length=MAX_ARRAYS, description="the outputs' ids, chosen by the client")
+    ids: list[Id] = Field(max_length=MAX_ARRAYS, description=OUTPUT_IDS)
 
 
 class RunOp(BaseModel):
     op: Literal["run"]
     program_id: Id
     inputs: list[Id] = Field(max_length=MAX_ARRAYS)
-    ids: list[Id] = Field(max_length=MAX_ARRAYS, description="the outputs' ids, chosen by the client")
+    ids: list[Id] = Field(max_length=MAX_ARRAYS, description=OUTPUT_IDS)
     dispatch: Literal["parallel", "sequential"] | None = None
 
 
 class PutOp(BaseModel):
     op: Literal["put"]
-    id: Id = Field(description="the new buffer's id, chosen by the client")
+    id: Id = Field(description="the new buffer's id, chosen by the client (its id and a dot first)")
     slice_id: Id
     dtype: str = Field(max_length=32, examples=["float32"])
     shape: list[int] = Field(max_length=64)

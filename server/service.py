@@ -339,7 +339,7 @@ class Service:
                    what: str) -> list[str]:
         """Ids for new buffers: fresh, or the client's own choice, checked; choosing an id
         takes it out of the client's refused ones."""
-        ids = output_ids(chosen, count, self.buffers, what)
+        ids = output_ids(chosen, count, self.buffers, what, owner.id)
         for b in chosen or ():
             owner.failed.pop(b, None)
             owner.freed_with.pop(b, None)

@@ -22,7 +22,8 @@ from server.service import Service
 
 router = APIRouter(prefix="/v1/buffers", tags=["buffers"], responses=error_responses(403))
 OCTETS = "application/octet-stream"
-CHOSEN = "the buffer's id, chosen by the client (8 to 64 letters, digits or '_.:-'); default: the server's"
+CHOSEN = ("the buffer's id, chosen by the client: its own client id, a dot, then letters, digits "
+          "or '_.:-' (8 to 64 characters in all); default: the server's")
 MAX_QUERY = 4096  # characters of a shape or spec parameter
 
 

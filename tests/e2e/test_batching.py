@@ -88,7 +88,7 @@ def test_an_id_released_and_named_again_in_one_batch_holds_its_new_value(c):
     """A release's delete may leave later than the release (coalesced with the turn's), but
     never after a request that writes the same id again."""
     s = c.slice({"x": 1})
-    x = "b-" + "ab" * 16
+    x = f"{c.id}.{'ab' * 16}"
 
     def put(value):
         data = base64.b64encode(np.full(4, value, np.float32).tobytes()).decode()
@@ -101,6 +101,33 @@ def test_an_id_released_and_named_again_in_one_batch_holds_its_new_value(c):
     np.testing.assert_array_equal(np.frombuffer(data, np.float32), np.full(4, 2.0, np.float32))
 
 
+def test_a_client_chooses_ids_only_in_its_own_part_of_the_namespace(connect):
+    """An id in use answers 409 only for the chooser's own buffer: another tenant's id is
+    refused for its form, the same whether that tenant holds it or not, and what it holds
+    is untouched."""
+    alice, bob = connect("alice"), connect("bob")
+    sa, sb = alice.slice({"x": 1}), bob.slice({"x": 1})
+    xa = alice.put(np.arange(4, dtype=np.float32), sa).result()
+    xb = bob.put(np.ones(4, np.float32), sb).result()
+    assert xa.id.startswith(f"{alice.id}.") and xb.id.startswith(f"{bob.id}.")
+
+    def put(who, s, ident):
+        data = base64.b64encode(np.zeros(4, np.float32).tobytes()).decode()
+        op = {"op": "put", "id": ident, "slice_id": s.id, "dtype": "float32", "shape": [4], "spec": [],
+              "data": data}
+        return who._transport.json("POST", "/v1/batch", json={"ops": [op]})["failed"]
+
+    unheld = f"{alice.id}.{'cd' * 16}"
+    held, free = put(bob, sb, xa.id), put(bob, sb, unheld)
+    assert [f["status"] for f in held] == [400] and f"'{bob.id}.'; got '{xa.id}'" in held[0]["detail"]
+    assert [f["status"] for f in free] == [400]
+    assert held[0]["detail"].replace(xa.id, "ID") == free[0]["detail"].replace(unheld, "ID")
+    [mine] = put(bob, sb, xb.id)
+    assert mine["status"] == 409 and xb.id in mine["detail"]
+    np.testing.assert_array_equal(xa.numpy(), np.arange(4, dtype=np.float32))
+    np.testing.assert_array_equal(xb.numpy(), np.ones(4, np.float32))
+
+
 def test_refusals_and_the_causes_kept_for_their_ids_stay_short(c):
     """A put refused for a spec of 100 000 names, then 300 calls each reading the previous
     one's refused output: every failure names its cause, and neither the answer nor what the
@@ -109,7 +136,7 @@ def test_refusals_and_the_causes_kept_for_their_ids_stay_short(c):
     inc = c.jit(lambda v: v + 1, slice=s)
     inc(np.zeros(4, np.float32)).result()
     comp = next(iter(inc._registered.values()))
-    ids = [f"chain-{k:06d}" for k in range(301)]
+    ids = [f"{c.id}.chain-{k:06d}" for k in range(301)]
     ops = [{"op": "put", "id": ids[0], "slice_id": s.id, "dtype": "float32", "shape": [4],
             "spec": [["x"] * 100_000], "data": base64.b64encode(bytes(16)).decode()}]
     ops += [{"op": "call", "computation_id": comp, "inputs": [ids[k]], "ids": [ids[k + 1]]}

@@ -14,6 +14,7 @@ import pytest
 from client.session import MAX_BATCH, Session
 from client.transport import OverQuota
 from ir import Aval, Conflict, RemoteError, Spec, Unavailable
+from server.records import CHOSEN_ID, chosen_prefix
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
@@ -76,7 +77,7 @@ class FakeServer:
 def quiet_session(server: FakeServer) -> Session:
     """A session without a background sender: what is queued leaves only when a blocking
     call sends it, so each test says exactly when."""
-    return Session(server, background=False)  # type: ignore[arg-type]
+    return Session(server, "cl-1", background=False)  # type: ignore[arg-type]
 
 
 def test_calls_issued_back_to_back_travel_in_one_batch_in_order():
@@ -98,10 +99,10 @@ def test_calls_issued_back_to_back_travel_in_one_batch_in_order():
 
 
 def test_ids_are_random_distinct_and_well_formed():
-    s = quiet_session(FakeServer())
+    s = Session(FakeServer(), "cl-0123456789ab", background=False)  # type: ignore[arg-type]
     ids = [b.id for _ in range(1000) for b in s.call("c-inc", [], OUT)]
     assert len(set(ids)) == 1000
-    assert all(i.startswith("b-") and len(i) == 34 for i in ids)
+    assert all(CHOSEN_ID.fullmatch(i) and i.startswith(chosen_prefix("cl-0123456789ab")) for i in ids)
 
 
 def test_a_release_rides_after_every_call_that_read_the_buffer_and_wakes_nothing():
@@ -164,7 +165,7 @@ def test_the_refusal_keeps_its_kind():
 
 def test_a_lost_connection_fails_the_batch_and_the_next_blocking_call_once():
     server = FakeServer()
-    s = Session(server)  # type: ignore[arg-type]  # its sender sends in the background
+    s = Session(server, "cl-1")  # type: ignore[arg-type]  # its sender sends in the background
     try:
         server.down = True
         [y] = s.call("c-inc", [], OUT)
@@ -207,7 +208,7 @@ def test_a_long_queue_goes_in_bounded_batches_in_order_with_the_wait_on_the_last
 
 def test_the_background_sender_sends_what_is_queued_without_a_blocking_call():
     server = FakeServer()
-    s = Session(server)  # type: ignore[arg-type]
+    s = Session(server, "cl-1")  # type: ignore[arg-type]
     try:
         [y] = s.call("c-inc", [], OUT)
         assert server.sent.wait(10)  # no blocking call made it send
