@@ -37,6 +37,8 @@ import numpy as np
 
 from executors.compile import compile_artifact, make_mesh, place
 from executors.issued import computed
+from executors.memory import MACHINE, TempBudget, working_bytes
+from executors.memory import check as check_working
 from executors.messages import Adopted, Failed, Payload, Ran, Ready, Reply, State
 from executors.runner import IN_FLIGHT, RunMessage, Runner
 from executors.settler import Settler
@@ -58,8 +60,10 @@ def _cause() -> str:
 
 
 class Host:
-    def __init__(self, host: str, wait_timeout_s: float = 300.0, in_flight: int = IN_FLIGHT) -> None:
+    def __init__(self, host: str, wait_timeout_s: float = 300.0, in_flight: int = IN_FLIGHT,
+                 temp: TempBudget = MACHINE) -> None:
         self.host = host
+        self.temp_budget = temp.bytes()  # XLA temporaries its computations may take together
         self.wait_timeout_s = wait_timeout_s  # the longest a request waits for an executable
         self.store = BufferStore()
         self._executables: dict[str, Future[Any]] = {}
@@ -80,7 +84,8 @@ class Host:
         self._closed = False
         self._requests = 0
         self._frozen = False  # start-up's objects frozen out of garbage collection (`info`)
-        self.runner = Runner(host, self.store, self._usable, self._deliver, self._failed, in_flight)
+        self.runner = Runner(host, self.store, self._usable, self._deliver, self._failed, in_flight,
+                             self.temp_budget)
         self._thread = threading.Thread(target=self._dispatch, name=f"dispatch-{host}", daemon=True)
         self._thread.start()
 
@@ -151,6 +156,7 @@ class Host:
             "busy_s": self._busy_s,
             "unfinished": len(self.runner.issued),  # computations issued, not known finished
             "in_flight": self.runner.issued.bound,
+            "temp_budget_bytes": self.temp_budget,
             "collective_error": self.collective_error,
         }
 
@@ -293,7 +299,9 @@ class Host:
 
             def build() -> None:
                 try:
-                    fut.set_result(compile_artifact(artifact, make_mesh(mesh), ins, outs))
+                    exe = compile_artifact(artifact, make_mesh(mesh), ins, outs)
+                    check_working(*working_bytes(exe), self.temp_budget, self.host)
+                    fut.set_result(exe)
                 except Exception as e:  # the compiler's message is the user's answer
                     fut.set_exception(Failure(f"compiling failed: {type(e).__name__}: {e}"))
 

@@ -1,11 +1,15 @@
 """The computations a host has issued to XLA and does not yet know to have finished.
 
 Contract:
-- `issue(label, inputs, outputs)` records a computation the dispatch thread has just
+- `issue(label, inputs, outputs, temp)` records a computation the dispatch thread has just
   issued. Past `bound` recorded computations, it first waits for the oldest to finish.
+- `make_room(inputs, temp)`, before issuing a computation that allocates `temp` bytes of
+  temporaries (`executors.memory`), waits for the oldest until those recorded and it take
+  at most `temp_budget` together (or none is left: one alone is checked when compiled).
 - A computation that reads an output of a recorded one finishes after it (XLA starts it
   once its inputs are defined, and an error in an input reaches its outputs). So the
-  reader's record stands for both: the one it read is dropped, and its outputs are no
+  reader's record stands for both (its temporaries, or those of what it read if larger:
+  they do not run at once): the one it read is dropped, and its outputs are no
   longer held here. A chain thus holds only its newest computation, as `jax.jit` op by op
   holds only its newest array, and the memory of the values it has used up returns to
   XLA's allocator at once, to be reused while it is still in cache (holding the last 8
@@ -29,11 +33,14 @@ class _Record:
     label: str
     issued: float  # perf_counter
     outputs: Sequence[Any]
+    temp: int = 0  # bytes of temporaries it allocates while it runs
 
 
 class Issued:
-    def __init__(self, bound: int, failed: Callable[[str], None]) -> None:
+    def __init__(self, bound: int, failed: Callable[[str], None], temp_budget: int | None = None) -> None:
         self.bound = max(1, bound)
+        self.temp_budget = temp_budget  # None: not bounded
+        self.temp = 0  # bytes of temporaries of the recorded computations
         self._failed = failed
         self._records: deque[_Record] = deque()  # oldest first
         self._makers: dict[int, _Record] = {}  # id of a held output -> its record
@@ -41,13 +48,28 @@ class Issued:
     def __len__(self) -> int:
         return len(self._records)
 
-    def issue(self, label: str, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
+    def make_room(self, inputs: Sequence[Any], temp: int) -> None:
+        """Wait until a computation reading `inputs` and allocating `temp` bytes of
+        temporaries fits the budget."""
+        if self.temp_budget is not None and temp:
+            while self._records and self._temp_with(inputs, temp) > self.temp_budget:
+                self._finish_oldest()
+
+    def _temp_with(self, inputs: Sequence[Any], temp: int) -> int:
+        reads = {id(r): r for a in inputs if (r := self._makers.get(id(a))) is not None}
+        absorbed = sum(r.temp for r in reads.values())
+        return self.temp - absorbed + max(temp, absorbed)
+
+    def issue(self, label: str, inputs: Sequence[Any], outputs: Sequence[Any], temp: int = 0) -> None:
+        absorbed = 0  # the temporaries of those it reads, which may run at once before it
         for array in inputs:
             read = self._makers.get(id(array))
             if read is not None:  # this computation finishes after that one
                 self._records.remove(read)
                 self._forget(read)
-        record = _Record(label, time.perf_counter(), outputs)
+                absorbed += read.temp
+        record = _Record(label, time.perf_counter(), outputs, max(temp, absorbed))
+        self.temp += record.temp
         self._records.append(record)
         for array in outputs:
             self._makers[id(array)] = record
@@ -87,6 +109,7 @@ class Issued:
             self._failed(f"{type(e).__name__}: {e}")
 
     def _forget(self, record: _Record) -> None:
+        self.temp -= record.temp
         for array in record.outputs:
             if self._makers.get(id(array)) is record:
                 del self._makers[id(array)]

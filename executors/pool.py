@@ -21,7 +21,7 @@ import random
 import secrets
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +33,7 @@ from executors import adoption, ray_start
 from executors.channel import SECRET_BYTES, Channel
 from executors.deletes import Deletes
 from executors.islands import IslandLifecycle
+from executors.memory import TempBudget
 from executors.messages import Adopted, Failed, Ran, Settled, Settlement, State
 from executors.outbox import Outbox
 from executors.ray_host import DIRECT, DIRECT_PUT_BYTES, TOLD, new_actor
@@ -72,6 +73,9 @@ class RayOptions:
     wait_timeout_s: int = 300
     # Computations an executor issues without waiting for them (docs/architecture.md).
     in_flight: int = IN_FLIGHT
+    # MiB of XLA temporaries a CPU host's computations in flight may take together; None: half
+    # its machine's memory, shared by the hosts placed on that machine (`executors.memory`).
+    temp_mb: int | None = None
     # Ray's token: read from (or, for a Ray this pool starts, written to) this file.
     token_file: Path | None = None
     insecure: bool = False  # join an external Ray without token authentication
@@ -83,6 +87,16 @@ class RayOptions:
     # stops by itself once no server has used it for `orphan_timeout_s` (`ray_daemon`).
     daemon_dir: Path | None = None
     orphan_timeout_s: float = 600.0
+
+
+def _new_actor(host: HostSpec, hosts: Iterable[HostSpec], options: RayOptions, generation: int) -> Any:
+    """An executor for `host`, its temporaries' budget shared with the cluster's other hosts
+    on its machine: those pinned to its node, or, unpinned, every other unpinned host (all
+    on one machine in the embedded default; fewer share a machine wherever Ray spreads them,
+    so the share is never too large)."""
+    sharing = sum(1 for h in hosts if h.node == host.node)
+    return new_actor(host, options.namespace, options.wait_timeout_s, options.in_flight, generation,
+                     options.detached, TempBudget(options.temp_mb, max(1, sharing)))
 
 
 async def _answer(ref: Any) -> Any:
@@ -124,8 +138,7 @@ class ExecutorPool(IslandLifecycle):
         self.adopted: dict[str, Adopted] = {}  # hosts taken over from a previous server (`start`)
 
     def _new_actor(self, host: HostSpec, generation: int) -> Any:
-        o = self._options
-        return new_actor(host, o.namespace, o.wait_timeout_s, o.in_flight, generation, o.detached)
+        return _new_actor(host, self._specs.values(), self._options, generation)
 
     def _call(self, host: str, method: str, *args: Any, direct: bool = True) -> Any:
         """Send one request to a host: over its channel where it has one and the method is
@@ -247,8 +260,7 @@ class ExecutorPool(IslandLifecycle):
             options.group_timeout_s) if options.adopt else {}
         adoption.kill((n for n in names if n not in {newest[h][1] for h in taken}), options.namespace)
         handles = {name: taken[name][0] if name in taken else
-                   new_actor(host, options.namespace, options.wait_timeout_s, options.in_flight, generation,
-                             options.detached)
+                   _new_actor(host, specs.values(), options, generation)
                    for name, host in specs.items()}
         pool = cls(handles, joined, groups)
         pool.ordered = options.ordered

@@ -63,6 +63,7 @@ from executors.control import DEAD, Frames, Layout, aborted, blocked
 from executors.issued import Issued
 from executors.iterations import run_frame
 from executors.liveness import dead_after, defines
+from executors.memory import working_bytes
 from executors.messages import Abort, Dead, Failed, Payload, Shards, Whole
 from executors.shards import distinct_shards, whole
 from executors.store import BufferStore, Failure
@@ -95,6 +96,7 @@ class RunMessage:
 class _Executable:
     in_shardings: tuple[Any, ...]
     spans_hosts: bool  # its shardings name devices of other processes (an island's JAX group)
+    temp: int  # bytes of temporaries it allocates on this host while it runs (`executors.memory`)
 
 
 @dataclass
@@ -106,7 +108,9 @@ class _Run:
 class Runner:
     def __init__(self, host: str, store: BufferStore, executable: Callable[[str], Future[Any]],
                  deliver: Deliver, failed: Callable[[str], None] = lambda cause: None,
-                 in_flight: int = IN_FLIGHT) -> None:
+                 in_flight: int = IN_FLIGHT, temp_budget: int | None = None) -> None:
+        """`temp_budget`: bytes of XLA temporaries the computations in flight may take
+        together (`executors.memory`); None, not bounded."""
         self.host = host
         self.store = store
         self._executable = executable
@@ -121,7 +125,7 @@ class Runner:
         self._stops: dict[str, str] = {}  # run -> why its loops end now (`cancel`)
         self._deadlines: dict[str, float] = {}  # run -> when its loops end (monotonic, `limit`)
         self._lock = threading.Lock()
-        self.issued = Issued(in_flight, failed)  # computations issued, not known finished
+        self.issued = Issued(in_flight, failed, temp_budget)  # computations issued, not known finished
         self._dead: dict[str, tuple[tuple[str, ...], ...]] = {}  # plan key -> values dead after each step
         self._layouts: dict[str, Layout] = {}  # plan key -> its frames (loop heads)
         self._aborts: dict[str, list[Abort]] = {}  # run -> peers that left a loop early
@@ -434,8 +438,9 @@ class Runner:
             self.issued.drain()  # alone: nothing else of this host in flight while its collectives run
             results = jax.block_until_ready(exe(*args))
         else:
+            self.issued.make_room(args, known.temp)
             results = exe(*args)
-            self.issued.issue(step.label, args, results)
+            self.issued.issue(step.label, args, results, known.temp)
         env.update(zip(step.outputs, results, strict=True))
 
     def _fits(self, array: Any, sharding: Any) -> bool:
@@ -463,7 +468,7 @@ class Runner:
             shardings = exe.input_shardings[0]
             every = jax.tree_util.tree_leaves((exe.input_shardings, exe.output_shardings))
             known = self._executables[key] = _Executable(
-                tuple(shardings), not all(s.is_fully_addressable for s in every))
+                tuple(shardings), not all(s.is_fully_addressable for s in every), working_bytes(exe)[0])
         return known
 
     def _send(self, run_id: str, step: Send, value: Any, frames: Frames) -> None:

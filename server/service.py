@@ -119,6 +119,7 @@ class Service:
             ordered=settings.gang_order,
             wait_timeout_s=max(1, round(settings.step_timeout_s)),
             in_flight=settings.executor_in_flight,
+            temp_mb=settings.executor_temp_mb,
             token_file=settings.ray_token_file,
             insecure=settings.insecure_ray,
             detached=True,

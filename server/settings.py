@@ -57,6 +57,10 @@ class Settings(BaseSettings):
     # Computations an executor issues to its devices without waiting for each to finish
     # (XLA's asynchronous dispatch); 1 runs each to completion (docs/architecture.md).
     executor_in_flight: int = Field(8, ge=1, le=1024)
+    # MiB of XLA temporaries (working memory no quota counts) a CPU host's computations in
+    # flight may take together; one needing more alone fails to compile. Default: half the
+    # memory of the host's machine (its cgroup's limit, if lower) shared by the hosts on it.
+    executor_temp_mb: int | None = Field(None, ge=1)
     # Joining a cluster whose nodes' labels name the islands: how often to look for nodes
     # labelled since, which then become hosts (server/membership.py).
     node_poll_s: float = Field(5.0, gt=0, le=3600)

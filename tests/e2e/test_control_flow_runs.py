@@ -3,14 +3,27 @@ executors as many messages as a 1-iteration run, and a failure in iteration k fa
 results with a cause naming the iteration, leaves no state on any host, and the next run
 succeeds."""
 
+from collections.abc import Iterator
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from hosts_settled import host_rows
+from servers import own_server
 
 import client as isthmus
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def roomy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[isthmus.Client]:
+    """A client of a server whose hosts let a computation take 8 TiB of temporaries: one
+    asking for 4 TiB compiles, and fails only when it runs (no allocator gives it)."""
+    env = {"ISTHMUS_EXECUTOR_TEMP_MB": str(8 << 20)}
+    with own_server(tmp_path_factory.mktemp("isthmus-roomy"), env) as (address, token):
+        with isthmus.connect(address, token=token, name="roomy") as c:
+            yield c
 
 
 def counters(c):
@@ -45,12 +58,13 @@ def test_a_1000_iteration_run_costs_the_messages_of_a_1_iteration_run(c):
 
 
 def out_of_memory(v):
-    """Compiles, and fails when it runs: it asks for 4 TiB."""
+    """Compiles (on a server that lets it), and fails when it runs: it asks for 4 TiB."""
     return jnp.sort(jnp.arange(2**40, dtype=jnp.float32) * v[0])[:4] + v
 
 
 @pytest.mark.parametrize("parallel", [1, 8])
-def test_a_failure_in_iteration_k_names_it_frees_every_frame_and_the_next_run_succeeds(c, parallel):
+def test_a_failure_in_iteration_k_names_it_frees_every_frame_and_the_next_run_succeeds(roomy, parallel):
+    c = roomy
     sa, sb = c.slice({"x": 1}, island="a"), c.slice({"x": 1}, island="b")
     f = c.jit(lambda v: v + 1.0, slice=sa)
     g = c.jit(lambda v: v * 2.0, slice=sb)

@@ -28,7 +28,7 @@ LEASE_S = 2.0
 ENV = {
     "ISTHMUS_CLIENT_LEASE_S": str(LEASE_S), "ISTHMUS_MAX_SLICES": "2", "ISTHMUS_MAX_BUFFER_MB": "1",
     "ISTHMUS_MAX_COMPUTATIONS": "2", "ISTHMUS_MAX_PROGRAMS": "1", "ISTHMUS_MAX_CLIENTS": "4",
-    "ISTHMUS_MAX_ARTIFACT_MB": "1",
+    "ISTHMUS_MAX_ARTIFACT_MB": "1", "ISTHMUS_EXECUTOR_TEMP_MB": "32",
 }
 
 
@@ -63,6 +63,36 @@ def test_over_quota_is_429_with_retry_after_and_freeing_lets_the_client_go_on(sm
         g(c.put(np.ones(4, np.float32), s3)).result()
         with pytest.raises(isthmus.OverQuota, match="computations: 2 held"):
             c.jit(lambda v: v - 1, slice=s3)(c.put(np.ones(4, np.float32), s3))
+
+
+def materializing(n: int):
+    """A function whose [n, n] float32 intermediate XLA keeps as a temporary."""
+    return lambda v: v + (jnp.full((n, n), v[0]) @ jnp.ones(n, jnp.float32))[:4] * 0 + 1
+
+
+def test_a_computation_whose_temporaries_exceed_its_hosts_budget_fails_to_compile(small):
+    """64 MiB of temporaries against the 32 MiB this server's hosts give: refused when
+    compiled, with both figures; the host serves on, one that fits runs."""
+    address, token = small
+    with isthmus.connect(address, token=token, name="hungry") as c:
+        s = c.slice({"x": 1})
+        x = c.put(np.ones(4, np.float32), s)
+        with pytest.raises(isthmus.RemoteError, match=r"compiling failed: MemoryError: it needs 6\d MiB of "
+                           r"working memory on host \w+ .* may take 32 MiB together \(executor_temp_mb\)"):
+            c.jit(materializing(4096), slice=s)(x).result()
+        fits = c.jit(materializing(512), slice=s)  # 1 MiB
+        np.testing.assert_array_equal(fits(x).numpy(), np.full(4, 2, np.float32))
+
+
+def test_the_default_budget_refuses_temporaries_no_machine_could_hold(c):
+    """4 TB of temporaries on the shared test server (its default budget: half the machine
+    among its hosts): refused before anything runs; nothing of the client's is lost."""
+    s = c.slice({"x": 1})
+    x = c.put(np.ones(4, np.float32), s)
+    with pytest.raises(isthmus.RemoteError, match="MiB of working memory on host"):
+        c.jit(materializing(1_000_000), slice=s)(x).result()
+    np.testing.assert_array_equal(c.jit(materializing(8), slice=s)(x).numpy(), np.full(4, 2, np.float32))
+    np.testing.assert_array_equal(x.numpy(), np.ones(4, np.float32))
 
 
 def test_jitting_again_in_a_loop_counts_once_against_the_quota(small):

@@ -78,3 +78,50 @@ def test_a_failure_is_told_once_and_waiting_goes_on():
     issued.issue("good", [], [good])  # past the bound: waits for the failed one
     issued.drain()
     assert told == ["RuntimeError: all-reduce failed"] and good.waited == 1
+
+
+def test_temporaries_in_flight_stay_within_the_budget():
+    """Independent computations' temporaries add up: past the budget the oldest are waited
+    for first. One alone is never held back (compiling refused it if it does not fit)."""
+    issued = Issued(8, failed=lambda cause: None, temp_budget=100)
+    outs = [Array(f"y{i}") for i in range(4)]
+    for i, out in enumerate(outs[:3]):
+        issued.make_room([], 40)
+        issued.issue(f"f{i}", [Array("input")], [out], 40)
+    assert [o.waited for o in outs] == [1, 0, 0, 0] and issued.temp == 80
+    issued.make_room([], 100)
+    assert [o.waited for o in outs] == [1, 1, 1, 0] and issued.temp == 0
+    issued.issue("f3", [Array("input")], [outs[3]], 100)
+    assert issued.temp == 100
+
+
+def test_a_chain_counts_the_larger_temporaries_of_a_computation_and_what_it_read():
+    """A reader runs after what it reads: their temporaries never overlap, so a chain of
+    computations each near the budget runs ahead without waiting; two independent ones it
+    reads may have run at once, so they count together."""
+    issued = Issued(8, failed=lambda cause: None, temp_budget=100)
+    v = Array("x")
+    for i in range(10):
+        issued.make_room([v], 90)
+        out = Array(f"y{i}")
+        issued.issue(f"f{i}", [v], [out], 90)
+        v = out
+    assert v.waited == 0 and issued.temp == 90 and len(issued) == 1
+    issued.drain()
+    a, b = Array("a"), Array("b")
+    issued.issue("a", [], [a], 30)
+    issued.issue("b", [], [b], 50)
+    issued.make_room([a, b], 60)  # 80 (the two) with it: fits
+    assert (a.waited, b.waited) == (0, 0)
+    c = Array("c")
+    issued.issue("c", [a, b], [c], 60)
+    assert issued.temp == 80 and issued.outputs() == [[c]]
+
+
+def test_no_budget_never_waits_for_temporaries():
+    issued = Issued(8, failed=lambda cause: None)
+    outs = [Array(f"y{i}") for i in range(3)]
+    for i, out in enumerate(outs):
+        issued.make_room([], 1 << 40)
+        issued.issue(f"f{i}", [], [out], 1 << 40)
+    assert [o.waited for o in outs] == [0, 0, 0]
