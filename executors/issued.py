@@ -56,19 +56,21 @@ class Issued:
                 self._finish_oldest()
 
     def _temp_with(self, inputs: Sequence[Any], temp: int) -> int:
-        reads = {id(r): r for a in inputs if (r := self._makers.get(id(a))) is not None}
-        absorbed = sum(r.temp for r in reads.values())
+        absorbed = sum(r.temp for r in self._read(inputs))
         return self.temp - absorbed + max(temp, absorbed)
 
+    def _read(self, inputs: Sequence[Any]) -> list[_Record]:
+        """The recorded computations whose outputs are among `inputs`, each once."""
+        reads = {id(r): r for a in inputs if (r := self._makers.get(id(a))) is not None}
+        return list(reads.values())
+
     def issue(self, label: str, inputs: Sequence[Any], outputs: Sequence[Any], temp: int = 0) -> None:
-        absorbed = 0  # the temporaries of those it reads, which may run at once before it
-        for array in inputs:
-            read = self._makers.get(id(array))
-            if read is not None:  # this computation finishes after that one
-                self._records.remove(read)
-                self._forget(read)
-                absorbed += read.temp
-        record = _Record(label, time.perf_counter(), outputs, max(temp, absorbed))
+        reads = self._read(inputs)  # this computation finishes after each of them
+        for read in reads:
+            self._records.remove(read)
+            self._forget(read)
+        # the temporaries of those it reads (which may run at once, before it), or its own
+        record = _Record(label, time.perf_counter(), outputs, max(temp, sum(r.temp for r in reads)))
         self.temp += record.temp
         self._records.append(record)
         for array in outputs:
