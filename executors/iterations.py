@@ -41,10 +41,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executors.control import LIVE, Frames, Layout
-from executors.liveness import defines, used
 from executors.store import Failure
 from ir import HostPlan, Recv
-from ir.plan import ControlStep, Enter, Exit, Merge, NextIteration, Switch
+from ir.plan import ControlStep, Enter, Exit, Merge, NextIteration, Switch, defines
 
 # Run step i in (values, frames), a receive within the deadline (monotonic) if given; the
 # index of the step to run next.
@@ -81,7 +80,7 @@ def run_frame(plan: HostPlan, enter: int, layout: Layout, values: dict[str, Any]
     carried = dict(zip(following.outputs, following.inputs, strict=True))  # NextIteration out -> body result
     outer = [list(f) for f in frames.stack[:-1]]
     depth = len(frames)  # an iteration's frames outside any loop inside it
-    reads = [used(plan, i) if head < i < nxt else () for i in range(len(plan.steps))]
+    reads = [plan.used(i) if head < i < nxt else () for i in range(len(plan.steps))]
 
     def begin(k: int, previous: _Iteration | None) -> _Iteration:
         it = _Iteration(k, ChainMap({}, values), Frames([*map(list, outer), [frame, k]]), head + 1, previous)

@@ -3,15 +3,15 @@
 Contract: `dead_after(plan, layout)` gives, per step, the values no later step reads (its
 guard counts as a read) and no program result names: a long chain then holds a few values at
 a time, not all of them. A value read or defined inside a loop lives until the loop's
-outermost `Exit`, since a later iteration reads it again. `defines(step)` names the
-values a step defines (a failed step defines them as its failure).
+outermost `Exit`, since a later iteration reads it again. What a step reads and defines
+is `HostPlan.used` and `ir.plan.defines` (a failed step defines its values as its failure).
 """
 
 from __future__ import annotations
 
 from executors.control import Layout
-from ir import HostPlan, Step
-from ir.plan import Compute, Enter, Exit, Merge, NextIteration, Recv, Reshard, Send, Switch
+from ir import HostPlan
+from ir.plan import defines
 
 
 def dead_after(plan: HostPlan, layout: Layout) -> tuple[tuple[str, ...], ...]:
@@ -19,11 +19,11 @@ def dead_after(plan: HostPlan, layout: Layout) -> tuple[tuple[str, ...], ...]:
     for i, step in enumerate(plan.steps):
         for value in defines(step):
             last.setdefault(value, i)  # never read: dead once defined
-        for value in used(plan, i):
+        for value in plan.used(i):
             last[value] = i
     for first, end in layout.framed:  # used inside a loop: kept until its outermost Exit
         for j in range(first, end + 1):
-            for value in (*used(plan, j), *defines(plan.steps[j])):
+            for value in (*plan.used(j), *defines(plan.steps[j])):
                 last[value] = max(last.get(value, end), end)
     kept = {value for _, value in plan.results}
     by_step: list[list[str]] = [[] for _ in plan.steps]
@@ -31,35 +31,3 @@ def dead_after(plan: HostPlan, layout: Layout) -> tuple[tuple[str, ...], ...]:
         if value not in kept:
             by_step[i].append(value)
     return tuple(tuple(values) for values in by_step)
-
-
-def used(plan: HostPlan, i: int) -> tuple[str, ...]:
-    """What step i reads, its guard (the pivot of its branch) included."""
-    guard = plan.guard(i)
-    return _reads(plan.steps[i]) + ((guard,) if guard else ())
-
-
-def _reads(step: Step) -> tuple[str, ...]:
-    match step:
-        case Compute() | Enter() | Exit():
-            return step.inputs
-        case Reshard() | Send():
-            return (step.input,)
-        case Merge():
-            return tuple(v for values in step.inputs for v in values)
-        case Switch():
-            return (step.pred, *step.inputs)
-        case NextIteration():
-            return (step.pred, *step.inputs)
-    return ()
-
-
-def defines(step: Step) -> tuple[str, ...]:
-    match step:
-        case Compute() | Enter() | Exit() | Merge() | NextIteration():
-            return step.outputs
-        case Reshard() | Recv():
-            return (step.output,)
-        case Switch():
-            return (*(v for values in step.outputs for v in values), *step.pivots)
-    return ()

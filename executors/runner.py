@@ -62,13 +62,13 @@ from executors.compile import HostArray, on_devices, place, sharding_of
 from executors.control import DEAD, Frames, Layout, aborted, blocked
 from executors.issued import Issued
 from executors.iterations import run_frame
-from executors.liveness import dead_after, defines
+from executors.liveness import dead_after
 from executors.memory import working_bytes
 from executors.messages import Abort, Dead, Failed, Payload, Shards, Whole
 from executors.shards import distinct_shards, whole
 from executors.store import BufferStore, Failure
 from ir import Compute, HostPlan, Recv, Reshard, Send
-from ir.plan import Enter, Exit, Merge, NextIteration, Switch
+from ir.plan import Enter, Exit, Merge, NextIteration, Switch, defines
 
 log = logging.getLogger("isthmus.executors")
 FINISHED_RUNS = 4096  # finished run ids remembered, so late deliveries to them are dropped

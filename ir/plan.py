@@ -148,6 +148,32 @@ Step = Compute | Reshard | Send | Recv | Enter | Merge | Switch | NextIteration 
 ControlStep = Enter | Merge | Switch | NextIteration | Exit
 
 
+def reads(step: Step) -> tuple[str, ...]:
+    """The values a step reads (its guard, which `HostPlan.guard` names, aside)."""
+    match step:
+        case Compute() | Enter() | Exit():
+            return step.inputs
+        case Reshard() | Send():
+            return (step.input,)
+        case Merge():
+            return tuple(v for values in step.inputs for v in values)
+        case Switch() | NextIteration():
+            return (step.pred, *step.inputs)
+    return ()
+
+
+def defines(step: Step) -> tuple[str, ...]:
+    """The values a step defines (a failed or dead step defines them as such)."""
+    match step:
+        case Compute() | Enter() | Exit() | Merge() | NextIteration():
+            return step.outputs
+        case Reshard() | Recv():
+            return (step.output,)
+        case Switch():
+            return (*(v for values in step.outputs for v in values), *step.pivots)
+    return ()
+
+
 def frame_tag(tag: str, frames: tuple[tuple[str, int], ...]) -> str:
     """A send/receive key inside frames: the tag, then each enclosing frame and iteration."""
     return tag + "".join(f"/{frame}:{k}" for frame, k in frames)
@@ -173,9 +199,15 @@ class HostPlan:
     results: tuple[tuple[int, str], ...]  # (program result position, value)
     compiles: tuple[CompileJob, ...]
     guards: tuple[str | None, ...] = ()  # per step: a pivot that must be live, or None; () none
+    held: int = 0  # bytes of its own values a run holds here at once, at most (`ir.passes.footprint`)
 
     def guard(self, i: int) -> str | None:
         return self.guards[i] if self.guards else None
+
+    def used(self, i: int) -> tuple[str, ...]:
+        """What step i reads, its guard (the pivot of its branch) included."""
+        guard = self.guard(i)
+        return reads(self.steps[i]) + ((guard,) if guard else ())
 
     @cached_property
     def loops(self) -> bool:
@@ -196,7 +228,7 @@ class HostPlan:
             return {"step": type(s).__name__.lower(), **fields}
 
         return json.loads(json.dumps({
-            "host": self.host, "args": self.args, "results": self.results,
+            "host": self.host, "args": self.args, "results": self.results, "held": self.held,
             "steps": [step(s) | {"order": o} | ({"guard": g} if g else {})
                       for s, o, g in zip(self.steps, self.order, self.guards or (None,) * len(self.steps),
                                          strict=True)],
@@ -213,7 +245,7 @@ class HostPlan:
             lines.append("  " * depth + step_line(s) + (f"  if {guard}" if guard else ""))
             if isinstance(s, Enter):
                 depth += 1
-        return [f"host {self.host}:", *lines]
+        return [f"host {self.host}: (holds at most {self.held} bytes of its own values at once)", *lines]
 
 
 def _values(names: tuple[str, ...]) -> str:

@@ -124,6 +124,7 @@ class Programs:
         rec = ProgramRecord(new_id("p"), owner.id, name, program, args, results, fuse)
         key = self._placements(owner, program)
         lowered = await asyncio.to_thread(self._lower, rec, key)
+        holds(rec, lowered[1], self.service.quotas.buffer_bytes)
         self._check_slices(owner, program)
         if key == self._placements(owner, program):  # else it is lowered again at its first run
             self._keep(rec, key, lowered)
@@ -285,11 +286,13 @@ class Programs:
         """Submit a run of `rec` on inputs the caller has checked against its argument types
         (`run` checks them; `call` chose the program by the inputs' types)."""
         self._runnable(rec)
-        self.service.check_room(owner, [t.aval for t in rec.result_types], submits=1)
+        _, plans = self._lowered(owner, rec)
+        held = holds(rec, plans, self.service.quotas.buffer_bytes)
+        self.service.check_room(owner, [t.aval for t in rec.result_types], submits=1, held=held)
         new = self.service.output_ids(owner, ids, len(rec.result_types), "ids")
         outs = [BufferRecord(b, owner.id, t.slice, self.service.slice(owner, t.slice).hosts, t.aval, t.spec)
                 for b, t in zip(new, rec.result_types, strict=True)]
-        self._dispatch(owner, rec, inputs, new, dispatch)
+        self._dispatch(owner, rec, inputs, new, dispatch, plans)
         self.service.registry.add_buffers(owner, outs)
         self.service.lineage.ran(Origin(rec, owner.id, tuple(inputs), tuple(new)))
         return outs
@@ -318,9 +321,11 @@ class Programs:
         return any(r is rec for r in self.calls.get(rec.id, {}).values())
 
     def _dispatch(self, owner: ClientRecord, rec: ProgramRecord, inputs: Sequence[str],
-                  outputs: Sequence[str], dispatch: Dispatch | None) -> None:
-        """Queue one run on its island's gang scheduler."""
-        _, plans = self._lowered(owner, rec)
+                  outputs: Sequence[str], dispatch: Dispatch | None,
+                  plans: dict[str, HostPlan] | None = None) -> None:
+        """Queue one run on its island's gang scheduler (`plans`: its lowering, if in hand)."""
+        if plans is None:
+            _, plans = self._lowered(owner, rec)
         run_id = f"{rec.id}/{self._incarnation}.{next(self._run_numbers)}"  # a computation has several
         rec.runs += 1
         timeout, limit = self.service.settings.step_timeout_s, self.service.settings.max_run_s
@@ -475,6 +480,21 @@ class Programs:
 def _results(messages: Sequence[tuple[HostPlan, RunMessage]]) -> list[str]:
     """The buffers a run's messages close (each once, however many hosts hold it)."""
     return list(dict.fromkeys(b for _, m in messages for _, b in m.results))
+
+
+def holds(rec: ProgramRecord, plans: dict[str, HostPlan], limit: int) -> int:
+    """What a run of `rec` holds of its own values at once, at most, summed over its hosts
+    (`HostPlan.held`). A program whose run could not fit `limit` bytes with its results,
+    for a client holding nothing else, is refused, naming its largest host."""
+    held = sum(plan.held for plan in plans.values())
+    results = sum(t.aval.nbytes for t in rec.result_types)
+    if held and held + results > limit:
+        top = max(plans.values(), key=lambda plan: plan.held)
+        raise InvalidArgument(
+            f"program {rec.id}: a run holds up to {held} bytes of intermediate values at once "
+            f"({top.held} on host {top.host}); with its results ({results} bytes) that passes the "
+            f"client's buffer quota of {limit} bytes (max_buffer_mb) even with nothing else held")
+    return held
 
 
 def record_key(record_id: str) -> str:

@@ -31,10 +31,11 @@ class Quotas:
                    settings.max_buffer_mb << 20, settings.max_computations, settings.max_programs,
                    settings.max_queued)
 
-    def check(self, what: str, have: int, more: int, unit: str = "") -> None:
-        """Refuse `more` of `what` for a client that holds `have` already."""
+    def check(self, what: str, have: int, more: int, unit: str = "", why: str = "") -> None:
+        """Refuse `more` of `what` for a client that holds `have` already (`why`: what the
+        `more` is made of, said in the refusal)."""
         limit = getattr(self, what)
         if have + more > limit:
             label = what.replace("_", " ")
-            raise OverQuota(f"quota: {label}: {have}{unit} held, {more}{unit} more would pass the "
+            raise OverQuota(f"quota: {label}: {have}{unit} held, {more}{unit} more{why} would pass the "
                             f"limit of {limit}{unit}; free some (or wait for queued work) and retry")

@@ -329,10 +329,13 @@ class Service:
         self.lineage.uploaded(rec.id, upload)
         return rec
 
-    def check_room(self, owner: ClientRecord, avals: Sequence[Aval], submits: int = 0) -> None:
-        """Refuse buffers (and a queued submission) past the client's quotas."""
+    def check_room(self, owner: ClientRecord, avals: Sequence[Aval], submits: int = 0, held: int = 0) -> None:
+        """Refuse buffers (and a queued submission whose run holds `held` bytes of its own
+        values at once, at most) past the client's quotas."""
         self.quotas.check("buffers", len(owner.buffers), len(avals))
-        self.quotas.check("buffer_bytes", owner.buffer_bytes, sum(a.nbytes for a in avals), " bytes")
+        why = f" ({held} of them the intermediate values its run holds at once)" if held else ""
+        more = sum(a.nbytes for a in avals) + held
+        self.quotas.check("buffer_bytes", owner.buffer_bytes, more, " bytes", why)
         if submits:
             self.quotas.check("queued", self.gangs.waiting[owner.id], submits)
 

@@ -25,17 +25,22 @@ position (`HostPlan.order`) counts the nodes that are neither `ARG` nor `RESULT`
   `HostPlan.guards` names, per step inside a branch or loop body, the pivot it runs under.
 
 Anything else (a routed transfer between hosts) is an `InvalidArgument` naming the node.
+Each plan's `held` is `ir.passes.footprint.held_bytes` of it: the most bytes of its own
+values a run holds on that host at once.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from ir.errors import InvalidArgument
 from ir.node import Node, Op, Type
 from ir.ops import ArgAttrs, ComputeAttrs, CondAttrs, RecvAttrs, SendAttrs, TransferAttrs, WhileAttrs
 from ir.passes.control_flow import lower_cond, lower_while
+from ir.passes.footprint import held_bytes, per_device
 from ir.plan import CompileJob, Compute, DeviceMesh, HostPlan, Recv, Reshard, Send, Step, executable_key
 from ir.program import Graph, Placement, Program, SliceDef
 from ir.text import node_line
@@ -78,6 +83,21 @@ class _Where:
             raise InvalidArgument(f"host_plans: slice {slice_name}: expected a placement on one host, "
                                   f"found {', '.join(hosts)}")
         return hosts[0]
+
+    def whole(self, value: str) -> int:
+        """Bytes of the whole array a value is (0 for the lowering's own predicates)."""
+        t = self.types.get(value)
+        return 0 if t is None else t.aval.nbytes
+
+    def placed(self, value: str, host: str) -> int:
+        """Bytes of a value on `host`: a device's shard times the slice's devices there."""
+        t = self.types.get(value)
+        if t is None:
+            return 0
+        s = self.slices[t.slice]
+        sizes = dict(s.mesh.axes)
+        local = len(s.placement.local(host)) if s.placement is not None else 1
+        return per_device(t.aval.nbytes, math.prod(sizes[a] for a in t.spec.axis_names())) * local
 
     def mesh(self, slice_name: str) -> DeviceMesh:
         """The slice's device mesh, as its hosts' executors name it."""
@@ -236,9 +256,11 @@ def host_plans(lowered: Program, ranks: Mapping[str, int] | None = None) -> dict
     for k, value in enumerate(lowered.results):
         for host in where.hosts(where.types[value].slice):
             walk.drafts.setdefault(host, _Draft()).results.append((k, value))
-    return {
+    plans = {
         host: HostPlan(host, tuple(d.args), tuple(d.steps), tuple(d.order), tuple(d.results),
                        tuple(d.compiles.values()),
                        tuple(d.guards) if any(g is not None for g in d.guards) else ())
         for host, d in sorted(walk.drafts.items())
     }
+    return {host: replace(plan, held=held_bytes(plan, partial(where.placed, host=host), where.whole))
+            for host, plan in plans.items()}

@@ -95,6 +95,31 @@ def test_the_default_budget_refuses_temporaries_no_machine_could_hold(c):
     np.testing.assert_array_equal(x.numpy(), np.ones(4, np.float32))
 
 
+def test_a_program_s_intermediate_values_count_against_the_buffer_quota_while_it_runs(small):
+    """The 1 MiB quota: a program passing 2 MiB between its computations is refused when
+    registered; one passing 768 KiB runs, but not beside a 384 KiB buffer (429, then room)."""
+    address, token = small
+    with isthmus.connect(address, token=token, name="passing") as c:
+        s = c.slice({"x": 1})
+        x = c.put(np.ones(4, np.float32), s)
+
+        def through(n: int):
+            widen = c.jit(lambda v: jnp.tile(v, n // 4), slice=s)  # n float32: the intermediate
+            narrow = c.jit(lambda w: w.reshape(-1, 4).sum(0), slice=s)
+            return c.program(lambda v: narrow(widen(v)))
+
+        refused = r"a run holds up to 2097152 bytes of intermediate values at once \(2097152 on host a\d\)"
+        with pytest.raises(isthmus.InvalidArgument, match=refused + ".*max_buffer_mb"):
+            through(512 * 1024)(x).result()
+        fits = through(192 * 1024)  # 768 KiB
+        np.testing.assert_array_equal(fits(x).numpy(), np.full(4, 48 * 1024, np.float32))
+        held = c.put(np.zeros(96 * 1024, np.float32), s)
+        with pytest.raises(isthmus.OverQuota, match=r"786432 of them the intermediate values its run holds"):
+            fits(x).result()
+        del held  # dropped: freed with the next request
+        np.testing.assert_array_equal(fits(x).numpy(), np.full(4, 48 * 1024, np.float32))
+
+
 def test_jitting_again_in_a_loop_counts_once_against_the_quota(small):
     address, token = small
     with isthmus.connect(address, token=token, name="looping") as c:

@@ -58,6 +58,7 @@ def test_example_plans_field_by_field(example):
         results=(),
         compiles=(CompileJob(layer, LAYER, s0, (data, model), (data,)),
                   CompileJob(norm, NORM, s0, (data,), (data,))),
+        held=1024,  # %2 and %3 at once: f32[4,16] split over data=2, on the slice's 4 devices
     )
     assert plans["b0"] == HostPlan(
         host="b0",
@@ -67,6 +68,7 @@ def test_example_plans_field_by_field(example):
         order=(3, 4),
         results=((0, "%5"),),
         compiles=(CompileJob(head, HEAD, s1, (x,), (x,)),),
+        held=256,  # the received f32[4,16]; %5 is the program's result
     )
     assert run_plans(plans) == [0, 1, 2, 3, 4]
 
