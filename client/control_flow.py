@@ -67,7 +67,10 @@ def _graph(trace: Trace, b: ProgramBuilder, args: Sequence[int], results: Sequen
 
 
 def _settle(parent: Trace, child: Trace, value: int, want: Type | None) -> int:
-    """`value` (a result of `child`) as a value of `child` of type `want` (moved if needed)."""
+    """`value` (a result of `child`) as a value of `child` of type `want` (moved if needed);
+    a constant no computation has read yet is placed as `want` says."""
+    if want is not None and child.typed(value) is None:
+        return child.use(value, parent.slices[want.slice], want.spec)
     value = child.local(value)
     if want is None or child.values[value].type == want:
         return value
@@ -139,7 +142,7 @@ def _while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], 
     parallel = trace.root.parallel_iterations if parallel_iterations is None else \
         check_parallel_iterations(parallel_iterations)
     init, treedef, paths = _flatten(trace, init_val)
-    init = [trace.local(v) for v in init]
+    init = [trace.local(v) if trace.typed(v) is not None else v for v in init]  # constants: typed below
     cond, body = trace.child(), trace.child()
     avals = [trace.values[v].aval for v in init]
     views = [trace.values[v].view for v in init]
@@ -150,7 +153,9 @@ def _while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], 
     if len(pred_leaves) != 1 or cond.values[pred_leaves[0]].aval != BOOL:
         found = ", ".join(str(cond.values[v].aval) for v in pred_leaves)
         raise InvalidArgument(f"{what}: cond_fun must return one bool[] scalar; it returned ({found})")
-    pred = cond.local(pred_leaves[0])
+    pred = pred_leaves[0]
+    if cond.typed(pred) is not None:
+        pred = cond.local(pred)
     types = [cond.typed(v) for v in cond_args]  # the cond may have typed an array argument
     body_args = [body.new_arg(a, w, t) for a, w, t in zip(avals, views, types, strict=True)]
     with tracing(body):
@@ -174,6 +179,8 @@ def _while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], 
         results.append(_settle(trace, body, v, want))
     carried = [body.typed(a) for a in body_args]
     init = [trace.use(v, trace.slices[t.slice], t.spec) for v, t in zip(init, carried, strict=True) if t]
+    if cond.typed(pred) is None:  # a constant: where the carry is (now that the body has typed it)
+        pred = cond.use(pred, _slice_of(trace, init, what), Spec(()))
     captured = _captured([cond, body], [])
     cond_args += [cond.captures[v] for v in captured]
     body_args += [body.captures[v] for v in captured]
@@ -227,7 +234,10 @@ def cond(pred: Any, true_fun: Callable[..., Any], false_fun: Callable[..., Any],
     results: list[list[int]] = [[], []]
     types = []
     for k, path in enumerate(t_paths):
-        t_v, f_v = branches[1].local(t_leaves[k]), branches[0].local(f_leaves[k])
+        t_v = t_leaves[k]
+        t_v = branches[1].local(t_v) if trace.typed(t_v) is not None else \
+            branches[1].use(t_v, where, Spec(()))  # a constant: where the cond runs
+        f_v = f_leaves[k] if trace.typed(f_leaves[k]) is None else branches[0].local(f_leaves[k])
         t_val, f_val = branches[1].values[t_v], branches[0].values[f_v]
         if t_val.aval != f_val.aval or t_val.view.key != f_val.view.key:
             raise InvalidArgument(f"cond: result leaf {path}: true_fun returns {_shown(branches[1], t_v)}, "

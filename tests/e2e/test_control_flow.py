@@ -251,3 +251,37 @@ def test_raw_arguments_and_numeric_predicates_as_jax_lax_takes_them(c, fns):
     with pytest.raises(isthmus.InvalidArgument, match=r"cond: pred must be a bool or numeric scalar.*"
                                                        r"float32\[8\]"):
         c.program(lambda x: isthmus.cond(x, f, g, x))(X0)
+
+
+def test_constants_as_a_nested_loop_s_carry_and_as_results_as_jax_lax_takes_them(c, fns):
+    """A literal `init_val` of a loop inside another loop's body, a literal branch result and
+    body result, and a literal predicate: placed where their loop or branch runs."""
+    f, g, lf, lg, inc = fns["f"], fns["g"], fns["lf"], fns["lg"], fns["inc"]
+    below2 = c.jit(lambda i: i < 2, slice=fns["sa"])
+    positive = c.jit(lambda v: v.sum() > 0, slice=fns["sa"], in_specs=P("x"))
+
+    def inner(x):  # twice f, counted from a literal 0
+        return isthmus.while_loop(lambda s: below2(s[0]), lambda s: (inc(s[0]), f(s[1])), (np.int32(0), x))[1]
+
+    nested = c.program(lambda x: isthmus.fori_loop(0, 3, lambda i, v: inner(v), x))
+    want = X0
+    for _ in range(6):
+        want = lf(want)
+    np.testing.assert_array_equal(nested(X0).numpy(), np.asarray(want))
+
+    zeros = np.zeros(8, np.float32)
+    for flip in (1.0, -1.0):
+        branch = c.program(lambda x: isthmus.cond(positive(f(x)), lambda v: zeros, g, f(x)))
+        x = X0 * np.float32(flip) + np.float32(flip)
+        want = jax.lax.cond(jnp.sum(lf(x)) > 0, lambda v: jnp.zeros(8, jnp.float32), lg, lf(x))
+        np.testing.assert_allclose(branch(x).numpy(), want, rtol=1e-6)
+        taken = c.program(lambda x: isthmus.cond(positive(f(x)), g, lambda v: zeros, f(x)))
+        want = jax.lax.cond(jnp.sum(lf(x)) > 0, lg, lambda v: jnp.zeros(8, jnp.float32), lf(x))
+        np.testing.assert_allclose(taken(x).numpy(), want, rtol=1e-6)
+
+    body = lambda i, s: (f(s[0]), np.float32(7))  # noqa: E731
+    y, seven = c.program(lambda x: isthmus.fori_loop(0, 3, body, (x, np.float32(0))))(X0)
+    np.testing.assert_array_equal(y.numpy(), np.asarray(lf(lf(lf(X0)))))
+    assert float(seven) == 7.0
+    never = c.program(lambda x: isthmus.while_loop(lambda v: np.bool_(False), f, x))
+    np.testing.assert_array_equal(never(X0).numpy(), X0)
