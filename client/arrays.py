@@ -86,6 +86,10 @@ def as_array(x: Any) -> tuple[np.ndarray, View]:
         data, view = _key_data(x)
         return np.asarray(data), view
     weak = _weak_scalar(x)
+    if weak and isinstance(x, int):  # out of range: refused, as jax.jit refuses it, not wrapped
+        wanted = jax.dtypes.canonicalize_dtype(np.int64)
+        if not np.iinfo(wanted).min <= x <= np.iinfo(wanted).max:
+            raise OverflowError(f"Python int {x} too large to convert to {wanted.name}")
     array = np.asarray(x)
     return array.astype(jax.dtypes.canonicalize_dtype(array.dtype), copy=False), WEAK if weak else PLAIN
 

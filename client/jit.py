@@ -41,6 +41,7 @@ __all__ = ["Export", "Function", "as_array", "leaf_specs"]
 # past this (it is exported and registered again if called again), as a cache of compiled
 # functions keeps a bounded number, and the server's quota counts what clients hold.
 SIGNATURES_KEPT = 256
+NAME_KEPT = 200  # characters of a function's name the server takes (longer ones are cut)
 # the dynamic arguments' tree, the static values, per leaf its data's shape, dtype and view
 Signature = tuple[Any, StaticKey, tuple[tuple[tuple[int, ...], str, View], ...]]
 
@@ -69,7 +70,7 @@ class Function:
         self.out_specs = out_specs
         self.statics = statics or Statics()
         self.donated = donated or Donated()
-        self.name = name or getattr(fn, "__name__", "computation")
+        self.name = name or default_name(fn, "computation")
         self._exports: dict[Signature, Export] = {}
         # the newest signatures' computations, let go of once evicted or this is gone
         self._registered: Registrations[str] | None = (
@@ -224,3 +225,8 @@ def host_callbacks(jaxpr: Any) -> set[str]:
                 if hasattr(inner, "eqns") or hasattr(getattr(inner, "jaxpr", None), "eqns"):
                     found |= host_callbacks(inner)
     return found
+
+
+def default_name(fn: Any, fallback: str) -> str:
+    """A function's `__name__` as the server takes it: cut to `NAME_KEPT` characters."""
+    return str(getattr(fn, "__name__", fallback))[:NAME_KEPT] or fallback

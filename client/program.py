@@ -25,7 +25,7 @@ import numpy as np
 
 from client.arrays import View, as_array
 from client.buffer import Buffer
-from client.jit import SIGNATURES_KEPT
+from client.jit import SIGNATURES_KEPT, default_name
 from client.registrations import Registrations
 from client.trace import DATA_LESS, Trace, Traced, current_trace, tracing
 from ir import Aval, InvalidArgument, Program, Spec, Type, print_program, to_wire
@@ -59,7 +59,7 @@ class ProgramFunction:
         self.fn = fn
         self.dispatch = dispatch
         self.fuse = fuse
-        self.name = name or getattr(fn, "__name__", "program")
+        self.name = name or default_name(fn, "program")
         # the newest signatures' programs, let go of once evicted or this is gone
         self._cache: Registrations[Registered] = Registrations(
             self, session, "programs", attrgetter("program_id"))
@@ -85,7 +85,7 @@ class ProgramFunction:
         items = [x.live(self._session) if isinstance(x, Buffer) else as_array(x) for x in leaves]
         sig = (in_tree, tuple(
             ("buffer", x.aval, x.spec, x.slice_id, x.key) if isinstance(x, Buffer)
-            else ("array", x[0].shape, x[0].dtype.str, x[1])
+            else ("array", x[0].shape, x[0].dtype.str, x[0].dtype.name, x[1])  # (float8s share a str)
             for x in items
         ))
         traced = self._cache.get(sig)

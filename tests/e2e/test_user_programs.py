@@ -520,3 +520,33 @@ def test_float8_values_in_and_out(c):
             assert [g.dtype for g in got] == [w.dtype for w in want]
             for g, w in zip(got, want, strict=True):
                 np.testing.assert_array_equal(g.numpy().astype(np.float32), np.asarray(w, np.float32))
+    program = c.program(lambda v: f(v)[1])  # traced once per dtype, as jax.jit retraces
+    for dtype in (jnp.float8_e4m3fn, jnp.float8_e3m4, jnp.float8_e5m2):  # (their dtype.str is one)
+        x = np.arange(1, 5).astype(dtype)
+        np.testing.assert_array_equal(program(x).numpy(), x.astype(np.float32))
+
+
+def test_python_ints_past_int32_are_refused_as_jax_jit_refuses_them(c):
+    s = c.slice({"x": 1})
+    add = c.jit(lambda x, n: x + n, slice=s)
+    x = np.zeros(2, np.int32)
+    np.testing.assert_array_equal(add(x, 2**31 - 1).numpy(), np.asarray(jax.jit(add.fn)(x, 2**31 - 1)))
+    for n in (2**31, -2**31 - 1, 2**40 + 5):
+        with pytest.raises(OverflowError):
+            jax.jit(add.fn)(x, n)
+        with pytest.raises(OverflowError, match=f"Python int {n} too large to convert to int32"):
+            add(x, n)
+        with pytest.raises(OverflowError, match=f"Python int {n} too large"):
+            c.program(lambda v, n=n: add(v, n))(x)
+
+
+def test_a_function_with_a_long_name_is_jitted_its_name_cut(c):
+    s = c.slice({"x": 1})
+
+    def f(v):
+        return v + 1
+
+    f.__name__ = "layer_" * 60  # 360 characters: past the 200 the server keeps
+    for fn in (c.jit(f, slice=s), c.program(c.jit(f, slice=s))):
+        np.testing.assert_array_equal(fn(np.zeros(2, np.float32)).numpy(), np.ones(2, np.float32))
+    assert c.jit(f, slice=s).name == ("layer_" * 60)[:200]
