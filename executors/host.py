@@ -39,7 +39,7 @@ from executors.compile import compile_artifact, make_mesh, place
 from executors.issued import computed
 from executors.memory import MACHINE, TempBudget, working_bytes
 from executors.memory import check as check_working
-from executors.messages import Adopted, Failed, Payload, Ran, Ready, Reply, State
+from executors.messages import Abort, Adopted, Failed, Payload, Ran, Ready, Reply, State
 from executors.runner import IN_FLIGHT, RunMessage, Runner
 from executors.settler import Settler
 from executors.shards import distinct_shards
@@ -236,7 +236,8 @@ class Host:
     def adopt(self, cause: str) -> Adopted:
         """A new server takes this host over (the one that numbered its requests is gone):
         requests queued behind one that will never come are dropped, receives still waiting
-        fail with `cause`, and compile numbers start again. Executables, plans and buffers
+        fail with `cause`, the loops of runs taken so far end at their next test (`cancel`),
+        and compile numbers start again. Executables, plans and buffers
         stay. Returns where the new server's numbering starts, and the buffers held."""
         with self._cond:
             dropped = len(self._ops)
@@ -246,8 +247,12 @@ class Host:
         self._forgotten.clear()
         self._compiles.clear()
         aborted = self.runner.abort_open(cause)
+        # The new server knows none of the runs taken here (their results read as lost there,
+        # unfinished): their loops end at their next test instead of holding this host.
+        stopped = self.runner.cancel(self.runner.taken(), cause)
         log.warning("host %s: taken over by a new server (%d queued requests dropped, %d receives "
-                    "failed); its requests start at %d", self.host, dropped, aborted, base)
+                    "failed, %d runs stopped); its requests start at %d", self.host, dropped, aborted,
+                    stopped, base)
         return Adopted(base, self.store.states())
 
     def skip(self, seq: int) -> None:
@@ -404,6 +409,12 @@ class Host:
     async def cancel(self, run_ids: Sequence[str], cause: str) -> int:
         """Stop these runs' loops (unsequenced; a coroutine for the reason `peers_lost` is)."""
         return self.runner.cancel(run_ids, cause)
+
+    async def peer_missed(self, run_id: str, host: str, cause: str) -> None:
+        """`host` sends nothing more for this run (its executor is gone, or was replaced
+        before its part reached it): what the run waits for from it here fails now, or when
+        it gets there, rather than at the run's timeout (unsequenced, as `peers_lost`)."""
+        self.runner.deliver(run_id, "abort", Abort(host, "", cause))
 
     def _deliver(self, to: str, run_id: str, tag: str, payload: Payload) -> None:
         """Hand a value to a peer host; `executors.pool` wires this to the peer's actor."""

@@ -15,6 +15,7 @@ node (`resource_manager.discovery`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import random
@@ -380,7 +381,30 @@ class ExecutorPool(IslandLifecycle):
         if not self.ordered and len(messages) > 1:
             return [self._later(lambda a=(h, m, p): self._locked_run(*a, notify)) for h, m, p in messages]
         with self._lock:
-            return [self._run(host, message, plan, notify) for host, message, plan in messages]
+            refs = [self._run(host, message, plan, notify) for host, message, plan in messages]
+        if notify and len(messages) > 1:
+            self._tell_if_missed([host for host, _, _ in messages], messages[0][1].run_id, refs)
+        return refs
+
+    def _tell_if_missed(self, hosts: list[str], run_id: str, replies: list[Future[Any]]) -> None:
+        """A host whose part of a run gets no answer (its executor died, or was replaced
+        while the part waited to go, before or while it ran it) sends nothing more: its
+        peers in the run are told, so that they fail what they wait for from it now rather
+        than at the run's timeout, holding their dispatch threads, and every tenant's work
+        behind them, meanwhile. (A host replaced before the run was sent is not among the
+        runs `peers_lost` reaches: they are taken after it.)"""
+        loop = asyncio.get_running_loop()
+
+        def answered(reply: Future[Any], host: str) -> None:
+            if reply.cancelled() or (error := reply.exception()) is None:
+                return
+            cause = f"host {host} sends nothing more for run {run_id}: {error}"
+            with contextlib.suppress(RuntimeError):  # the loop closed: the server is stopping
+                loop.call_soon_threadsafe(self._tell_all, [h for h in hosts if h != host], "peer_missed",
+                                          run_id, host, cause)
+
+        for host, reply in zip(hosts, replies, strict=True):
+            reply.add_done_callback(lambda r, h=host: answered(r, h))
 
     def _locked_run(self, host: str, message: RunMessage, plan: HostPlan, notify: bool) -> Any:
         with self._lock:

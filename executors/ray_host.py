@@ -45,9 +45,9 @@ HOST_CONCURRENCY = 10_000
 # The requests on every call's path go over each executor's channel (`executors.channel`);
 # the rest, and uploads too large for a frame or bound for several hosts, through Ray.
 DIRECT = frozenset({"run", "run_batch", "wait", "fetch", "fetch_shards", "put", "delete", "forget", "skip",
-                    "states", "stats", "expect", "peers_lost", "cancel"})
+                    "states", "stats", "expect", "peers_lost", "cancel", "peer_missed"})
 # Nobody reads their answer:
-TOLD = frozenset({"put", "delete", "forget", "skip", "expect", "peers_lost", "cancel"})
+TOLD = frozenset({"put", "delete", "forget", "skip", "expect", "peers_lost", "cancel", "peer_missed"})
 DIRECT_PUT_BYTES = 8 << 20
 SERVED = DIRECT  # what an executor's channel answers: the server's requests
 PEER_SERVED = frozenset({"deliver"})  # what the peers' listener calls: their sends

@@ -194,6 +194,11 @@ class Runner:
                 self.deliver(run, "abort", Abort(host, "", cause))
         return len(runs)
 
+    def taken(self) -> list[str]:
+        """The runs with a message taken here and not finished yet."""
+        with self._lock:
+            return list(self._taken)
+
     def cancel(self, run_ids: Collection[str], cause: str) -> int:
         """Stop these runs, of those taken here: each loop of theirs ends at its next test
         (its predicate fails with `cause`, and the peers are told as for any failed

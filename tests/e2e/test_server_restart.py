@@ -1,7 +1,7 @@
 """A server killed with SIGKILL and started again carries on (server/recovery.py): the
 client's secret and handles still work, its buffers read back unchanged from the executors
 the new server took over, its registered program runs, and what was in flight when the
-server died fails typed.
+server died fails typed (a loop it was running ends: the host serves the new server).
 
 Its own server, on a fixed port (the client keeps its address), stopped with everything it
 started by pid: the server, then the Ray daemon recorded in its state dir.
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from polling import admin_hosts, until
 from servers import kill_daemon
 
 import client as isthmus
@@ -57,7 +58,11 @@ def test_a_server_killed_and_started_again_carries_on_with_the_clients_handles(t
             z = x
             for _ in range(300):  # queued and running when the server dies
                 z = f(z)
+            spin = c.program(lambda v: isthmus.fori_loop(0, 2**31 - 1, lambda i, u: f(u), v))
+            spinning = spin(x)  # looping on the host when the server dies: stopped by the new one
             c.flush()  # sent: the server has them when it dies
+            until(lambda: "run p-" in str(admin_hosts(servers[0].address, token)[s.hosts[0]]["running"]),
+                  60, "the loop running")
             os.kill(servers[0].pid, signal.SIGKILL)
             servers[0].process.wait(30)
 
@@ -74,6 +79,8 @@ def test_a_server_killed_and_started_again_carries_on_with_the_clients_handles(t
                 np.testing.assert_array_equal(z.numpy(), want)
             except isthmus.IsthmusError:
                 pass
+            with pytest.raises(isthmus.DataLoss, match="before the computation producing it had finished"):
+                spinning.numpy()
             del g  # lets go of its registration: f's computation, still held once, stays
             gc.collect()
             other.flush()
