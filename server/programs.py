@@ -96,7 +96,8 @@ class Programs:
         # the runs they finished by id.
         self._incarnation = secrets.token_hex(3)
         self._tasks = Tasks()
-        self._looping: dict[str, tuple[str, tuple[str, ...]]] = {}  # run in flight -> (owner, hosts)
+        # run with loops in flight -> (owner, hosts, slices)
+        self._looping: dict[str, tuple[str, tuple[str, ...], frozenset[str]]] = {}
         # records forgotten, run again for lineage (`repeat`) and not yet run: by identity
         self._retired: dict[int, ProgramRecord] = {}
 
@@ -343,7 +344,8 @@ class Programs:
         sequential = (dispatch or self.service.settings.dispatch) == "sequential" and not looping
         start = (lambda: self._sequential(messages)) if sequential else (lambda: self._parallel(messages))
         if looping:
-            start = self._tracked(run_id, owner.id, tuple(sorted(plans)), start)
+            start = self._tracked(run_id, owner.id, tuple(sorted(plans)), start,
+                                  frozenset(d.name for d in rec.program.slices))
         # Sequential dispatch writes the results with its closing messages: they wait until then.
         outputs = list(outputs)
         # Held until it has run: its record's executables and plans stay on the hosts until then.
@@ -352,20 +354,23 @@ class Programs:
                                   [*(outputs if sequential else []), record], outputs=outputs)
 
     def _tracked(self, run_id: str, owner_id: str, hosts: tuple[str, ...],
-                 start: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+                 start: Callable[[], Awaitable[None]], slices: frozenset[str]
+                 ) -> Callable[[], Awaitable[None]]:
         """`start`, the run known as looping while its hosts run it (`cancel_runs`)."""
         def started() -> Awaitable[None]:
             running = asyncio.ensure_future(start())
-            self._looping[run_id] = (owner_id, hosts)
+            self._looping[run_id] = (owner_id, hosts, slices)
             running.add_done_callback(lambda _: self._looping.pop(run_id, None))
             return running
 
         return started
 
-    def cancel_runs(self, owner_id: str, cause: str) -> int:
-        """Stop the client's runs with loops that its hosts run now: each loop ends, failed,
-        at its next test (`executors.runner`). Returns how many."""
-        runs = {r: hosts for r, (o, hosts) in self._looping.items() if o == owner_id}
+    def cancel_runs(self, owner_id: str, cause: str, slice_id: str | None = None) -> int:
+        """Stop the client's runs with loops that its hosts run now (those using `slice_id`,
+        if given): each loop ends, failed, at its next test (`executors.runner`). Returns
+        how many."""
+        runs = {r: hosts for r, (o, hosts, slices) in self._looping.items()
+                if o == owner_id and (slice_id is None or slice_id in slices)}
         if runs:
             hosts = sorted({h for hs in runs.values() for h in hs})
             self.service.pool.cancel(hosts, list(runs), cause)

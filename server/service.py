@@ -245,6 +245,7 @@ class Service:
 
     def delete_slice(self, owner: ClientRecord, slice_id: str) -> None:
         s = self.slice(owner, slice_id)
+        self.programs.cancel_runs(owner.id, f"slice {s.id} was deleted", s.id)  # its loops end too
         on_it = [b for b in owner.buffers if self.buffers[b].slice_id == s.id]
         self.delete_buffers(owner, on_it)
         owner.free_with(on_it, s.id)

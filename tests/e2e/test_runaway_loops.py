@@ -67,3 +67,20 @@ def test_closing_a_client_ends_its_loops_and_frees_the_host_for_others(server):
         x0 = np.arange(4, dtype=np.float32)
         np.testing.assert_array_equal(c.jit(lambda v: v * 2.0, slice=other)(c.put(x0, other)).numpy(), x0 * 2)
     assert time.monotonic() - closed < LIMIT_S / 2  # not once the limit ended it
+
+
+def test_deleting_a_slice_ends_the_loops_that_use_it(server):
+    address, token = server
+    with isthmus.connect(address, token=token, name="runaway-slice") as c:
+        s, kept = c.slice({"x": 1}, island="a"), c.slice({"x": 1}, island="a")
+        out = runaway(c, s)(np.int32(0), np.int32(2**30))
+        until(lambda: "run p-" in str(admin_hosts(address, token)[s.hosts[0]]["running"]), 60,
+              "the loop running")
+        deleted = time.monotonic()
+        s.delete()
+        with pytest.raises(isthmus.NotFound, match="freed with its slice"):
+            out.numpy()
+        until(lambda: not admin_hosts(address, token)[s.hosts[0]]["running"], LIMIT_S / 2,
+              "the loop ended with its slice")
+        assert time.monotonic() - deleted < LIMIT_S / 2  # not once the limit ended it
+        assert int(runaway(c, kept)(np.int32(5), np.int32(7)).numpy()) == 7
