@@ -37,10 +37,15 @@ def _is_spec(x: Any) -> bool:
     return x is None or isinstance(x, PartitionSpec | NamedSharding)
 
 
-def _spec(x: Any) -> Spec:
+def _spec(x: Any, what: str) -> Spec:
     """A `PartitionSpec`, or a `NamedSharding`'s (`NamedSharding(s.abstract_mesh, P(...))`,
     as `jax.jit`'s shardings are written): the slice is the mesh, so only the spec counts,
-    and its axis names are checked against the slice's where the spec is used."""
+    and its axis names are checked against the slice's where the spec is used. Anything
+    else (a bare axis name, say) is refused, as `jax.jit` refuses it."""
+    if not _is_spec(x):
+        shown = repr(str(x)[:40])
+        raise InvalidArgument(f"{what}: expected a PartitionSpec, a NamedSharding or None for each leaf, "
+                              f"got {type(x).__name__} {shown} (an axis is written P({shown}))")
     return Spec.of(x.spec if isinstance(x, NamedSharding) else x)
 
 
@@ -48,7 +53,7 @@ def leaf_specs(specs: Any, tree: Any, what: str) -> list[Spec]:
     """One `Spec` per leaf of `tree`, from one spec or a pytree prefix of specs."""
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
     if _is_spec(specs):
-        return [_spec(specs)] * len(paths)
+        return [_spec(specs, what)] * len(paths)
     spec_leaves, spec_tree = jax.tree_util.tree_flatten(specs, is_leaf=_is_spec)
     try:
         subtrees = spec_tree.flatten_up_to(tree)
@@ -56,7 +61,7 @@ def leaf_specs(specs: Any, tree: Any, what: str) -> list[Spec]:
         raise InvalidArgument(f"{what}: not a prefix of the structure {what[:-6]}: {e}") from None
     out: list[Spec] = []
     for spec, sub in zip(spec_leaves, subtrees, strict=True):
-        out += [_spec(spec)] * len(jax.tree_util.tree_leaves(sub))
+        out += [_spec(spec, what)] * len(jax.tree_util.tree_leaves(sub))
     return out
 
 

@@ -64,3 +64,17 @@ def test_positional_specs_leave_keyword_arguments_replicated():
     args, kwargs = (np.zeros(4), np.zeros(4)), {"bias": np.zeros(4)}
     assert call_specs((P("x"), None), args, kwargs) == [Spec.of(("x",)), Spec(()), Spec(())]
     assert call_specs(P("x"), args, kwargs) == [Spec.of(("x",))] * 3
+
+
+@pytest.mark.parametrize("bad", ["x", "xy", 3, ("x", None)])
+def test_what_is_no_partition_spec_is_refused_as_jax_jit_refuses_it(bad):
+    """A bare axis name once read as P('x'), and 'xy' as P('x', 'y'), character by character."""
+    with pytest.raises(InvalidArgument, match=r"in_specs: expected a PartitionSpec, a NamedSharding or None"):
+        leaf_specs(bad, (np.zeros(4), np.zeros(4)), "in_specs")
+
+
+def test_python_ints_past_the_canonical_range_overflow_as_in_jax_jit():
+    assert as_array(2**31 - 1)[0] == 2**31 - 1
+    for n in (2**31, -2**31 - 1, 2**70):
+        with pytest.raises(OverflowError, match=f"Python int {n} too large to convert to int32"):
+            as_array(n)
