@@ -246,6 +246,9 @@ class Host:
             base = self._next
         self._forgotten.clear()
         self._compiles.clear()
+        # What is held, as it stood when the old server stopped: a run stopped below fails
+        # its results, which the new server reads as unfinished (lost) all the same.
+        held = self.store.states()
         aborted = self.runner.abort_open(cause)
         # The new server knows none of the runs taken here (their results read as lost there,
         # unfinished): their loops end at their next test instead of holding this host.
@@ -253,7 +256,7 @@ class Host:
         log.warning("host %s: taken over by a new server (%d queued requests dropped, %d receives "
                     "failed, %d runs stopped); its requests start at %d", self.host, dropped, aborted,
                     stopped, base)
-        return Adopted(base, self.store.states())
+        return Adopted(base, held)
 
     def skip(self, seq: int) -> None:
         """Fill a sequence number whose request could not be sent."""
