@@ -94,12 +94,23 @@ def compile_artifact(
     typed = Mesh(mesh.devices, mesh.axis_names, axis_types=export_axis_types(exported, mesh.axis_types))
     _check_shardings("input", exported.in_shardings_jax(typed), in_sh, exported.in_avals)
     _check_shardings("output", exported.out_shardings_jax(typed), out_sh, exported.out_avals)
-    jitted = jax.jit(exported.call, in_shardings=tuple(in_sh), out_shardings=tuple(out_sh))
+    jitted = jax.jit(_flat(exported), in_shardings=tuple(in_sh), out_shardings=tuple(out_sh))
     args = [
         jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
         for a, s in zip(exported.in_avals, in_sh, strict=True)
     ]
     return jitted.lower(*args).compile()
+
+
+def _flat(exported: Any) -> Callable[..., tuple[Any, ...]]:
+    """The exported function over its flat inputs, returning its flat outputs: what the
+    executors call. (The client exports functions of that form; an artifact exported by
+    hand may take a pytree and return one, a single array say.)"""
+    def flat(*leaves: Any) -> tuple[Any, ...]:
+        args, kwargs = jax.tree_util.tree_unflatten(exported.in_tree, leaves)
+        return tuple(jax.tree_util.tree_leaves(exported.call(*args, **kwargs)))
+
+    return flat
 
 
 def export_axis_types(exported: Any, default: tuple[Any, ...]) -> tuple[Any, ...]:
