@@ -119,3 +119,24 @@ def test_hosts_may_be_drained_one_at_a_time_and_the_head_not_at_all(overlay: str
     hosts = sum(g["replicas"] for g in raycluster(overlay)["spec"]["workerGroupSpecs"])
     assert one(objects, "PodDisruptionBudget", "isthmus-hosts")["spec"]["minAvailable"] == hosts - 1
     assert one(objects, "PodDisruptionBudget", "isthmus-head")["spec"]["minAvailable"] == 1
+
+
+def _bytes(quantity: str) -> int:
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix):
+            return int(quantity[: -len(suffix)]) * factor
+    return int(quantity)
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_each_ray_node_s_object_store_fits_its_shared_memory(kustomization: str) -> None:
+    """Ray's default store (30% of the container's memory) would outgrow /dev/shm and fall back
+    to disk; every node sets one that fits its shm volume."""
+    [cluster] = of_kind(render(kustomization), "RayCluster")
+    groups = [cluster["spec"]["headGroupSpec"], *cluster["spec"].get("workerGroupSpecs", [])]
+    for group in groups:
+        spec = group["template"]["spec"]
+        shm = next(v for v in spec["volumes"] if v["name"] == "shm")["emptyDir"]
+        store = int(group["rayStartParams"]["object-store-memory"])
+        assert shm.get("medium") == "Memory" and store <= _bytes(shm["sizeLimit"]), (kustomization, group)
