@@ -32,6 +32,7 @@ class Futures(Protocol):
     def wait(self, buffer: Buffer) -> None: ...
     def ready(self, buffer: Buffer) -> bool: ...
     def fetch(self, buffer: Buffer) -> bytes: ...
+    def check_open(self) -> None: ...
     def put(self, array: np.ndarray, slice_id: str, spec: Spec, view: View = PLAIN) -> Buffer: ...
 
 
@@ -190,12 +191,14 @@ class Buffer(Shaped):
         return jax.random.wrap_key_data(self._data(), impl=self.key)
 
     def _data(self) -> np.ndarray:
+        live = self.live()
         if self._value is None:
-            live = self.live()
             value = np.frombuffer(self._futures.fetch(live), dtype=parse_dtype(self.aval.dtype))
             value = value.reshape(self.aval.shape)
             value.flags.writeable = False
             self._value = value
+        else:
+            self._futures.check_open()  # a value fetched before the client closed is refused too
         return self._value
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:

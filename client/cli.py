@@ -10,7 +10,16 @@ import tempfile
 from pathlib import Path
 
 import client.connection as connection
-from ir import InvalidArgument, IsthmusError, Placement, Program, from_wire, print_program, verify
+from ir import (
+    InvalidArgument,
+    IsthmusError,
+    Placement,
+    Program,
+    Unavailable,
+    from_wire,
+    print_program,
+    verify,
+)
 from ir.passes import host_plans, lower
 
 
@@ -62,21 +71,26 @@ def _demo(args: argparse.Namespace) -> None:
     from client.demo import run
     from client.embedded import EmbeddedServer
 
+    if args.steps < 1:
+        raise InvalidArgument(f"--steps: expected at least 1, got {args.steps}")
     address = args.address or os.environ.get("ISTHMUS_ADDRESS") or connection.DEFAULT_ADDRESS
     if _server_running(address):
         with connection.connect(address, name="demo") as c:
             run(c, steps=args.steps)
         return
-    print("No Isthmus server is running: starting the embedded one "
-          "(local Ray, 2 islands x 2 hosts x 4 CPU devices) ...", flush=True)
-    state = Path(tempfile.mkdtemp(prefix="isthmus-demo-"))
-    server = EmbeddedServer.start(state)
-    try:
-        token = (state / "token").read_text().strip()
-        with connection.connect(server.address, token=token, name="demo") as c:
-            run(c, steps=args.steps)
-    finally:
-        server.stop()
+    if args.address or os.environ.get("ISTHMUS_ADDRESS"):  # asked for that server: not another
+        raise Unavailable(f"no Isthmus server answers at {address} (GET /healthz)")
+    print("No Isthmus server is running: starting the embedded one for this demo "
+          "(local Ray, 2 islands x 2 hosts x 4 CPU devices; stopped after it) ...", flush=True)
+    with tempfile.TemporaryDirectory(prefix="isthmus-demo-") as tmp:
+        state = Path(tmp)
+        server = EmbeddedServer.start(state)
+        try:
+            token = (state / "token").read_text().strip()
+            with connection.connect(server.address, token=token, name="demo") as c:
+                run(c, steps=args.steps)
+        finally:
+            server.stop()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -90,7 +104,8 @@ def main(argv: list[str] | None = None) -> None:
     devices = sub.add_parser("devices", help="print islands, hosts and devices with their load")
     devices.add_argument("--address", help="server address (env ISTHMUS_ADDRESS)")
     demo = sub.add_parser("demo", help="train a small MLP through Isthmus")
-    demo.add_argument("--address", help="use this server instead of starting one")
+    demo.add_argument("--address", help="use this server (env ISTHMUS_ADDRESS); with neither, the "
+                      "one at the default address, else an embedded one started for the demo")
     demo.add_argument("--steps", type=int, default=300)
     program = sub.add_parser("program", help="work with saved IR programs")
     program_sub = program.add_subparsers(dest="action", required=True)

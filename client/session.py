@@ -334,6 +334,10 @@ class Session:
         if error is not None:
             raise error
 
+    def check_open(self) -> None:
+        """`Unauthorized` once the client is closed: what it made cannot be used any more."""
+        self._check_open()
+
     def _check_open(self) -> None:
         if self._stopped:
             raise Unauthorized("this client is closed (by close(), or dropped, or as its process "

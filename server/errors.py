@@ -98,7 +98,8 @@ def install(app: FastAPI) -> None:
         # came back as 400 KB. Name the field and say what is wrong, and keep it short.
         detail = [{k: v for k, v in e.items() if k in ("type", "loc", "msg")} for e in error.errors()[:20]]
         forget(error)
-        return JSONResponse(status_code=422, content={"detail": jsonable_encoder(detail)})
+        return JSONResponse(status_code=422, content={"error": "RequestValidationError",
+                                                      "detail": jsonable_encoder(detail)})
 
     @app.exception_handler(HTTPException)
     async def _http(_: Request, error: HTTPException) -> JSONResponse:

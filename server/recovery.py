@@ -81,6 +81,8 @@ def _buffers(service: Service, adopted: Mapping[str, Adopted], gone_slices: set[
     for host, held in adopted.items():
         free = [b for b in held.states if b not in service.buffers or b in service.lost]
         service.pool.delete(host, free)
+    if not (service.clients or adopted):  # a first start: nothing to carry on with
+        return
     log.warning("restarted: %d clients, %d buffers (%d lost now: %d with their executors, %d unfinished), "
                 "%d computations, %d programs; %d hosts taken over", len(service.clients),
                 len(service.buffers), len(gone) + len(unfinished), len(gone), len(unfinished),

@@ -362,14 +362,21 @@ class Service:
             raise NotFound(f"buffer {buffer_id!r} does not exist")
         return rec
 
-    async def state(self, rec: BufferRecord) -> str:
-        """ready once every host's part is; failed if any is; pending while queued."""
+    def known_state(self, rec: BufferRecord) -> str | None:
+        """The state the server knows without asking the hosts, or None."""
         if self.gangs.queued_for(rec.id):
             return "pending"
         if rec.id in self.lost:
             return "failed"
         if self.settling.known(rec.id):
             return "ready"
+        return None
+
+    async def state(self, rec: BufferRecord) -> str:
+        """ready once every host's part is; failed if any is; pending while queued."""
+        known = self.known_state(rec)
+        if known is not None:
+            return known
         timeout = self.settings.rpc_timeout_s
         try:
             states = await asyncio.gather(*(self.pool.states(h, [rec.id], timeout) for h in rec.hosts))

@@ -96,9 +96,11 @@ async def upload(
         return public(service.upload(client, slice_id, aval, _spec(spec), data, id))
 
 
-@router.get("")
+@router.get("", description="The client's buffers, each with the state the server knows without "
+                             "asking the hosts (null: GET the buffer for it).")
 async def list_buffers(client: ClientDep, service: ServiceDep) -> list[BufferPublic]:
-    return [public(service.buffers[b]) for b in sorted(client.buffers)]
+    records = [service.buffers[b] for b in sorted(client.buffers)]
+    return [public(rec, service.known_state(rec)) for rec in records]
 
 
 @router.get("/{buffer_id}", responses=error_responses(404, 410, 424, 503))

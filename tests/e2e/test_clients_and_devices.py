@@ -72,9 +72,10 @@ def test_what_a_client_cannot_use_says_why(connect):
     doomed.delete()
     with pytest.raises(isthmus.NotFound, match=f"{y.id}' was freed with its slice {doomed.id}"):
         y.numpy()
-    z = a.put(np.ones(2), sa)
+    z, fetched = a.put(np.ones(2), sa), a.put(np.ones(3), sa)
+    fetched.numpy()  # its value is held in the client too: refused all the same once closed
     a.close()
-    for use in (z.numpy, lambda: a.slice({"x": 1}), lambda: a.put(np.ones(2), sa)):
+    for use in (z.numpy, fetched.numpy, lambda: a.slice({"x": 1}), lambda: a.put(np.ones(2), sa)):
         with pytest.raises(isthmus.Unauthorized, match="this client is closed"):
             use()
 

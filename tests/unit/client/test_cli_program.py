@@ -43,3 +43,12 @@ def test_program_show_plans_prints_each_hosts_state_machine(tmp_path, capsys):
     main(["program", "show", str(path), "--plans"])
     out = capsys.readouterr().out
     assert "host a0:" in out and "next_iteration" in out and "switch" in out
+
+
+def test_demo_refuses_a_step_count_below_one_and_a_server_that_does_not_answer(monkeypatch):
+    monkeypatch.delenv("ISTHMUS_ADDRESS", raising=False)
+    with pytest.raises(SystemExit, match="--steps: expected at least 1, got 0"):
+        main(["demo", "--steps", "0"])
+    # asked for that server: not an embedded one in its place
+    with pytest.raises(SystemExit, match=r"no Isthmus server answers at http://127\.0\.0\.1:9"):
+        main(["demo", "--address", "http://127.0.0.1:9", "--steps", "1"])
