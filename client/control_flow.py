@@ -17,6 +17,9 @@ Contract:
 - `cond`'s results take the types of `true_fun`'s; the other branch's results are moved
   there inside the branch. `pred` is a bool or numeric scalar; a number is true when it is
   not 0, as for `lax.cond`.
+- A constant (an array or scalar no jitted function has read yet) may be a carry, a branch
+  or body result, or a predicate, at any depth of loops: it takes the type its loop's or
+  branch's use gives it (a carry's, else the cond's slice), as `jax.lax` takes constants.
 """
 
 from __future__ import annotations
