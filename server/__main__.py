@@ -16,8 +16,12 @@ import socket
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
+
+if TYPE_CHECKING:
+    from server.settings import Settings
 
 READY = "isthmus: serving on"
 
@@ -80,7 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         settings = Settings(**overrides)
         settings.resolve_token()  # the state dir and the token are checked before anything starts
-    except (ValueError, IsthmusError) as e:  # IsthmusError: an unsafe state dir or token
+        preflight(settings)
+    except (ValueError, OSError, IsthmusError) as e:  # IsthmusError: an unsafe state dir or token
         sys.exit(f"isthmus serve: {e}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if args.stop_with_stdin:
@@ -93,6 +98,26 @@ def main(argv: list[str] | None = None) -> None:
     # so that a stop asked for is a clean exit (0), not death by the signal.
     signal.signal(signal.SIGTERM, _stopped)
     ReadyServer(config).run()
+
+
+def preflight(settings: Settings) -> None:
+    """What would stop the server from starting, found before Ray and the executors start
+    (and said in one line, not in the traceback of the app's startup): a cluster file that
+    cannot be read, another server on the state dir, the port taken."""
+    from executors.ray_daemon import hold_server_lock
+    from server.service import load_cluster
+
+    if settings.cluster_file:
+        load_cluster(settings.cluster_file)
+    hold_server_lock(settings.state_dir).release()  # (taken again, for good, as it starts)
+    if settings.port:
+        family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds it
+            try:
+                probe.bind((settings.host, settings.port))
+            except OSError as e:
+                raise OSError(f"cannot listen on {settings.host}:{settings.port}: {e.strerror}") from None
 
 
 def _stopped(signum: int, frame: object) -> None:
