@@ -7,6 +7,9 @@ Contract:
 - A program is lowered (`ir.passes`) for the current placement of its slices, and again
   only when the resource manager maps one of them elsewhere; fusing adjacent computations
   on one slice is the program's choice (default: the server's `fuse` setting).
+- A run is queued only if its results and the most its hosts hold of its intermediate
+  values at once (`HostPlan.held`) fit the client's buffer quota beside what it holds; a
+  program that could not fit even alone is refused when registered (`holds`).
 - A run under parallel dispatch sends one message per host involved, all numbered in one
   atomic step; under sequential dispatch, one message per node in the global schedule,
   each sent once the previous one is accepted. Either way the outputs are returned at once
