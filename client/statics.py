@@ -42,6 +42,12 @@ def numbered(fn: Callable[..., Any], argnums: int | Iterable[int] | None,
     except (TypeError, ValueError):  # a builtin without a signature: taken as given
         return nums, names
     positional = [p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD]
+    count = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+    if not any(p.kind == p.VAR_POSITIONAL for p in params):  # as jax.jit refuses them
+        outside = [i for i in nums if not -count <= i < count]
+        if outside:
+            raise InvalidArgument(f"{kind}_argnums={nums}, but {getattr(fn, '__name__', 'the function')} "
+                                  f"takes only {count} positional arguments")
     if argnums is None:  # numbered from the names
         nums = tuple(i for i, name in enumerate(positional) if name in names)
     if argnames is None:  # named from the numbers

@@ -2,7 +2,7 @@ import functools
 
 import pytest
 
-from client.statics import NONE, Statics
+from client.statics import NONE, Statics, numbered
 from ir import InvalidArgument
 
 pytestmark = pytest.mark.unit
@@ -33,3 +33,18 @@ def test_split_takes_the_static_values_out_and_join_puts_them_back():
 def test_an_unhashable_static_value_is_refused_by_position():
     with pytest.raises(InvalidArgument, match=r"static argument 1: a list is not hashable"):
         Statics((1,), ()).split(("x", [1, 2]), {})
+
+
+@pytest.mark.parametrize("kind", ["static", "donate"])
+def test_argnums_past_the_positional_arguments_are_refused_as_jax_jit_refuses_them(kind):
+    def g(x, y=1):
+        return x
+
+    def spread(*xs):
+        return xs
+
+    assert numbered(g, (1, -2), None, kind)[0] == (1, -2)
+    for bad in (2, -3):
+        with pytest.raises(InvalidArgument, match=rf"{kind}_argnums=\({bad},\), but g takes only 2"):
+            numbered(g, bad, None, kind)
+    assert numbered(spread, 5, None, kind)[0] == (5,)  # *args: any number may be given
