@@ -16,14 +16,21 @@ one as fused, so a client may not send one.
 from __future__ import annotations
 
 import atexit
+import base64
+import binascii
 import functools
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ir import Aval, InvalidArgument, MeshAxes, Spec
 from server.artifact_reader import ArtifactReader
 from server.errors import PayloadTooLarge
+
+if TYPE_CHECKING:
+    from resource_manager import Slice
 
 
 @dataclass(frozen=True)
@@ -85,3 +92,28 @@ def shared_reader() -> ArtifactReader:
     reader = ArtifactReader()
     atexit.register(reader.close)
     return reader
+
+
+def decode_artifact(artifact_b64: str) -> bytes:
+    """A registration's artifact bytes, from its base64."""
+    try:
+        return base64.b64decode(artifact_b64, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidArgument("artifact: not valid base64") from None
+
+
+def registration_digest(artifact_b64: str, rest: list[Any]) -> bytes:
+    """A digest of what a registration says: its artifact, slice, specs and name."""
+    h = hashlib.sha256(json.dumps(rest).encode())
+    h.update(artifact_b64.encode())
+    return h.digest()
+
+
+def declared_specs(values: list[Any], avals: Sequence[Aval], s: Slice, field: str) -> tuple[Spec, ...]:
+    """A registration's `in_specs` / `out_specs`, one per array, each fitting the slice."""
+    if len(values) != len(avals):
+        raise InvalidArgument(f"{field}: {len(values)} specs for {len(avals)} arrays")
+    specs = tuple(Spec.from_json(v, f"{field}[{i}]") for i, v in enumerate(values))
+    for i, (spec, aval) in enumerate(zip(specs, avals, strict=True)):
+        spec.check(aval, s.mesh, f"{field}[{i}]")
+    return specs

@@ -8,10 +8,6 @@ Handlers in `server/routes` only parse, call one method here and shape the answe
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import hashlib
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -38,7 +34,7 @@ from ir import (
 from ir.passes import device_mesh
 from resource_manager import ClusterSpec, ResourceManager, Slice, default_cluster, load_cluster
 from server import recovery
-from server.artifacts import ArtifactInfo
+from server.artifacts import ArtifactInfo, declared_specs, decode_artifact, registration_digest
 from server.auth import Admin, Credentials
 from server.caches import HostCaches
 from server.gang import Gangs
@@ -482,7 +478,8 @@ class Service:
         failed (nothing is read or compiled again, and the quota counts it once)."""
         s = self.slice(owner, slice_id)
         # In proportion to the artifact's size (tens of MB at most): off the event loop too.
-        said = await asyncio.to_thread(_said, artifact_b64, [slice_id, in_specs, out_specs, name])
+        said = await asyncio.to_thread(registration_digest, artifact_b64,
+                                       [slice_id, in_specs, out_specs, name])
         known = self.computations.get(owner.registered.get(said, ""))
         if known is not None and known.status != "failed":
             self.registry.hold(owner, said, known.id)
@@ -490,12 +487,12 @@ class Service:
         self.quotas.check("computations", len(owner.computations), 1)
         # Decoding and reading the artifact take time in proportion to its size: off the
         # event loop, which meanwhile serves every other request.
-        artifact = await asyncio.to_thread(_decode, artifact_b64)
+        artifact = await asyncio.to_thread(decode_artifact, artifact_b64)
         info = await self.inspect(owner, artifact, s)
         s = self.slice(owner, slice_id)  # still there, and still the caller's, after the wait
         self.quotas.check("computations", len(owner.computations), 1)
-        ins = _specs(in_specs, info.in_avals, s, "in_specs")
-        outs = _specs(out_specs, info.out_avals, s, "out_specs")
+        ins = declared_specs(in_specs, info.in_avals, s, "in_specs")
+        outs = declared_specs(out_specs, info.out_avals, s, "out_specs")
         info.check_specs(ins, outs, "")
         self.mesh(s)  # its devices can be named (a slice spanning hosts needs their JAX group)
         rec = ComputationRecord(new_id("c"), owner.id, s.id, name or "computation",
@@ -572,20 +569,6 @@ class Service:
         return done
 
 
-def _decode(artifact_b64: str) -> bytes:
-    try:
-        return base64.b64decode(artifact_b64, validate=True)
-    except (binascii.Error, ValueError):
-        raise InvalidArgument("artifact: not valid base64") from None
-
-
-def _said(artifact_b64: str, rest: list[Any]) -> bytes:
-    """A digest of what a registration says: its artifact, slice, specs and name."""
-    h = hashlib.sha256(json.dumps(rest).encode())
-    h.update(artifact_b64.encode())
-    return h.digest()
-
-
 def _same_cluster(stored: dict[str, Any] | None, spec: ClusterSpec | None) -> bool:
     """Whether executors started for the `stored` cluster may serve `spec` (None: read from
     the Ray nodes' labels, whose hosts keep their names). A changed cluster file starts
@@ -597,12 +580,3 @@ def _same_cluster(stored: dict[str, Any] | None, spec: ClusterSpec | None) -> bo
                     "new executors (the values on the old ones are lost)")
         return False
     return True
-
-
-def _specs(values: list[Any], avals: Sequence[Aval], s: Slice, field: str) -> tuple[Spec, ...]:
-    if len(values) != len(avals):
-        raise InvalidArgument(f"{field}: {len(values)} specs for {len(avals)} arrays")
-    specs = tuple(Spec.from_json(v, f"{field}[{i}]") for i, v in enumerate(values))
-    for i, (spec, aval) in enumerate(zip(specs, avals, strict=True)):
-        spec.check(aval, s.mesh, f"{field}[{i}]")
-    return specs
