@@ -393,8 +393,14 @@ class Host:
     def _ready(self, buffer_ids: Sequence[str]) -> tuple[str, ...]:
         """Those of the buffers this host holds computed without error (the server then
         answers a wait for them without asking)."""
-        return tuple(b for b in buffer_ids
-                     if self.store.state(b) is State.READY and _sound(self.store.value(b)))
+        ready = []
+        for b in buffer_ids:
+            try:
+                if self.store.state(b) is State.READY and _sound(self.store.value(b)):
+                    ready.append(b)
+            except Failure:  # released by the dispatch thread between the two reads
+                continue
+        return tuple(ready)
 
     def deliver(self, run_id: str, tag: str, payload: Payload) -> None:
         """A peer host's `Send` for one of this host's `Recv`s (unsequenced)."""

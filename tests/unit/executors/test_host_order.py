@@ -94,3 +94,20 @@ async def test_a_skipped_sequence_number_does_not_stall_the_host(host):
     host.skip(0)
     host.put(1, "a", np.ones(2, np.float32).tobytes(), "float32", (2,), ONE, [])
     assert (await host.wait(2, "a")) == Ready(None)
+
+
+async def test_a_result_released_while_its_run_answers_is_not_reported_ready(host, monkeypatch):
+    """The dispatch thread may delete a run's result between the answer's two reads of it
+    (its state, then its value): the answer leaves it out rather than failing the batch."""
+    host.put(0, "a", np.ones(2, np.float32).tobytes(), "float32", (2,), ONE, [])
+    host.put(1, "b", np.ones(2, np.float32).tobytes(), "float32", (2,), ONE, [])
+    assert (await host.wait(2, "b")) == Ready(None)
+    read = host.store.value
+
+    def released_meanwhile(buffer_id: str):
+        if buffer_id == "a":
+            host.store.delete(["a"])
+        return read(buffer_id)
+
+    monkeypatch.setattr(host.store, "value", released_meanwhile)
+    assert host._ready(["a", "b"]) == ("b",)
