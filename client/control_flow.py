@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from client.arrays import PLAIN
+from client.arrays import PLAIN, View, is_key
 from client.trace import Names, Trace, Traced, current_trace, tracing
 from ir import Aval, InvalidArgument, ProgramBuilder, Spec, Type, parse_dtype
 from ir.ops import check_parallel_iterations
@@ -167,6 +167,9 @@ def _while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], 
     if out_def != treedef:
         raise InvalidArgument(f"{what}: body_fun must return the carry's structure {treedef}; "
                               f"it returned {out_def}")
+    promoted = _promoted(trace, init_val, init, [body.values[v].aval for v in out_leaves], views, what)
+    if promoted is not None:  # traced again, as jax.lax does, with weak carry leaves promoted
+        return _while_loop(cond_fun, body_fun, promoted, parallel_iterations, what, carried)
     results = []
     for k, (v, path) in enumerate(zip(out_leaves, paths, strict=True)):
         found = body.values[v].aval
@@ -193,6 +196,42 @@ def _while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], 
     trace.add(_While(init + captured, cond, body, cond_args, body_args, pred, results, outputs + unused,
                      parallel))
     return jax.tree_util.tree_unflatten(treedef, [trace.traced(v) for v in outputs])
+
+
+def _promoted(trace: Trace, init_val: Any, init: Sequence[int], returned: Sequence[Aval],
+              views: Sequence[View], what: str) -> Any | None:
+    """`init_val` with each weakly typed leaf (a Python scalar's) whose type the body's result
+    changes converted to the type the two promote to, as `jax.lax.while_loop` does; None if
+    there is none."""
+    from client.jit import Function
+
+    leaves, treedef = jax.tree_util.tree_flatten(init_val, is_leaf=_is_traced)
+    changed = False
+    for k, (v, out) in enumerate(zip(init, returned, strict=True)):
+        aval = trace.values[v].aval
+        weak = views[k].weak and views[k].key is None
+        if not weak or out.shape != aval.shape or out.dtype == aval.dtype:
+            continue
+        dtype = np.dtype(jnp.result_type(_weak_of(aval.dtype), parse_dtype(out.dtype)))
+        if dtype.name == aval.dtype:
+            continue
+        changed = True
+        if not _computed(leaves[k]):
+            leaves[k] = np.asarray(leaves[k], dtype)
+            continue
+        t = trace.typed(v)
+        on = t is not None and t.slice in trace.slices
+        where = trace.slices[t.slice] if t is not None and on else _slice_of(trace, init, what)
+        convert = Function(None, lambda x, d=dtype: jax.lax.convert_element_type(x, d), where,
+                           name=f"as_{dtype.name}")
+        leaves[k] = convert(leaves[k])
+    return jax.tree_util.tree_unflatten(treedef, leaves) if changed else None
+
+
+def _weak_of(dtype: str) -> Any:
+    """A Python scalar of `dtype`'s kind: what JAX promotes as a weakly typed value."""
+    kind = parse_dtype(dtype).kind
+    return 0j if kind == "c" else 0.0 if kind == "f" else 0
 
 
 def cond(pred: Any, true_fun: Callable[..., Any], false_fun: Callable[..., Any], *operands: Any) -> Any:
@@ -286,12 +325,16 @@ def _predicate(trace: Trace, p: int, where: Slice) -> int:
 def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any, Any], Any], init_val: Any,
               parallel_iterations: int | None = None) -> Any:
     """`jax.lax.fori_loop` in the graph: `for i in range(lower, upper): val = body_fun(i, val)`.
-    The counter is an int32[] on the slice of the carry's first typed leaf (with none typed
-    yet, of the first jitted function the program, or else the body, calls).
+    The counter lives on the slice of the carry's first typed leaf (with none typed yet, of
+    the first jitted function the program, or else the body, calls). Its type is
+    `jax.lax.fori_loop`'s: the bounds' dtype, equal or a Python int's promoted to the other
+    bound's signed integer type (else refused); with both bounds constants, `int()` of each
+    and a weakly typed int counter, as `jax.lax.fori_loop` counts a loop of known length.
     `parallel_iterations` as in `while_loop`."""
     from client.jit import Function
 
     trace = _trace("fori_loop")
+    dtype = _counter_dtype(trace, lower, upper)
     leaves, treedef, _ = _flatten(trace, init_val)
     typed = [trace.values[v].type for v in leaves if trace.values[v].type is not None]
     if not typed and not trace.slices:  # the slice of the body's first jitted function, then
@@ -301,14 +344,20 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any, Any], Any], init_
                               "jitted function")
     where = trace.slices[typed[0].slice] if typed else next(iter(trace.slices.values()))
     inc = Function(None, lambda i: i + 1, where, in_specs=None, out_specs=None, name="fori_next")
-    if isinstance(upper, Traced):
-        less = Function(None, lambda i, u: i < u, where, name="fori_less")
-        keep_going = lambda c: less(c[0], upper)  # noqa: E731
-    else:
-        bound = int(upper)
+    if not _computed(lower) and not _computed(upper):  # a known trip count
+        start, bound = _constant_bound(lower, "lower"), _constant_bound(upper, "upper")
         below = Function(None, lambda i: i < bound, where, name=f"fori_below_{bound}")
-        keep_going = lambda c: below(c[0])  # noqa: E731
-    start = lower if isinstance(lower, Traced) else np.int32(lower)
+        keep_going: Callable[[Any], Any] = lambda c: below(c[0])  # noqa: E731
+    else:
+        start = _as(where, lower, dtype)
+        if _computed(upper):
+            less = Function(None, lambda i, u: i < jax.lax.convert_element_type(u, dtype), where,
+                            name="fori_less")
+            keep_going = lambda c: less(c[0], upper)  # noqa: E731
+        else:
+            limit = np.asarray(upper, dtype)
+            below = Function(None, lambda i: i < limit, where, name=f"fori_below_{limit}")
+            keep_going = lambda c: below(c[0])  # noqa: E731
     counter = trace.use(trace.leaf(start), where, Spec(()))
 
     def step(c: tuple[Any, Any]) -> tuple[Any, Any]:
@@ -321,6 +370,67 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any, Any], Any], init_
     _, carry = _while_loop(keep_going, step, (trace.traced(counter), init_val), parallel_iterations,
                            "fori_loop", carried="[1]")
     return carry
+
+
+def _computed(x: Any) -> bool:
+    """A value the program computes or holds (not known when traced)."""
+    from client.buffer import Buffer
+
+    return isinstance(x, Traced | Buffer)
+
+
+def _counter_dtype(trace: Trace, lower: Any, upper: Any) -> np.dtype:
+    """`jax.lax.fori_loop`'s counter type: the bounds' dtype if equal; a weakly typed (Python)
+    int takes the other bound's signed integer type; any other pair is refused."""
+    low, low_weak = _bound_type(trace, lower, "lower")
+    up, up_weak = _bound_type(trace, upper, "upper")
+    if low == up:
+        return low
+    if np.issubdtype(low, np.signedinteger) and np.issubdtype(up, np.signedinteger) and low_weak != up_weak:
+        return up if low_weak else low
+    raise InvalidArgument(f"fori_loop: lower and upper must have equal types, as for jax.lax.fori_loop; "
+                          f"got {low.name} and {up.name}")
+
+
+def _bound_type(trace: Trace, x: Any, what: str) -> tuple[np.dtype, bool]:
+    """A bound's dtype and whether it is weakly typed; a bound is a scalar."""
+    if _computed(x):
+        value = trace.values[trace.leaf(x)]
+        aval, weak, key = value.aval, value.view.weak, value.view.key
+        if aval.shape == () and key is None:
+            return parse_dtype(aval.dtype), weak
+        raise InvalidArgument(f"fori_loop: {what} must be a scalar, as for jax.lax.fori_loop; found {aval}")
+    if np.shape(x) != () or is_key(x):
+        raise InvalidArgument(f"fori_loop: {what} must be a scalar, as for jax.lax.fori_loop; found shape "
+                              f"{np.shape(x)}{' keys' if is_key(x) else ''}")
+    return np.dtype(jax.dtypes.result_type(x)), type(x) in (int, float, complex)
+
+
+def _constant_bound(x: Any, what: str) -> int:
+    """A constant bound as `jax.lax.fori_loop` takes one: `int(x)`, which the counter (a
+    weakly typed int) must hold."""
+    try:
+        bound = int(x)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise InvalidArgument(f"fori_loop: {what} bound {x!r} is not an integer: {e}") from None
+    info = np.iinfo(jax.dtypes.canonicalize_dtype(np.int64))
+    if not info.min <= bound <= info.max:
+        raise InvalidArgument(f"fori_loop: {what} bound {bound} does not fit the counter's {info.dtype.name} "
+                              "(jax_enable_x64 makes it int64)")
+    return bound
+
+
+def _as(where: Slice, x: Any, dtype: np.dtype) -> Any:
+    """The loop's first counter: `x` (a bound) as `dtype`, converted as jax.lax.fori_loop
+    converts it (a computed one by a jitted function, where its type differs)."""
+    from client.jit import Function
+
+    if not _computed(x):
+        return np.asarray(x, dtype)
+    if x.dtype == dtype:
+        return x
+    return Function(None, lambda v: jax.lax.convert_element_type(v, dtype), where,
+                    name=f"fori_as_{dtype.name}")(x)
 
 
 def _is_traced(x: Any) -> bool:

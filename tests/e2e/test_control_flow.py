@@ -285,3 +285,43 @@ def test_constants_as_a_nested_loop_s_carry_and_as_results_as_jax_lax_takes_them
     assert float(seven) == 7.0
     never = c.program(lambda x: isthmus.while_loop(lambda v: np.bool_(False), f, x))
     np.testing.assert_array_equal(never(X0).numpy(), X0)
+
+
+def test_fori_loop_bounds_and_weak_carries_are_typed_as_jax_lax_types_them(c, fns):
+    """The counter takes the bounds' dtype, a Python int's promoted to the other bound's;
+    constant bounds count a known trip with a weakly typed int counter; bounds of unequal
+    types are refused; a Python scalar carry takes the type the body gives it."""
+    sa = fns["sa"]
+    add = c.jit(lambda i, v: v + i, slice=sa)
+    to16 = c.jit(lambda v: (v * 2).astype(jnp.float16), slice=sa)
+
+    def lax(lower, upper, body, init):
+        return jax.jit(lambda v: jax.lax.fori_loop(lower, upper, body, v))(init)
+
+    def same(got, want):
+        assert got.dtype == want.dtype, (got.dtype, want.dtype)
+        np.testing.assert_array_equal(got.numpy(), np.asarray(want))
+
+    lo, hi, zero16 = np.int16(0), np.int16(3), np.int16(0)
+    plus = lambda i, v: v + i  # noqa: E731
+    same(c.program(lambda v: isthmus.fori_loop(lo, hi, add, v))(zero16), lax(lo, hi, plus, zero16))
+    same(c.program(lambda h, v: isthmus.fori_loop(0, h, add, v))(hi, zero16),
+         jax.jit(lambda h, v: jax.lax.fori_loop(0, h, plus, v))(hi, zero16))
+    same(c.program(lambda l, v: isthmus.fori_loop(l, 3, add, v))(lo, zero16),
+         jax.jit(lambda l, v: jax.lax.fori_loop(l, 3, plus, v))(lo, zero16))
+    same(c.program(lambda v: isthmus.fori_loop(np.float32(0), np.float32(2.5), add, v))(np.float32(0)),
+         lax(np.float32(0), np.float32(2.5), plus, np.float32(0)))
+    for bad in (lambda v: isthmus.fori_loop(0, np.float32(2.5), add, v),
+                lambda v: isthmus.fori_loop(np.int16(0), np.int32(3), add, v)):
+        with pytest.raises(isthmus.InvalidArgument, match="lower and upper must have equal types"):
+            c.program(bad)(np.float32(0))
+    with pytest.raises(isthmus.InvalidArgument, match="lower and upper must have equal types"):
+        c.program(lambda h, v: isthmus.fori_loop(0, h, add, v))(np.float32(2.5), np.float32(0))
+    with pytest.raises(isthmus.InvalidArgument, match="upper bound 2147483649 does not fit"):
+        c.program(lambda v: isthmus.fori_loop(2**31 - 2, 2**31 + 1, add, v))(np.int32(0))
+
+    twice = lambda i, v: (v * 2).astype(jnp.float16)  # noqa: E731
+    same(c.program(lambda x: (x, isthmus.fori_loop(0, 3, lambda i, v: to16(v), 1.0)))(X0)[1],
+         jax.jit(lambda: jax.lax.fori_loop(0, 3, twice, 1.0))())
+    same(c.program(lambda v: isthmus.fori_loop(0, 3, lambda i, u: to16(u), v))(1.0),
+         jax.jit(lambda v: jax.lax.fori_loop(0, 3, twice, v))(1.0))
