@@ -428,8 +428,8 @@ class Runner:
                 where = f" (in {frames.where()})" if len(frames) else ""
                 failure = Failure(f"{step.label}{where}: executable {step.key} not compiled "
                                   f"within {timeout:g}s")
-            except Failure as f:
-                failure = f
+            except Failure as f:  # it failed to compile: where in the loops it was wanted, if in one
+                failure = Failure(f"{step.label} (in {frames.where()}): {f.cause}") if len(frames) else f
         if failure is not None or ready is None:
             for value in step.outputs:
                 env[value] = failure

@@ -19,7 +19,7 @@ from executors.messages import Dead, Failed, Ready, Shards
 from executors.runner import RunMessage
 from ir import Aval, Placement, ProgramBuilder
 from ir.passes import host_plans, lower
-from ir.plan import Enter, Recv
+from ir.plan import Compute, Enter, Recv
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
@@ -80,16 +80,19 @@ def cond_program():
 
 
 async def run(hosts: dict[str, Host], program, inputs: list[np.ndarray], run_id: str = "r0",
-              limit: float = math.inf):
+              limit: float = math.inf, broken: str = ""):
+    """Run `program` on the hosts; the computation labelled `broken` fails to compile."""
     lowered = lower(program, PLACES, check=True)
     plans = host_plans(lowered)
     table = lowered.artifact_table
     seq = {h: itertools.count() for h in hosts}
     for h, plan in plans.items():
+        bad = {s.key for s in plan.steps if isinstance(s, Compute) and s.label == broken}
         for job in plan.compiles:
+            declared = len(job.in_specs) + (job.key in bad)  # one input too many: refused
             error = await hosts[h].compile(job.key, table[job.artifact].data, job.mesh,
-                                           [[]] * len(job.in_specs), [[]] * len(job.out_specs))
-            assert error is None, error
+                                           [[]] * declared, [[]] * len(job.out_specs))
+            assert (error is None) != (job.key in bad), error
     for h, plan in plans.items():
         mesh = plan.compiles[0].mesh if plan.compiles else None
         args = []
@@ -154,6 +157,17 @@ async def test_a_host_that_loses_the_predicate_tells_its_peers_and_none_waits(ho
     (x, n), _ = await run(hosts, program, [np.arange(3, dtype=np.float32), np.int32(0)])
     assert isinstance(x, Failed) and "left loop iteration 0 of loop" in x.cause, x
     assert value(n, np.int32, ()) == 5  # the counter never needed b0
+    for host in hosts.values():
+        st = host.stats()
+        assert (st["runs"], st["frames"], st["mailboxes"]) == (0, 0, 0), st
+
+
+async def test_a_computation_that_failed_to_compile_fails_saying_where_in_the_loop(hosts):
+    (x, n), _ = await run(hosts, loop_program(cross=True), [np.ones(3, np.float32), np.int32(0)],
+                          broken="double")
+    assert isinstance(x, Failed), x
+    assert "double (in iteration 0 of loop" in x.cause and "declared 2 inputs" in x.cause, x.cause
+    assert value(n, np.int32, ()) == 5
     for host in hosts.values():
         st = host.stats()
         assert (st["runs"], st["frames"], st["mailboxes"]) == (0, 0, 0), st
