@@ -307,8 +307,8 @@ def test_fori_loop_bounds_and_weak_carries_are_typed_as_jax_lax_types_them(c, fn
     same(c.program(lambda v: isthmus.fori_loop(lo, hi, add, v))(zero16), lax(lo, hi, plus, zero16))
     same(c.program(lambda h, v: isthmus.fori_loop(0, h, add, v))(hi, zero16),
          jax.jit(lambda h, v: jax.lax.fori_loop(0, h, plus, v))(hi, zero16))
-    same(c.program(lambda l, v: isthmus.fori_loop(l, 3, add, v))(lo, zero16),
-         jax.jit(lambda l, v: jax.lax.fori_loop(l, 3, plus, v))(lo, zero16))
+    same(c.program(lambda low, v: isthmus.fori_loop(low, 3, add, v))(lo, zero16),
+         jax.jit(lambda low, v: jax.lax.fori_loop(low, 3, plus, v))(lo, zero16))
     same(c.program(lambda v: isthmus.fori_loop(np.float32(0), np.float32(2.5), add, v))(np.float32(0)),
          lax(np.float32(0), np.float32(2.5), plus, np.float32(0)))
     for bad in (lambda v: isthmus.fori_loop(0, np.float32(2.5), add, v),
