@@ -363,8 +363,8 @@ class Trace:
             op.emit(self, b, names)
 
     def _result(self, x: Any) -> int:
-        if isinstance(x, Traced) and x._trace is self:
-            return x._id
+        if isinstance(x, Traced):  # (one of a loop's or branch's, or another program's: refused by name)
+            return self.leaf(x)
         if isinstance(x, Buffer | np.ndarray | np.generic | jax.Array | bool | int | float | complex):
             return self.leaf(x)  # a constant, as jax.jit returns one: sent with the run
         raise InvalidArgument(

@@ -123,3 +123,19 @@ def test_control_flow_outside_a_program_is_refused():
         isthmus.cond(jnp.bool_(True), F, F, np.ones(4))
     with pytest.raises(InvalidArgument, match="inside a @c"):
         isthmus.fori_loop(0, 2, lambda i, v: v, np.ones(4))
+
+
+@pytest.mark.parametrize("use", ["returned", "read"])
+def test_a_value_leaked_out_of_a_loop_body_is_refused_by_name_as_a_result_and_as_an_input(use):
+    leaked = []
+
+    def body(v):
+        leaked.append(F(v))
+        return leaked[-1]
+
+    def program(x):
+        out = isthmus.while_loop(SMALL, body, F(x))
+        return out, leaked[-1] if use == "returned" else F(leaked[-1])
+
+    with pytest.raises(InvalidArgument, match="a value traced inside a loop or branch was used outside it"):
+        trace(program, X)
