@@ -166,14 +166,14 @@ class Function:
             fargs, fkwargs = Statics.join(*jax.tree_util.tree_unflatten(in_tree, wrapped), static)
             out_leaves, out_tree = jax.tree_util.tree_flatten(self.fn(*fargs, **fkwargs))
             data, out_views = zip(*map(unwrap, out_leaves), strict=True) if out_leaves else ((), ())
-            out_box[:] = [out_tree, list(out_views)]
+            out_box[:] = [out_tree, list(out_views), [_type_spec(d) for d in data] if s.explicit else []]
             return tuple(data)
 
         shapes = jax.eval_shape(flat, *avals)
-        out_tree, out_views = out_box
+        out_tree, out_views, type_specs = out_box
         out_example = jax.tree_util.tree_unflatten(out_tree, list(shapes))
         if self.out_specs is None and s.explicit:  # results keep their types' shardings
-            out_specs = [Spec.of(getattr(a.sharding, "spec", None)) for a in shapes]
+            out_specs = [Spec.of(spec) for spec in type_specs]
         else:
             out_specs = leaf_specs(self.out_specs, out_example, "out_specs")
         out_avals = [Aval(tuple(a.shape), dtype_name(a.dtype)) for a in shapes]
@@ -211,6 +211,12 @@ class Function:
 
     def __repr__(self) -> str:
         return f"isthmus.Function({self.name} on {self.slice.id})"
+
+
+def _type_spec(value: Any) -> Any:
+    """The spec of a traced value's type (its sharding on a mesh with Explicit axes: the
+    result of `jax.eval_shape` loses it where the mesh also has Auto axes)."""
+    return getattr(getattr(jax.typeof(value), "sharding", None), "spec", None)
 
 
 def host_callbacks(jaxpr: Any) -> set[str]:

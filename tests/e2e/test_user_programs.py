@@ -436,6 +436,17 @@ def test_explicit_axes_trace_in_jax_explicit_sharding_mode(c):
     with pytest.raises(isthmus.InvalidArgument, match="axis_types"):
         c.slice({"X": 2}, axis_types=(AxisType.Manual,))
 
+    # one axis Explicit, one Auto: results keep their types' shardings over the Explicit one
+    mixed = (AxisType.Explicit, AxisType.Auto)
+    m = c.slice({"X": 2, "Y": 2}, axis_types=mixed)
+    local = jax.make_mesh((2, 2), ("X", "Y"), axis_types=mixed)
+    double = c.jit(lambda v: v * 2, slice=m, in_specs=P("X", None))
+    with jax.set_mesh(local):
+        want = jax.jit(lambda v: v * 2)(jax.device_put(x, P("X", None)))
+    got = double(x)
+    assert got.sharding == want.sharding.spec == P("X", None)
+    np.testing.assert_array_equal(got.numpy(), np.asarray(want))
+
 
 def test_nnx_variables_made_sharded_inside_a_computation_as_flax_documents(c):
     # flax's sharding guide: a variable annotated with a sharding is made under a context mesh
