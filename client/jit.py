@@ -57,6 +57,19 @@ class Export:
     out_views: list[View]
     out_tree: Any
     outputs: list[Output]
+    fixed: tuple[tuple[int, np.ndarray], ...] = ()  # leaves known when traced (float0), by position
+
+    def tree(self, outs: Sequence[Any]) -> Any:
+        """The results' pytree: `outs`, one per computed leaf, with the fixed leaves put back."""
+        return with_fixed(self.out_tree, self.fixed, outs)
+
+
+def with_fixed(treedef: Any, fixed: Sequence[tuple[int, np.ndarray]], outs: Sequence[Any]) -> Any:
+    """The pytree of `outs` with the `fixed` leaves put back at their positions."""
+    leaves = list(outs)
+    for i, value in fixed:  # (in increasing position)
+        leaves.insert(i, value)
+    return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 class Function:
@@ -97,7 +110,7 @@ class Function:
         outs = self._call(sig, exported, arrays) if exported.outputs else []
         for b in donated:  # released after the call, which reads them (`client.donation`)
             b.delete()
-        return jax.tree_util.tree_unflatten(exported.out_tree, outs)
+        return exported.tree(outs)
 
     def _call(self, sig: Signature, exported: Export,
               arrays: list[Buffer | tuple[np.ndarray, View]]) -> list[Buffer]:
@@ -165,17 +178,21 @@ class Function:
             wrapped = [wrap(a, v) for a, v in zip(flat_args, views, strict=True)]
             fargs, fkwargs = Statics.join(*jax.tree_util.tree_unflatten(in_tree, wrapped), static)
             out_leaves, out_tree = jax.tree_util.tree_flatten(self.fn(*fargs, **fkwargs))
-            data, out_views = zip(*map(unwrap, out_leaves), strict=True) if out_leaves else ((), ())
-            out_box[:] = [out_tree, list(out_views), [_type_spec(d) for d in data] if s.explicit else []]
+            # float0 results (the gradients of integer inputs) hold no data: made here, as jax.jit does
+            kept, fixed = split_float0(out_leaves)
+            data, out_views = zip(*map(unwrap, kept), strict=True) if kept else ((), ())
+            out_box[:] = [out_tree, list(out_views), [_type_spec(d) for d in data] if s.explicit else [],
+                          tuple(fixed)]
             return tuple(data)
 
         shapes = jax.eval_shape(flat, *avals)
-        out_tree, out_views, type_specs = out_box
-        out_example = jax.tree_util.tree_unflatten(out_tree, list(shapes))
+        out_tree, out_views, type_specs, fixed = out_box
         if self.out_specs is None and s.explicit:  # results keep their types' shardings
             out_specs = [Spec.of(spec) for spec in type_specs]
-        else:
-            out_specs = leaf_specs(self.out_specs, out_example, "out_specs")
+        else:  # (one spec per leaf, the fixed ones' left out)
+            every = leaf_specs(self.out_specs, with_fixed(out_tree, fixed, shapes), "out_specs")
+            at = {i for i, _ in fixed}
+            out_specs = [spec for i, spec in enumerate(every) if i not in at]
         out_avals = [Aval(tuple(a.shape), dtype_name(a.dtype)) for a in shapes]
         for i, (spec, a) in enumerate(zip(out_specs, out_avals, strict=True)):
             spec.check(a, axes, f"out_specs (leaf {i})")
@@ -197,7 +214,7 @@ class Function:
                 "jax.export cannot carry the Python functions they call. Remove jax.debug.print, "
                 "jax.pure_callback or io_callback from it, or run that part in the client") from None
         outputs = [(s.id, a, sp, v) for a, sp, v in zip(out_avals, out_specs, out_views, strict=True)]
-        return Export(artifact, in_specs, out_specs, out_avals, out_views, out_tree, outputs)
+        return Export(artifact, in_specs, out_specs, out_avals, out_views, out_tree, outputs, fixed)
 
     def _register(self, session: Session, exported: Export) -> str:
         record = session.register("/v1/computations", {
@@ -211,6 +228,18 @@ class Function:
 
     def __repr__(self) -> str:
         return f"isthmus.Function({self.name} on {self.slice.id})"
+
+
+def split_float0(leaves: Sequence[Any]) -> tuple[list[Any], list[tuple[int, np.ndarray]]]:
+    """The leaves that hold data, and the float0 ones (an integer input's gradient, which has
+    none) as numpy arrays by position, as jax.jit returns them."""
+    kept, fixed = [], []
+    for i, x in enumerate(leaves):
+        if getattr(x, "dtype", None) == jax.dtypes.float0:
+            fixed.append((i, np.zeros(np.shape(x), jax.dtypes.float0)))
+        else:
+            kept.append(x)
+    return kept, fixed
 
 
 def _type_spec(value: Any) -> Any:

@@ -25,7 +25,7 @@ import numpy as np
 
 from client.arrays import View, as_array
 from client.buffer import Buffer
-from client.jit import SIGNATURES_KEPT, default_name
+from client.jit import SIGNATURES_KEPT, default_name, split_float0, with_fixed
 from client.registrations import Registrations
 from client.trace import DATA_LESS, Trace, Traced, current_trace, tracing
 from ir import Aval, InvalidArgument, Program, Spec, Type, print_program, to_wire
@@ -46,7 +46,8 @@ class Registered:
     arg_types: list[Type]
     bound: list[Buffer]  # closed-over inputs, uploaded once, passed with every run
     out_tree: Any
-    outputs: list[Output]  # per result
+    outputs: list[Output]  # per computed result
+    fixed: list[tuple[int, np.ndarray]]  # results known when traced (float0), by position
 
 
 class ProgramFunction:
@@ -76,7 +77,7 @@ class ProgramFunction:
                 for x, t in zip(items, traced.arg_types[:len(items)], strict=True)
             ] + traced.bound
             outs = self._session.run(traced.program_id, [b.id for b in inputs], self.dispatch, traced.outputs)
-        return jax.tree_util.tree_unflatten(traced.out_tree, outs)
+        return with_fixed(traced.out_tree, traced.fixed, outs)
 
     def _signature(self, args: tuple[tuple[Any, ...], dict[str, Any]]
                    ) -> tuple[list[Buffer | tuple[np.ndarray, View]], Registered]:
@@ -115,6 +116,7 @@ class ProgramFunction:
                 said = str(e).rstrip(".")
                 raise InvalidArgument(f"{self.name}: {said}. {DATA_LESS[0].upper()}{DATA_LESS[1:]}") from e
         out_leaves, out_tree = jax.tree_util.tree_flatten(out)
+        out_leaves, fixed = split_float0(out_leaves)
         program, arg_types = trace.finish(out_leaves)
         # each a Traced, a Buffer or a constant: `finish` checked
         views = [x.view if isinstance(x, Traced | Buffer) else as_array(x)[1] for x in out_leaves]
@@ -126,7 +128,7 @@ class ProgramFunction:
                                         {"program": to_wire(program), "name": self.name, "fuse": self.fuse})
         outputs = [(r["slice_id"], Aval(tuple(r["shape"]), r["dtype"]), Spec.from_json(r["spec"]), view)
                    for r, view in zip(record["results"], views, strict=True)]
-        return Registered(record["id"], program, arg_types, bound, out_tree, outputs)
+        return Registered(record["id"], program, arg_types, bound, out_tree, outputs, fixed)
 
     def __repr__(self) -> str:
         return f"isthmus.ProgramFunction({self.name})"

@@ -316,7 +316,7 @@ class Trace:
         ))
         exported = fn.export(args, kwargs, sig)
         if not exported.outputs:  # nothing to compute (`Function.__call__`)
-            return jax.tree_util.tree_unflatten(exported.out_tree, [])
+            return exported.tree([])
         self._slices[fn.slice.id] = fn.slice
         self.root._slices[fn.slice.id] = fn.slice
         e = exported  # short, for the lines below
@@ -328,7 +328,7 @@ class Trace:
         name = re.sub(r"[\s(){}@%,]", "_", fn.name) or "computation"
         self._ops.append(_Compute(name, exported.artifact, fn.slice, inputs, outputs,
                                   tuple(exported.in_specs), tuple(exported.out_specs)))
-        return jax.tree_util.tree_unflatten(exported.out_tree, [Traced(self, v) for v in outputs])
+        return exported.tree([Traced(self, v) for v in outputs])
 
     # -- the program -------------------------------------------------------------------------
 

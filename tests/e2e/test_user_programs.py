@@ -382,6 +382,27 @@ def test_a_function_without_array_results_returns_its_structure(c):
     np.testing.assert_array_equal(prog(x).numpy(), x * 2)
 
 
+def test_the_gradient_of_an_integer_input_is_float0_as_jax_jit_makes_it(c):
+    # jax.grad(..., allow_int=True): an integer input's cotangent has dtype float0, no data
+    s = c.slice({"data": 2})
+    grad = jax.grad(lambda x, n: jnp.sum(x) * n, argnums=(0, 1), allow_int=True)
+    x, n = np.arange(4, dtype=np.float32), np.arange(6, dtype=np.int32).reshape(2, 3)
+    want = jax.jit(grad)(x, np.int32(3))
+    dx, dn = c.jit(grad, slice=s, in_specs=(P("data"), P()), out_specs=(P("data"), P()))(x, np.int32(3))
+    np.testing.assert_array_equal(dx.numpy(), want[0])
+    assert dn.dtype == want[1].dtype == jax.dtypes.float0 and dn.shape == ()
+    both = c.jit(lambda x, n: (jnp.sum(x), jax.grad(lambda m: jnp.sum(x) * 2.0, allow_int=True)(n)), slice=s)
+    total, dm = both(x, n)
+    assert float(total) == 6.0 and dm.dtype == jax.dtypes.float0 and dm.shape == (2, 3)
+    only = c.jit(lambda n: jax.grad(lambda m: 1.0, allow_int=True)(n), slice=s)
+    assert only(n).shape == (2, 3)  # nothing to compute
+    pair = c.jit(grad, slice=s)  # inside a program, its float0 result is a constant
+    np.testing.assert_array_equal(c.program(lambda x, n: pair(x, n)[0])(x, np.int32(3)).numpy(), want[0])
+    dx, dn = c.program(lambda x, n: pair(x, n))(x, np.int32(3))  # and a program's result
+    np.testing.assert_array_equal(dx.numpy(), want[0])
+    assert dn.dtype == jax.dtypes.float0 and dn.shape == ()
+
+
 def test_the_slice_is_the_context_mesh_of_its_functions(c):
     # as under `jax.set_mesh(mesh)`: bare PartitionSpecs and shard_map without `mesh=`
     s = c.slice({"x": 4})
