@@ -393,15 +393,21 @@ class ExecutorPool(IslandLifecycle):
         than at the run's timeout, holding their dispatch threads, and every tenant's work
         behind them, meanwhile. (A host replaced before the run was sent is not among the
         runs `peers_lost` reaches: they are taken after it.)"""
-        loop = asyncio.get_running_loop()
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # called from a thread of its own (tests): told from the callback
+            loop = None
 
         def answered(reply: Future[Any], host: str) -> None:
             if reply.cancelled() or (error := reply.exception()) is None:
                 return
+            peers = [h for h in hosts if h != host]
             cause = f"host {host} sends nothing more for run {run_id}: {error}"
+            if loop is None:
+                self._tell_all(peers, "peer_missed", run_id, host, cause)
+                return
             with contextlib.suppress(RuntimeError):  # the loop closed: the server is stopping
-                loop.call_soon_threadsafe(self._tell_all, [h for h in hosts if h != host], "peer_missed",
-                                          run_id, host, cause)
+                loop.call_soon_threadsafe(self._tell_all, peers, "peer_missed", run_id, host, cause)
 
         for host, reply in zip(hosts, replies, strict=True):
             reply.add_done_callback(lambda r, h=host: answered(r, h))
