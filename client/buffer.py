@@ -14,7 +14,9 @@ below; it never sees the `Client`.
 
 from __future__ import annotations
 
+import contextvars
 import math
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import jax
@@ -23,6 +25,26 @@ from jax.sharding import PartitionSpec
 
 from client.arrays import PLAIN, View, key_type
 from ir import Aval, InvalidArgument, IsthmusError, NotFound, Spec, parse_dtype
+
+# The jitted function being traced in this context, if any: a buffer it closes over cannot be
+# read there (its value is on the executors; it would be fetched and embedded).
+TRACING: contextvars.ContextVar[str | None] = contextvars.ContextVar("isthmus_tracing", default=None)
+
+
+def _closed_over(buffer: Buffer) -> InvalidArgument | None:
+    fn = TRACING.get()
+    if fn is None:
+        return None
+    return InvalidArgument(f"{fn}: it closes over buffer {buffer.id} ({buffer.aval}): a jitted function "
+                           "reads a buffer only as an argument; pass it as one")
+
+
+def _no_arithmetic(op: str) -> Callable[..., Any]:
+    def refused(self: Buffer, *other: Any) -> Any:
+        raise _closed_over(self) or InvalidArgument(
+            f"buffer {self.id} has no arithmetic ({op}): its value is on the executors; compute on it "
+            "inside a jitted function (c.jit), or fetch it with .numpy()")
+    return refused
 
 
 class Futures(Protocol):
@@ -191,6 +213,8 @@ class Buffer(Shaped):
         return jax.random.wrap_key_data(self._data(), impl=self.key)
 
     def _data(self) -> np.ndarray:
+        if (error := _closed_over(self)) is not None:  # (not fetched: JAX formats it in its errors)
+            raise error
         live = self.live()
         if self._value is None:
             value = np.frombuffer(self._futures.fetch(live), dtype=parse_dtype(self.aval.dtype))
@@ -229,6 +253,16 @@ class Buffer(Shaped):
     def __repr__(self) -> str:
         keys = "" if self.key is None else f" keys={self.key}"
         return f"Buffer({self.id}, {self.aval}{keys}, {self.spec}, slice={self.slice_id})"
+
+
+# Arithmetic is refused by name: a buffer's value is on the executors, not here.
+_OPERATORS = {"+": "add", "-": "sub", "*": "mul", "/": "truediv", "//": "floordiv", "%": "mod", "**": "pow",
+              "@": "matmul", "&": "and", "|": "or", "^": "xor", "<<": "lshift", ">>": "rshift"}
+for _symbol, _name in _OPERATORS.items():
+    setattr(Buffer, f"__{_name}__", _no_arithmetic(_symbol))
+    setattr(Buffer, f"__r{_name}__", _no_arithmetic(_symbol))
+for _symbol, _name in (("unary -", "neg"), ("unary +", "pos"), ("abs", "abs"), ("~", "invert")):
+    setattr(Buffer, f"__{_name}__", _no_arithmetic(_symbol))
 
 
 def _keys(data: np.ndarray, impl: str) -> Any:

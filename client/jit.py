@@ -20,7 +20,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec, use_abstract_mesh
 
 from client.arrays import View, as_array, call_specs, leaf_specs, unwrap, wrap
-from client.buffer import Buffer
+from client.buffer import TRACING, Buffer
 from client.donation import Donated
 from client.registrations import Registrations
 from client.statics import StaticKey, Statics
@@ -144,6 +144,7 @@ class Function:
         its axes. A function that names a mesh of its own, which JAX refuses under a context
         that differs from it (a concrete `Mesh` given to `shard_map`), is traced again
         without one; if that fails too, the first error is the one raised."""
+        tracing = TRACING.set(self.name)  # a buffer it closes over is refused by name
         try:
             with use_abstract_mesh(self.slice.abstract_mesh):
                 return self._export(args, kwargs, *sig)
@@ -154,6 +155,8 @@ class Function:
                 return self._export(args, kwargs, *sig)
             except Exception:
                 raise in_context from None
+        finally:
+            TRACING.reset(tracing)
 
     def _export(self, args: Any, kwargs: dict[str, Any], in_tree: Any, static: StaticKey,
                 leaves: Sequence[tuple[tuple[int, ...], str, View]]) -> Export:

@@ -259,6 +259,21 @@ def test_buffers_answer_what_jax_arrays_answer(c):
         bool(out["v"])
 
 
+def test_a_buffer_is_read_by_a_jitted_function_only_as_an_argument(c):
+    s = c.slice({"x": 2})
+    w = c.put(np.arange(4, dtype=np.float32), s)
+    x = np.ones(4, np.float32)
+    for closes_over in (lambda v: v * w, lambda v: jnp.dot(v, w), lambda v: v + jnp.asarray(w)):
+        with pytest.raises(isthmus.InvalidArgument, match=f"closes over buffer {w.id}.*pass it as one"):
+            c.jit(closes_over, slice=s)(x)
+    assert w._value is None  # nothing fetched to say so
+    np.testing.assert_array_equal(c.jit(lambda v, u: v * u, slice=s)(x, w).numpy(), np.arange(4))
+    for op in (lambda: w * 2, lambda: 2 - w, lambda: -w, lambda: w @ w):
+        with pytest.raises(isthmus.InvalidArgument, match=f"buffer {w.id} has no arithmetic"):
+            op()
+    assert np.asarray(w).tolist() == [0.0, 1.0, 2.0, 3.0]  # fetched on purpose
+
+
 def test_big_endian_arrays_keep_their_values(c):
     s = c.slice({"x": 2})
     x, i = np.arange(4, dtype=">f4"), np.arange(4, dtype=">i4")  # as read from a file, say
