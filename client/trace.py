@@ -335,8 +335,9 @@ class Trace:
     def finish(self, results: Sequence[Any]) -> tuple[Program, list[Type]]:
         """The traced program, and the type of every argument (user ones, then bound ones)."""
         outs = [self._result(x) for x in results]
-        if not self._ops:
-            raise InvalidArgument("@program: the function called no jitted function; nothing to run")
+        if not self._slices:  # (a program of buffers alone runs: its results are its inputs)
+            raise InvalidArgument("@program: the function calls no jitted function and reads no buffer: "
+                                  "nothing says which slice its values would live on")
         first = next(iter(self._slices.values()))
         for v in self.args + list(self._bound_ids.values()):  # unconsumed arguments
             if self.values[v].type is None:

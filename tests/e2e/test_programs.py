@@ -284,3 +284,17 @@ def test_a_program_returns_constants_as_jax_jit_does(c):
         np.testing.assert_array_equal(g.numpy(), np.asarray(w))
     with pytest.raises(InvalidArgument, match=r"a result must come from a jitted function.*found str"):
         c.program(lambda x: (f(x), "s"))(np.zeros(2, np.float32))
+
+
+def test_a_program_that_calls_no_jitted_function_returns_its_buffers(c):
+    """As `jax.jit(lambda x, y: (y, x))` runs: its results are its inputs. With no buffer
+    either, no slice is named for its values: refused saying so."""
+    sa, sb = c.slice({"x": 2}, island="a"), c.slice({"y": 1}, island="b")
+    x, y = c.put(np.arange(4, dtype=np.float32), sa, P("x")), c.put(np.int32(7), sb)
+    swapped = c.program(lambda u, v: (v, u))(x, y)
+    assert [b.dtype for b in swapped] == [np.int32, np.float32]
+    assert int(swapped[0]) == 7 and swapped[1].numpy().tolist() == [0.0, 1.0, 2.0, 3.0]
+    both = c.program(lambda u, k: (u, k, 1.5))(x, np.int32(3))  # a constant and an array: on x's slice
+    assert both[0].numpy().tolist() == [0.0, 1.0, 2.0, 3.0] and int(both[1]) == 3 and float(both[2]) == 1.5
+    with pytest.raises(InvalidArgument, match="calls no jitted function and reads no buffer"):
+        c.program(lambda u: u)(np.zeros(2, np.float32))
