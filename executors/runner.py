@@ -103,6 +103,7 @@ class _Executable:
 class _Run:
     env: dict[str, Any] = field(default_factory=dict)  # value -> jax.Array, Failure, DEAD or LIVE
     frames: Frames = field(default_factory=Frames)  # the open loop frames and their iterations
+    failure: Failure | None = None  # an executable of its plan that did not compile: every result fails
 
 
 class Runner:
@@ -280,9 +281,11 @@ class Runner:
                 run = self._runs[message.run_id] = _Run()
                 if message.limit < math.inf:
                     self._deadlines[message.run_id] = time.monotonic() + message.limit
+        if message.lo == 0:
+            run.failure = self._uncompiled(plan, message.timeout)
         for value, buffer_id in message.args:
             if value not in run.env:
-                run.env[value] = self._argument(buffer_id, message.timeout)
+                run.env[value] = run.failure or self._argument(buffer_id, message.timeout)
         dead = self._dead_after(plan)
         i = message.lo
         while i < message.hi:  # a loop's NextIteration jumps back to its head
@@ -298,7 +301,7 @@ class Runner:
                     run.env.pop(value, None)
         if message.final:
             for value, buffer_id in message.results:
-                outcome = run.env.get(value, DEAD)
+                outcome = run.failure or run.env.get(value, DEAD)
                 if outcome is DEAD:
                     outcome = Failure(f"run {message.run_id}: {value} was never produced")
                 if isinstance(outcome, Failure):
@@ -307,6 +310,23 @@ class Runner:
                     self.store.set(buffer_id, on_devices(outcome))
             self._finish(message.run_id)
         return self.issued.outputs()
+
+    def _uncompiled(self, plan: HostPlan, timeout: float) -> Failure | None:
+        """Why an executable of the plan is not there (waited for up to `timeout`), or None.
+        A run fails whole when one of its computations does not compile, taken or not, as a
+        `jax.jit` of the program would: whether it ran would otherwise depend on when the
+        compiler's answer came (its values then fail from the start, so its peers hear why)."""
+        for job in plan.compiles:
+            if job.key in self._ready:
+                continue
+            try:
+                exe = self._executable(job.key).result(timeout)
+            except FutureTimeout:
+                return Failure(f"executable {job.key} not compiled within {timeout:g}s")
+            except Failure as f:
+                return Failure(f"a computation of the program ({job.key}) did not compile: {f.cause}")
+            self._ready[job.key] = (exe, self._known(job.key, exe))
+        return None
 
     def _dead_after(self, plan: HostPlan) -> tuple[tuple[str, ...], ...]:
         """Per step, the values to free after it (`executors.liveness`), once per plan."""

@@ -173,6 +173,17 @@ async def test_a_computation_that_failed_to_compile_fails_saying_where_in_the_lo
         assert (st["runs"], st["frames"], st["mailboxes"]) == (0, 0, 0), st
 
 
+async def test_a_run_fails_when_a_computation_of_a_branch_not_taken_did_not_compile(hosts):
+    """As a jax.jit of the program would: whether it fails does not hang on the branch taken,
+    nor on when the compiler answered."""
+    (y,), _ = await run(hosts, cond_program(), [np.arange(1, 4, dtype=np.float32)], broken="minus")
+    assert isinstance(y, Failed), y  # x > 0: "plus" is taken, on the other host
+    assert "of the program" in y.cause and "did not compile" in y.cause and "declared 2 inputs" in y.cause
+    for host in hosts.values():
+        st = host.stats()
+        assert (st["runs"], st["frames"], st["mailboxes"]) == (0, 0, 0), st
+
+
 @pytest.mark.parametrize("parallel", [1, 4])
 async def test_a_loop_past_its_limit_ends_failed_on_every_host(hosts, parallel):
     program = loop_program(cross=True, parallel=parallel, bound=2**30)  # a billion iterations
