@@ -451,6 +451,7 @@ class Service:
         self.delete_buffers(owner, [b for b in buffer_ids if b in owner.buffers])
 
     def delete_buffers(self, owner: ClientRecord, buffer_ids: Sequence[str]) -> None:
+        buffer_ids = list(dict.fromkeys(buffer_ids))  # an id named twice is freed once
         by_host: dict[str, list[str]] = {}
         for b in buffer_ids:
             rec = self.buffer(owner, b)

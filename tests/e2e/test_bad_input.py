@@ -139,3 +139,17 @@ def test_the_server_keeps_serving_and_loses_nothing(c, http, stored):
     np.testing.assert_array_equal(x.numpy(), np.arange(4))
     np.testing.assert_array_equal(f(x).numpy(), np.arange(4) * 2)
     assert http.get(f"/v1/slices/{s.id}").status_code == 200
+
+
+def test_a_release_naming_a_buffer_twice_frees_it_once(c, http, stored):
+    s, x, _ = stored
+    ids = [c.put(np.arange(4, dtype=np.float32), s).result().id for _ in range(3)]
+    assert http.post("/v1/buffers/delete", json={"ids": [ids[0], ids[0]]}).status_code == 204
+    put = {"op": "put", "id": f"{c.id}.after", "slice_id": s.id, "dtype": "float32", "shape": [1],
+           "data": base64.b64encode(np.float32(5).tobytes()).decode()}
+    r = http.post("/v1/batch", json={"ops": [{"op": "release", "ids": [ids[1], ids[1]]}, put]})
+    assert r.status_code == 200, r.text
+    assert http.get(f"/v1/buffers/{c.id}.after/data").content == np.float32(5).tobytes()
+    for b in ids[:2]:
+        check(http.get(f"/v1/buffers/{b}"), 404, b)
+    np.testing.assert_array_equal(x.numpy(), np.arange(4))  # what was stored is intact
