@@ -143,7 +143,8 @@ def test_the_server_keeps_serving_and_loses_nothing(c, http, stored):
 
 def test_a_release_naming_a_buffer_twice_frees_it_once(c, http, stored):
     s, x, _ = stored
-    ids = [c.put(np.arange(4, dtype=np.float32), s).result().id for _ in range(3)]
+    kept = [c.put(np.arange(4, dtype=np.float32), s).result() for _ in range(2)]  # (held: not released)
+    ids = [b.id for b in kept]
     assert http.post("/v1/buffers/delete", json={"ids": [ids[0], ids[0]]}).status_code == 204
     put = {"op": "put", "id": f"{c.id}.after", "slice_id": s.id, "dtype": "float32", "shape": [1],
            "data": base64.b64encode(np.float32(5).tobytes()).decode()}
