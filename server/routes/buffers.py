@@ -36,12 +36,14 @@ def public(rec: BufferRecord, state: str | None = None) -> BufferPublic:
 def remembered(client: ClientRecord, service: Service, ids: Sequence[str] | None) -> Iterator[None]:
     """A submission naming its outputs `ids`: if it is refused, the ids are remembered as
     failed with the cause, so whatever the client queued on them fails the same way.
-    An id in use (the refusal may be that) or malformed is left alone."""
+    An id in use (the refusal may be that), malformed or not of the client's prefix is left
+    alone (another client's id then reads as one that never existed)."""
     try:
         yield
     except IsthmusError as e:
-        client.fail([b for b in ids or () if CHOSEN_ID.fullmatch(b) and b not in service.buffers],
-                    shown(e, MAX_CAUSE))
+        mine = f"{client.id}."
+        client.fail([b for b in ids or () if b.startswith(mine) and CHOSEN_ID.fullmatch(b)
+                     and b not in service.buffers], shown(e, MAX_CAUSE))
         raise
 
 

@@ -486,3 +486,17 @@ def test_afterwards_the_server_serves_and_nothing_changed_hands(limited: Any, bo
     np.testing.assert_array_equal(bob["f"](bob["x"]).numpy(), np.arange(8) * 3 + 1)
     assert {b["id"] for b in bob["client"].buffers()} >= set(bob["values"])
     assert holdings(eve.http) == eve.legit, "eve owns something she did not make legitimately"
+
+
+def test_a_refused_operation_naming_another_client_s_ids_does_not_tell_them_apart(bob: dict[str, Any],
+                                                                                   eve: Attack) -> None:
+    """Eve names one of bob's live ids and one bob never made as outputs of a refused call:
+    both read afterwards as ids that do not exist, alike."""
+    live = bob["x"].id
+    never = live.rsplit(".", 1)[0] + ".nevermade1"
+    ops = [{"op": "call", "computation_id": "c-nope", "inputs": [], "ids": [b]} for b in (live, never)]
+    eve.http.post("/v1/batch", json={"ops": ops})
+    answers = [eve.http.get(f"/v1/buffers/{b}") for b in (live, never)]
+    assert [a.status_code for a in answers] == [404, 404], [a.text for a in answers]
+    assert answers[0].json()["detail"].replace(live, "ID") == answers[1].json()["detail"].replace(never, "ID")
+    np.testing.assert_array_equal(bob["x"].numpy(), bob["values"][live])
