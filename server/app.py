@@ -49,7 +49,8 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.get("/healthz", tags=["health"])
     async def healthz(service: ServiceDep) -> Health:
-        return Health(status="ok", hosts=len(service.pool.hosts), version=VERSION)
+        return Health(status="ok", hosts=len(service.pool.hosts), version=VERSION,
+                      unwritten=service.registry.unwritten)
 
     # FastAPI matches a request against the routes in order, at a few microseconds each
     # (twice per request): the routes every call takes come first (docs/benchmarks.md).

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ir import Aval, IsthmusError, Spec, to_wire
 from resource_manager import Slice
 from server.records import BufferRecord, ClientRecord, ComputationRecord
-from server.store import Row, Store
+from server.store import Row, Store, Unwritable
 
 if TYPE_CHECKING:
     from server.programs import ProgramRecord
@@ -47,6 +47,7 @@ class Registry:
         self.computations: dict[str, ComputationRecord] = {}
         self.lost: dict[str, str] = {}  # buffer id -> why its value is gone
         self._flush_soon = False
+        self.unwritten: str | None = None  # why the last commit failed, if it did
 
     @property
     def store(self) -> Store:
@@ -65,9 +66,20 @@ class Registry:
         return self._store
 
     def flush(self) -> None:
-        """Commit every queued change (before a request is answered)."""
+        """Commit every queued change (before a request is answered). A commit that fails
+        (the state dir's disk is full, say) keeps them queued for the next one: what the
+        server holds is what it answered for, and it is written once the disk lets it."""
         self._flush_soon = False
-        self._store.flush()
+        try:
+            self._store.flush()
+        except Unwritable as e:
+            if self.unwritten is None:
+                log.error("cannot write the state (kept in memory, written once it can): %s", e)
+            self.unwritten = str(e)
+        else:
+            if self.unwritten is not None:
+                log.warning("the state is written again (after: %s)", self.unwritten)
+            self.unwritten = None
 
     def close(self) -> None:
         self._store.close()

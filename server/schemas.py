@@ -205,6 +205,8 @@ class Health(BaseModel):
     status: Literal["ok"]
     hosts: int
     version: str
+    unwritten: str | None = Field(None, description="why the server cannot write its state dir, if "
+                                  "it cannot (a full disk): its changes are kept and written once it can")
 
 
 class ProgramCreate(BaseModel):

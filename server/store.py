@@ -39,6 +39,10 @@ _DELETE = "DELETE FROM records WHERE kind = ? AND id = ?"
 _DELETE_OWNER = "DELETE FROM records WHERE owner = ?"
 
 
+class Unwritable(Exception):
+    """A commit failed (the disk is full, say): what it held stays queued."""
+
+
 @dataclass(frozen=True)
 class Row:
     kind: str
@@ -103,18 +107,27 @@ class SqliteStore:
         return self._queued[-1]  # type: ignore[return-value]  # (always a dict: see above)
 
     def flush(self) -> None:
+        """Commit what is queued; if the commit fails (the disk is full, say), nothing of it
+        is written and all of it stays queued, in order, for the next flush, and the error
+        is raised."""
         queued, self._queued = self._queued, [{}]
         if len(queued) == 1 and not queued[0]:
             return
-        with self._lock, self._transaction():
-            for item in queued:
-                if isinstance(item, str):
-                    self._db.execute(_DELETE_OWNER, (item,))
-                    continue
-                self._db.executemany(_DELETE, [key for key, row in item.items() if row is None])
-                self._db.executemany(_INSERT, [
-                    (r.kind, r.id, r.owner, json.dumps(r.doc, separators=(",", ":")), r.data)
-                    for r in item.values() if r is not None])
+        try:
+            with self._lock, self._transaction():
+                for item in queued:
+                    if isinstance(item, str):
+                        self._db.execute(_DELETE_OWNER, (item,))
+                        continue
+                    self._db.executemany(_DELETE, [key for key, row in item.items() if row is None])
+                    self._db.executemany(_INSERT, [
+                        (r.kind, r.id, r.owner, json.dumps(r.doc, separators=(",", ":")), r.data)
+                        for r in item.values() if r is not None])
+        except BaseException as e:
+            self._queued = queued if self._queued == [{}] else queued + self._queued
+            if isinstance(e, sqlite3.Error | OSError):
+                raise Unwritable(f"state database {self.path}: {e}") from e
+            raise
 
     def load(self, kind: str) -> Iterator[Row]:
         self.flush()
@@ -141,7 +154,12 @@ class _Transaction:
         self._db.execute("BEGIN")
 
     def __exit__(self, kind: object, value: object, tb: object) -> None:
-        self._db.execute("COMMIT" if kind is None else "ROLLBACK")
+        try:
+            if kind is None:
+                self._db.execute("COMMIT")
+        finally:  # a failed statement or commit leaves nothing half written
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
 
 
 def open_store(path: Path | None) -> Store:

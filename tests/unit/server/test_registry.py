@@ -4,6 +4,7 @@ file reads the same records back."""
 from __future__ import annotations
 
 import os
+import sqlite3
 import stat
 from pathlib import Path
 
@@ -197,3 +198,45 @@ def test_a_row_that_does_not_read_back_is_skipped_and_the_rest_loads(tmp_path: P
     for kind, row in (("buffer", "b-bad"), ("client", "cl-2"), ("program", "p-1")):
         assert f"stored {kind} {row} cannot be read, skipped" in caplog.text
     assert {r.id for r in again.store.load("buffer")} == {"b-00000000", "b-bad"}  # kept
+
+
+class _FullDisk:
+    """A connection whose commits fail while `full`, as SQLite's do on a full disk."""
+
+    def __init__(self, db) -> None:
+        self.db, self.full = db, True
+
+    def execute(self, sql, *args):
+        if sql == "COMMIT" and self.full:
+            raise sqlite3.OperationalError("database or disk is full")
+        return self.db.execute(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self.db, name)
+
+
+def test_changes_a_failed_commit_held_are_written_by_the_next(tmp_path: Path) -> None:
+    """A full disk: the changes stay queued, the registry says why, and once the disk has
+    room they are written, in order (a client closed meanwhile stays closed)."""
+    path = tmp_path / "state.db"
+    store = SqliteStore(path)
+    reg = Registry(store)
+    alice, bob = ClientRecord("cl-1", "alice"), ClientRecord("cl-2", "bob")
+    reg.add_client(alice)
+    reg.add_client(bob)
+    reg.flush()
+    store._db = full = _FullDisk(store._db)
+    reg.add_buffers(alice, [_buffer(0, "cl-1")])
+    reg.remove_client(bob)
+    reg.flush()
+    assert reg.unwritten is not None and "disk is full" in reg.unwritten
+    assert not full.db.in_transaction
+    reg.add_buffers(alice, [_buffer(1, "cl-1")])
+    reg.flush()  # still full
+    full.full = False
+    reg.flush()
+    assert reg.unwritten is None
+    reg.close()
+    again = Registry(open_store(path))
+    again.load()
+    assert set(again.clients) == {"cl-1"} and again.clients["cl-1"].buffers == {"b-00000000", "b-00000001"}
