@@ -9,6 +9,10 @@ them (about 20 000 here, the process's file limit) every other client is locked 
 Contract (`guarded_http(header_timeout_s, max_idle)` gives the protocol class):
 - A request's headers must be complete within `header_timeout_s` of the connection opening
   or of the request's first byte; else the connection is closed unanswered.
+- A request's body must keep coming: at least `MIN_BODY_BYTES` in every `header_timeout_s`
+  until it is complete; else the connection is closed (the request sees a disconnect, and
+  what its body reserved of the body budgets is given back). A client that sends a large
+  upload's headers and then stalls holds that reservation no longer.
 - A connection is idle from when it opens, or its last response is complete, until the
   next request's headers are complete. At most `max_idle` are idle at once: a new
   connection past that closes the one idle the longest. A request in progress is never
@@ -24,6 +28,8 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+MIN_BODY_BYTES = 1 << 20  # a body's least progress per `header_timeout_s` (about 100 KiB/s)
 
 Idle = OrderedDict[HttpToolsProtocol, None]  # oldest first
 _IDLE: WeakKeyDictionary[Any, Idle] = WeakKeyDictionary()  # per uvicorn server (its state)
@@ -46,6 +52,8 @@ class _Guarded(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._idle = _IDLE.setdefault(self.server_state, OrderedDict())
         self._headers_due: asyncio.TimerHandle | None = None
+        self._body_due: asyncio.TimerHandle | None = None
+        self._body_bytes = 0  # of the body read since the last check
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -57,6 +65,7 @@ class _Guarded(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._body_done()
         self._idle.pop(self, None)
         super().connection_lost(exc)
 
@@ -69,6 +78,31 @@ class _Guarded(HttpToolsProtocol):
         self._disarm()
         self._idle.pop(self, None)
         super().on_headers_complete()
+        self._body_bytes = 0
+        self._body_due = self.loop.call_later(self.header_timeout_s, self._body_check)
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._body_done()
+        super().on_message_complete()
+
+    def _body_done(self) -> None:
+        if self._body_due is not None:
+            self._body_due.cancel()
+            self._body_due = None
+
+    def _body_check(self) -> None:
+        """Every `header_timeout_s` while a body is read: too little came, the connection closes."""
+        if self._body_bytes >= MIN_BODY_BYTES:
+            self._body_bytes = 0
+            self._body_due = self.loop.call_later(self.header_timeout_s, self._body_check)
+            return
+        self._body_due = None
+        if not self.transport.is_closing():
+            self.transport.close()
 
     def on_response_complete(self) -> None:
         busy = bool(self.pipeline)  # a request already read starts now

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import uvicorn
 
-from server.http import guarded_http
+from server.http import MIN_BODY_BYTES, guarded_http
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -30,8 +30,17 @@ class Served:
     def __init__(self) -> None:
         self.entered = threading.Event()  # /slow has begun
         self.release = threading.Event()  # lets /slow answer
+        self.disconnected = threading.Event()  # an /upload's body stopped coming
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["path"] == "/upload":  # reads the body: a stalled one ends in a disconnect
+            more = True
+            while more:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    self.disconnected.set()
+                    return
+                more = message.get("more_body", False)
         if scope["path"] == "/slow":
             self.entered.set()
             await asyncio.get_running_loop().run_in_executor(None, self.release.wait, 30)
@@ -117,3 +126,15 @@ def test_a_request_in_progress_outlasts_the_header_timeout_and_a_flood_of_idle_c
         assert http.get(f"http://127.0.0.1:{port}/").text == "ok"  # the same connection, kept alive
     for s in socks:
         s.close()
+
+
+def test_a_body_that_stops_coming_is_cut_off_and_one_that_keeps_coming_is_read(served):
+    port, app = served
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 1073741824\r\n\r\n" + b"0" * 10)
+    start = time.monotonic()
+    assert closed(s) and app.disconnected.wait(5)
+    assert time.monotonic() - start < 2 * HEADER_TIMEOUT_S + 5
+    s.close()
+    body = b"1" * (4 * MIN_BODY_BYTES)
+    assert httpx.post(f"http://127.0.0.1:{port}/upload", content=body, timeout=10).text == "ok"
