@@ -6,7 +6,10 @@ Contract:
   health probe (`probe_forever`: every `health_probe_s` each host is asked for its stats;
   one that does not answer within `health_timeout_s`, or whose channel is gone, is lost).
 - The values the host held are lost at once (reading one says why, without waiting for
-  the restart). Then the host gets a new executor (the whole island does where it is one
+  the restart), and every run with loops on the host ends on its other hosts too, failed
+  with the cause (`Programs.cancel_on`): a loop whose predicate another host computes would
+  otherwise go on, sending each iteration to the new executor, which never took the run.
+  Then the host gets a new executor (the whole island does where it is one
   JAX group, formed again), as `Service.restart_island` does it: what was queued there is
   numbered for the new one. A host whose Ray node is gone is marked down instead, and new
   slices avoid it. One restart at a time per island: a report for an island already
@@ -14,7 +17,8 @@ Contract:
   after 1, 2, 4, ... seconds, `heal_attempts` times in all; past that the next probe that
   finds the host lost starts again. Meanwhile calls there fail typed, never hang.
 - `restart_claimed` is the one way executors are replaced (the operator's
-  `Service.restart_island` too): the gang paused, the pool's executors replaced, the values
+  `Service.restart_island` too): the gang paused, the loops on the hosts replaced ended,
+  the pool's executors replaced, the values
   lost, the programs compiled again, the gang resumed.
 - `restart` is the one path of automatic restarts: a host lost, and a failed cross-host
   collective (`Service.restart_when_broken`). `POST /v1/islands/{name}/restart` stays for
@@ -51,7 +55,9 @@ class Healer:
             return
         cause = f"host {host} was lost: {why}"
         lost = s.lose_values([host], cause)  # readers fail now, not after the restart
-        log.warning("island %s: %s; %d values with it", island, cause, len(lost))
+        stopped = s.programs.cancel_on([host], cause)  # its loops' other hosts stop too
+        log.warning("island %s: %s; %d values with it, %d looping runs stopped", island, cause, len(lost),
+                    stopped)
         self.restart(island, cause, only=[host])
 
     def restart(self, island: str, cause: str, only: Sequence[str] | None = None) -> None:
@@ -71,6 +77,9 @@ class Healer:
         log.warning("island %s: restarting %s (%s)", island,
                     "its executors" if only is None else f"the executors of {list(only)}", cause)
         s.gangs.pause(island)  # what is submitted meanwhile runs on the new executors
+        whole = only is None or island in s.pool.groups  # (a JAX group restarts whole)
+        s.programs.cancel_on(s.pool.islands.get(island, ()) if whole else only,
+                             f"island {island} is restarting ({cause})")
         try:
             restarted, dropped = await s.pool.restart_island(island, only, cause)
             for h in dropped:

@@ -29,7 +29,7 @@ import itertools
 import json
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -377,6 +377,17 @@ class Programs:
         if runs:
             hosts = sorted({h for hs in runs.values() for h in hs})
             self.service.pool.cancel(hosts, list(runs), cause)
+        return len(runs)
+
+    def cancel_on(self, lost: Collection[str], cause: str) -> int:
+        """Stop every run with loops on any of these hosts (lost, or about to be replaced),
+        whoever's: its other hosts would loop on without them, sending each iteration to
+        executors that never took the run. Returns how many."""
+        gone = set(lost)
+        runs = {r: hosts for r, (_, hosts, _) in self._looping.items() if gone.intersection(hosts)}
+        others = sorted({h for hs in runs.values() for h in hs} - gone)
+        if others:
+            self.service.pool.cancel(others, list(runs), cause)
         return len(runs)
 
     # -- calls -------------------------------------------------------------------------------

@@ -140,3 +140,39 @@ def test_a_run_sent_to_a_dead_peer_fails_at_once_and_its_other_hosts_serve_on(se
         until(lambda: (row := admin_hosts(address, token)[b.hosts[0]])["status"] == "up"
               and row["pid"] != before["pid"], 60, "b's host back with a new executor")
         np.testing.assert_array_equal(there_and_back(x).numpy(), x0 + 3)
+
+
+def test_a_loop_across_islands_ends_when_one_of_its_hosts_is_lost(server):
+    """A loop whose predicate is computed on island a, its body crossing to island b: b's
+    executor killed, a stops looping too (it would loop on, sending every iteration to b's
+    new executor, which never took the run), the run fails naming the lost host, and no
+    host keeps a run, frame or mailbox of it."""
+    address, token = server
+    with isthmus.connect(address, token=token, name="healing-loop") as c:
+        a, b = c.slice({"x": 1}, island="a"), c.slice({"y": 1}, island="b")
+        fa, fb = c.jit(lambda v: jnp.tanh(v), slice=a), c.jit(lambda v: v * 0.5, slice=b)
+        lt, inc = c.jit(lambda i, n: i < n, slice=a), c.jit(lambda i: i + 1, slice=a)
+
+        @c.program
+        def loop(x, n):
+            body = lambda s: (inc(s[0]), fa(fb(s[1])))  # noqa: E731
+            return isthmus.while_loop(lambda s: lt(s[0], n), body, (np.int32(0), x))[1]
+
+        out = loop(np.ones(4, np.float32), np.int32(2**30))
+        until(lambda: admin_hosts(address, token)[b.hosts[0]]["frames"] > 0, 60, "the loop on b")
+        before = admin_hosts(address, token)[b.hosts[0]]
+        os.kill(before["pid"], signal.SIGKILL)
+        killed = time.monotonic()
+        with pytest.raises(isthmus.RemoteError, match=f"host {b.hosts[0]} was lost"):
+            out.numpy()
+        assert time.monotonic() - killed < 60
+
+        def settled() -> bool:
+            rows = admin_hosts(address, token)
+            back = rows[b.hosts[0]]["pid"] != before["pid"] and rows[b.hosts[0]]["status"] == "up"
+            return back and all((r["runs"], r["frames"], r["mailboxes"]) == (0, 0, 0) for r in rows.values())
+
+        until(settled, 60, "b back, and no run, frame or mailbox left on any host")
+        x0 = np.arange(4, dtype=np.float32)
+        np.testing.assert_allclose(loop(x0, np.int32(3)).numpy(),
+                                   np.tanh(np.tanh(np.tanh(x0 * 0.5) * 0.5) * 0.5), rtol=1e-6)
