@@ -103,13 +103,17 @@ def main(argv: list[str] | None = None) -> None:
 def preflight(settings: Settings) -> None:
     """What would stop the server from starting, found before Ray and the executors start
     (and said in one line, not in the traceback of the app's startup): a cluster file that
-    cannot be read, another server on the state dir, the port taken."""
+    cannot be read, another server on the state dir, a state database that cannot be read,
+    the port taken."""
     from executors.ray_daemon import hold_server_lock
     from server.service import load_cluster
+    from server.store import check_readable
 
     if settings.cluster_file:
         load_cluster(settings.cluster_file)
     hold_server_lock(settings.state_dir).release()  # (taken again, for good, as it starts)
+    if settings.db_path is not None:
+        check_readable(settings.db_path)
     if settings.port:
         family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as probe:

@@ -23,6 +23,7 @@ Contract:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -32,6 +33,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ir import InvalidArgument
+
+log = logging.getLogger("isthmus.server")
 
 SCHEMA_VERSION = 1
 _INSERT = "INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?, ?)"
@@ -135,7 +138,13 @@ class SqliteStore:
             rows = self._db.execute("SELECT id, owner, doc, data FROM records WHERE kind = ? "
                                     "ORDER BY rowid", (kind,)).fetchall()
         for i, owner, doc, data in rows:
-            yield Row(kind, i, owner, json.loads(doc), bytes(data))
+            try:
+                parsed = json.loads(doc)
+            except ValueError as e:  # a torn row: skipped, as a row of the wrong fields is
+                log.warning("state database %s: %s record %s is unreadable (%s); skipped", self.path,
+                            kind, i, e)
+                continue
+            yield Row(kind, i, owner, parsed, bytes(data))
 
     def close(self) -> None:
         self.flush()
@@ -160,6 +169,23 @@ class _Transaction:
         finally:  # a failed statement or commit leaves nothing half written
             if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
+
+
+def check_readable(path: Path) -> None:
+    """Raise `OSError` naming the file if the database at `path` (if any) cannot be read."""
+    if not path.exists():
+        return
+    try:
+        db = sqlite3.connect(str(path))  # (as the server opens it: a crash's WAL is recovered)
+        try:
+            found = db.execute("PRAGMA quick_check").fetchone()[0]
+        finally:
+            db.close()
+    except sqlite3.Error as e:
+        found = str(e)
+    if found != "ok":
+        raise OSError(f"state database {path} is unreadable ({found}); move it aside to start with an empty "
+                      "one (it holds the server's clients, buffers and programs)")
 
 
 def open_store(path: Path | None) -> Store:

@@ -40,3 +40,20 @@ def test_another_server_on_the_state_dir_and_a_taken_port_are_named(tmp_path):
         port = taken.getsockname()[1]
         with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}"):
             preflight(settings(tmp_path, port=port))
+
+
+def test_a_state_database_that_cannot_be_read_is_named_and_a_torn_record_skipped(tmp_path):
+    from server.store import Row, SqliteStore
+
+    s = settings(tmp_path)
+    db = s.state_dir / "state.db"
+    store = SqliteStore(db)
+    store.put([Row("client", "cl-1", "cl-1", {"name": "a"}), Row("client", "cl-2", "cl-2", {"name": "b"})])
+    store.flush()
+    store._db.execute("UPDATE records SET doc = '{\"name\": ' WHERE id = 'cl-2'")  # torn
+    assert [r.id for r in store.load("client")] == ["cl-1"]
+    store.close()
+    preflight(s)  # readable
+    db.write_bytes(b"\x00garbage" * 512)
+    with pytest.raises(OSError, match=f"state database {db} is unreadable.*move it aside"):
+        preflight(s)
