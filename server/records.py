@@ -34,10 +34,10 @@ def chosen_prefix(client_id: str) -> str:
 
 
 def output_ids(chosen: Sequence[str] | None, count: int, taken: Container[str], what: str,
-               owner: str) -> list[str]:
+               owner: str, freeing: Container[str] = ()) -> list[str]:
     """The ids of `count` new buffers of client `owner`: fresh ones, or the ones it chose,
-    checked (the right number, well formed, in its own part of the namespace, distinct, and
-    not in use)."""
+    checked (the right number, well formed, in its own part of the namespace, distinct, not
+    in use, and not released with work still queued on them: `freeing`)."""
     if chosen is None:
         return [new_id("b") for _ in range(count)]
     if len(chosen) != count:
@@ -52,6 +52,9 @@ def output_ids(chosen: Sequence[str] | None, count: int, taken: Container[str], 
                                   f"and a dot, {prefix!r}; got {b!r}")
         if b in taken:
             raise Conflict(f"{what}[{i}]: buffer id {b!r} is already in use")
+        if b in freeing:
+            raise Conflict(f"{what}[{i}]: buffer id {b!r} was released and is freed after the work "
+                           "queued on it: choose another id, or this one once that work has run")
     if len(set(chosen)) != len(chosen):
         raise InvalidArgument(f"{what}: ids repeat")
     return list(chosen)

@@ -80,6 +80,7 @@ class Service:
         self.buffers = registry.buffers
         self.computations = registry.computations
         self.lost = registry.lost  # buffer id -> why its value is gone (its island restarted)
+        self.freeing: set[str] = set()  # released buffers whose hosts free them after queued work
         # What made each buffer, to make a lost one again (`server.remake`).
         self.lineage = Lineage(settings.lineage_mb << 20, settings.lineage_released)
         self.programs = Programs(self)
@@ -340,7 +341,7 @@ class Service:
                    what: str) -> list[str]:
         """Ids for new buffers: fresh, or the client's own choice, checked; choosing an id
         takes it out of the client's refused ones."""
-        ids = output_ids(chosen, count, self.buffers, what, owner.id)
+        ids = output_ids(chosen, count, self.buffers, what, owner.id, self.freeing)
         for b in chosen or ():
             owner.failed.pop(b, None)
             owner.freed_with.pop(b, None)
@@ -459,6 +460,12 @@ class Service:
                 by_host.setdefault(host, []).append(rec.id)
         for host, ids in by_host.items():  # after any queued call or run that uses them
             self.gangs.later(ids, lambda host=host, ids=ids: self.pool.delete(host, ids))
+        # Until then an id is not chosen again: its new value's submission would be queued
+        # among those the delete waits for, and the delete, numbered after it, would free it.
+        waiting = [b for b in buffer_ids if self.gangs.queued_for(b)]
+        if waiting:
+            self.freeing.update(waiting)
+            self.gangs.later(waiting, lambda: self.freeing.difference_update(waiting))
         self.registry.remove_buffers(owner, buffer_ids)
         for b in buffer_ids:
             self.lineage.release(b)

@@ -148,3 +148,40 @@ def test_refusals_and_the_causes_kept_for_their_ids_stay_short(c):
     assert f"buffer {ids[-2]} was never made" in failed[-1]["detail"]
     assert len(answer.content) < 2_000_000, len(answer.content)
     assert max(len(f["detail"]) for f in failed) <= 8100
+
+
+def test_an_id_released_while_queued_work_reads_it_is_not_chosen_again_until_that_work_has_run(tmp_path):
+    """Its delete waits for the work queued on it: a new value under the same id would be
+    queued among that work, and freed by the delete numbered after it. So the id is refused
+    (409) until then, and holds a new value after."""
+    from servers import own_server
+
+    import client as isthmus
+
+    with own_server(tmp_path / "state", {"ISTHMUS_GANG_WINDOW": "1"}) as (address, token), \
+            isthmus.connect(address, token=token, name="reuse") as c:
+        s = c.slice({"x": 1})
+        slow = c.jit(lambda m: jnp.tanh(m @ m) @ m, slice=s)
+        m = c.put(np.full((256, 256), 1e-3, np.float32), s)
+        slow(m).result()
+        (computation,) = slow._registered.values()
+        x = f"{c.id}.reused_id_0001"
+
+        def put(value):
+            data = base64.b64encode(np.full((256, 256), value, np.float32).tobytes()).decode()
+            return {"op": "put", "id": x, "slice_id": s.id, "dtype": "float32", "shape": [256, 256],
+                    "spec": [], "data": data}
+
+        def call(inputs, out):
+            return {"op": "call", "computation_id": computation, "inputs": inputs, "ids": [f"{c.id}.{out}"]}
+
+        ops = [put(1.0), *(call([m.id], f"filler{i:04d}") for i in range(8)), call([x], "reads_old"),
+               {"op": "release", "ids": [x]}, put(2.0)]
+        failed = c._transport.json("POST", "/v1/batch", json={"ops": ops})["failed"]
+        assert [f["index"] for f in failed] == [len(ops) - 1] and "was released" in str(failed), failed
+        old = c._transport.request("GET", f"/v1/buffers/{c.id}.reads_old/data").content
+        want = jax.jit(lambda v: jnp.tanh(v @ v) @ v)(np.ones((256, 256), np.float32))
+        np.testing.assert_allclose(np.frombuffer(old, np.float32).reshape(256, 256), want, rtol=1e-5)
+        assert c._transport.json("POST", "/v1/batch", json={"ops": [put(3.0)], "wait": x})["failed"] == []
+        data = c._transport.request("GET", f"/v1/buffers/{x}/data").content
+        np.testing.assert_array_equal(np.frombuffer(data, np.float32), np.full(256 * 256, 3.0, np.float32))
