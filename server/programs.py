@@ -111,7 +111,7 @@ class Programs:
         lowering it take time in proportion to its size: they run off the event loop, and
         what they depend on (the caller's slices, its quota) is checked again after."""
         name = name or "program"
-        program, said = await asyncio.to_thread(_parse, doc, name, fuse)
+        program, said, wire = await asyncio.to_thread(_parse_kept, doc, name, fuse)
         known = self.records.get(owner.registered.get(said, ""))
         if known is not None and known.owner == owner.id and known.status != "failed":
             self.service.registry.hold(owner, said, known.id)
@@ -132,7 +132,7 @@ class Programs:
         self._check_slices(owner, program)
         if key == self._placements(owner, program):  # else it is lowered again at its first run
             self._keep(rec, key, lowered)
-        self.service.registry.add_program(owner, rec)
+        self.service.registry.add_program(owner, rec, wire)
         self.records[rec.id] = rec
         self.service.registry.hold(owner, said, rec.id)
         return rec
@@ -529,6 +529,12 @@ def _parse(doc: Any, name: str, fuse: bool) -> tuple[Program, bytes]:
     verify(program)
     said = hashlib.sha256(json.dumps(["program", doc, name, fuse], sort_keys=True).encode()).digest()
     return program, said
+
+
+def _parse_kept(doc: Any, name: str, fuse: bool) -> tuple[Program, bytes, bytes]:
+    """`_parse`, and the document as JSON, as the registry keeps it."""
+    program, said = _parse(doc, name, fuse)
+    return program, said, json.dumps(doc, separators=(",", ":")).encode()
 
 
 def _check_artifacts(program: Program, infos: dict[tuple[str, str], ArtifactInfo]) -> None:

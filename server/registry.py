@@ -20,11 +20,12 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ir import Aval, IsthmusError, Spec, to_wire
+from ir import Aval, IsthmusError, Spec
 from resource_manager import Slice
 from server.records import BufferRecord, ClientRecord, ComputationRecord
 from server.store import Row, Store, Unwritable
@@ -168,9 +169,10 @@ class Registry:
         self.store.put([Row(HOLDS, r, owner.id, {"n": owner.holds[r], "said": said[r].hex()})
                         for r in record_ids if r in said])
 
-    def add_program(self, owner: ClientRecord, rec: ProgramRecord) -> None:
-        self.store.put([Row(PROGRAM, rec.id, rec.owner, {"name": rec.name, "fuse": rec.fuse,
-                                                         "program": to_wire(rec.program)})])
+    def add_program(self, owner: ClientRecord, rec: ProgramRecord, wire: bytes) -> None:
+        """`wire`: the program's wire form as JSON, serialized off the event loop (a program
+        may be tens of MB)."""
+        self.store.put([Row(PROGRAM, rec.id, rec.owner, {"name": rec.name, "fuse": rec.fuse}, wire)])
         owner.programs.add(rec.id)
 
     def remove_programs(self, owner: ClientRecord, program_ids: Sequence[str]) -> None:
@@ -248,7 +250,8 @@ def _holds(row: Row) -> tuple[int, bytes]:
 
 
 def _program(row: Row) -> tuple[str, bool, Any]:
-    return str(row.doc["name"]), bool(row.doc["fuse"]), row.doc["program"]
+    wire = row.doc["program"] if "program" in row.doc else json.loads(row.data)  # (older rows: in the doc)
+    return str(row.doc["name"]), bool(row.doc["fuse"]), wire
 
 
 def _buffer(row: Row) -> BufferRecord:
