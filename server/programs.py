@@ -117,12 +117,16 @@ class Programs:
             self.service.registry.hold(owner, said, known.id)
             return known  # the same program registered again (traced anew in a loop, say)
         self.service.quotas.check("programs", len(owner.programs), 1)
+        self.service.quotas.check("stored_bytes", owner.stored_bytes, len(wire), " bytes",
+                                  " (the program, kept in the state dir)")
         self._check_slices(owner, program)
         targets = {d.name: self.service.slice(owner, d.name) for d in program.slices}
         infos = await self._read_artifacts(owner, program, targets)
         self._check_slices(owner, program)
         self.service.quotas.check("programs", len(owner.programs), 1)
         _check_artifacts(program, infos)
+        self.service.quotas.check("stored_bytes", owner.stored_bytes, len(wire), " bytes",
+                                  " (the program, kept in the state dir)")
         args, results = graph_signature(program.graph, program.slice_table,
                                         frozenset(program.artifact_table))
         rec = ProgramRecord(new_id("p"), owner.id, name, program, args, results, fuse)

@@ -24,12 +24,13 @@ class Quotas:
     computations: int
     programs: int
     queued: int
+    stored_bytes: int
 
     @classmethod
     def of(cls, settings: Settings) -> Quotas:
         return cls(settings.max_clients, settings.max_slices, settings.max_buffers,
                    settings.max_buffer_mb << 20, settings.max_computations, settings.max_programs,
-                   settings.max_queued)
+                   settings.max_queued, settings.max_stored_mb << 20)
 
     def check(self, what: str, have: int, more: int, unit: str = "", why: str = "") -> None:
         """Refuse `more` of `what` for a client that holds `have` already (`why`: what the

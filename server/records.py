@@ -85,6 +85,13 @@ class ClientRecord:
     # ids of its buffers freed with their slice -> the slice, so that a later use says so
     # (bounded as `failed`)
     freed_with: OrderedDict[str, str] = field(default_factory=OrderedDict)
+    # computation or program id -> the bytes the state dir keeps of it (artifact, program)
+    stored: dict[str, int] = field(default_factory=dict, repr=False)
+
+    @property
+    def stored_bytes(self) -> int:
+        """What the state dir keeps for it, against its quota (`max_stored_mb`)."""
+        return sum(self.stored.values())
 
     def hold(self, said: bytes, record_id: str) -> None:
         """A registration answered with `record_id` (made of what it said, or found by it)."""

@@ -140,10 +140,12 @@ class Registry:
         self.store.put([Row(COMPUTATION, rec.id, rec.owner, _computation_doc(rec), rec.artifact)])
         self.computations[rec.id] = rec
         owner.computations.add(rec.id)
+        owner.stored[rec.id] = len(rec.artifact)
 
     def remove_computation(self, owner: ClientRecord, computation_id: str) -> bool:
         self.store.delete(COMPUTATION, [computation_id])
         owner.computations.discard(computation_id)
+        owner.stored.pop(computation_id, None)
         return self.computations.pop(computation_id, None) is not None
 
     def hold(self, owner: ClientRecord, said: bytes, record_id: str) -> None:
@@ -173,11 +175,14 @@ class Registry:
         """`wire`: the program's wire form as JSON, serialized off the event loop (a program
         may be tens of MB)."""
         self.store.put([Row(PROGRAM, rec.id, rec.owner, {"name": rec.name, "fuse": rec.fuse}, wire)])
+        owner.stored[rec.id] = len(wire)
         owner.programs.add(rec.id)
 
     def remove_programs(self, owner: ClientRecord, program_ids: Sequence[str]) -> None:
         self.store.delete(PROGRAM, program_ids)
         owner.programs.difference_update(program_ids)
+        for p in program_ids:
+            owner.stored.pop(p, None)
 
     # -- the server's own notes --------------------------------------------------------------
 
@@ -205,13 +210,18 @@ class Registry:
             if (owner := self.clients.get(row.owner)) is not None:
                 self.computations[row.id] = comp
                 owner.computations.add(row.id)
+                owner.stored[row.id] = len(row.data)
         for row, (n, said) in self._readable(HOLDS, _holds):
             if (owner := self.clients.get(row.owner)) is not None:
                 owner.holds[row.id] = n
                 owner.registered[said] = row.id
         known = self.clients
         slices = [s for r, s in self._readable(SLICE, lambda r: Slice.from_json(r.doc)) if r.owner in known]
-        programs = [(r.id, r.owner, *p) for r, p in self._readable(PROGRAM, _program) if r.owner in known]
+        programs = []
+        for r, p in self._readable(PROGRAM, _program):
+            if r.owner in known:  # (one that is not restored is removed, and uncounted)
+                programs.append((r.id, r.owner, *p))
+                known[r.owner].stored[r.id] = len(r.data) or len(json.dumps(r.doc))
         return Loaded(slices, programs)
 
     def _readable(self, kind: str, parse: Callable[[Row], T]) -> Iterator[tuple[Row, T]]:

@@ -75,6 +75,7 @@ class ClientStatus(ClientPublic):
     buffer_bytes: int
     computations: int
     programs: int
+    stored_bytes: int = Field(description="what the state dir keeps of its artifacts and programs")
     queued: int = Field(description="calls and runs waiting for admission")
     idle_s: float = Field(description="seconds since its last request ended (0 while one runs)")
 

@@ -499,6 +499,8 @@ class Service:
         info = await self.inspect(owner, artifact, s)
         s = self.slice(owner, slice_id)  # still there, and still the caller's, after the wait
         self.quotas.check("computations", len(owner.computations), 1)
+        self.quotas.check("stored_bytes", owner.stored_bytes, len(artifact), " bytes",
+                          " (the artifact, kept in the state dir)")
         ins = declared_specs(in_specs, info.in_avals, s, "in_specs")
         outs = declared_specs(out_specs, info.out_avals, s, "out_specs")
         info.check_specs(ins, outs, "")

@@ -114,6 +114,7 @@ class Settings(BaseSettings):
     max_buffers: int = Field(100_000, ge=1)  # live buffers per client
     max_computations: int = Field(1024, ge=1)  # per client
     max_programs: int = Field(256, ge=1)  # per client
+    max_stored_mb: int = Field(1024, ge=1)  # per client: its artifacts and programs kept in the state dir
     max_queued: int = Field(4096, ge=1)  # calls and runs a client has waiting for admission
     # Connections that send no request (docs/security.md): a request's headers must be
     # complete within `header_timeout_s`; past `max_idle_connections` idle at once, a new one

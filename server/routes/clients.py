@@ -29,7 +29,8 @@ def status(service: Service, rec: ClientRecord) -> ClientStatus:
     return ClientStatus(
         **public(service, rec).model_dump(), slices=len(service.rm.slices(owner=rec.id)),
         buffers=len(rec.buffers), buffer_bytes=rec.buffer_bytes, computations=len(rec.computations),
-        programs=len(rec.programs), queued=service.gangs.waiting[rec.id], idle_s=idle,
+        programs=len(rec.programs), stored_bytes=rec.stored_bytes, queued=service.gangs.waiting[rec.id],
+        idle_s=idle,
     )
 
 

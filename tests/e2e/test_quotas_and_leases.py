@@ -28,7 +28,7 @@ LEASE_S = 2.0
 ENV = {
     "ISTHMUS_CLIENT_LEASE_S": str(LEASE_S), "ISTHMUS_MAX_SLICES": "2", "ISTHMUS_MAX_BUFFER_MB": "1",
     "ISTHMUS_MAX_COMPUTATIONS": "2", "ISTHMUS_MAX_PROGRAMS": "1", "ISTHMUS_MAX_CLIENTS": "4",
-    "ISTHMUS_MAX_ARTIFACT_MB": "1", "ISTHMUS_EXECUTOR_TEMP_MB": "32",
+    "ISTHMUS_MAX_ARTIFACT_MB": "1", "ISTHMUS_EXECUTOR_TEMP_MB": "32", "ISTHMUS_MAX_STORED_MB": "1",
 }
 
 
@@ -274,6 +274,27 @@ def test_a_large_array_closed_over_is_refused_with_what_to_do_instead(small):
         lookup = c.jit(lambda t, i: t[i], slice=s)  # the way it suggests: the table as an argument
         part = table[: 192 * 1024]  # (0.75 MiB: this server holds at most 1 MiB of buffers)
         assert lookup(c.put(part, s), np.int32(3)).numpy() == 3.0
+
+
+def test_what_the_state_dir_keeps_of_a_client_is_bounded(small):
+    """Each artifact (a 600 KiB table embedded) is within the artifact limit, but two are past
+    what the state dir keeps of one client (1 MiB here); deleting one makes room."""
+    address, token = small
+    with isthmus.connect(address, token=token, name="hoarder") as c:
+        s = c.slice({"x": 1})
+        tables = [np.arange(150 * 1024, dtype=np.float32) + k for k in range(2)]
+        first = c.jit(lambda i: jnp.asarray(tables[0])[i], slice=s)
+        assert first(np.int32(3)).numpy() == 3.0
+        kept = httpx.get(f"{address}/v1/clients/self", headers={"Authorization": f"Bearer {c.secret}"})
+        assert kept.json()["stored_bytes"] > 600 * 1024, kept.text
+        second = c.jit(lambda i: jnp.asarray(tables[1])[i], slice=s)
+        with pytest.raises(isthmus.OverQuota, match=r"stored bytes: \d+ bytes held.*the artifact, kept "
+                                                    r"in the state dir.*limit of 1048576"):
+            second(np.int32(3)).result()
+        (computation,) = first._registered.values()
+        assert httpx.delete(f"{address}/v1/computations/{computation}",
+                            headers={"Authorization": f"Bearer {c.secret}"}).status_code == 204
+        assert second(np.int32(3)).numpy() == 4.0
 
 
 def test_client_count_is_bounded(small):

@@ -49,6 +49,7 @@ def test_records_survive_a_new_registry_on_the_same_file(tmp_path: Path) -> None
     got = again.computations["c-1"]
     assert (got.in_avals, got.out_specs, got.artifact) == (comp.in_avals, comp.out_specs, comp.artifact)
     assert back.computations == {"c-1"}
+    assert back.stored_bytes == len(b"\x00artifact\xff")  # what the state dir keeps of it, counted again
     assert [s.id for s in loaded.slices] == ["s-1"] and loaded.slices[0].device_ids == (0, 1)
     assert again.meta("cluster") == {"islands": 2}
 
