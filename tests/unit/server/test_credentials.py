@@ -43,7 +43,8 @@ def test_an_empty_admin_token_is_refused():
 
 
 def test_quotas_refuse_past_the_limit_by_name():
-    q = Quotas(clients=2, slices=1, buffers=3, buffer_bytes=100, computations=1, programs=1, queued=2)
+    q = Quotas(clients=2, slices=1, buffers=3, buffer_bytes=100, computations=1, programs=1, queued=2,
+               stored_bytes=100)
     q.check("buffers", 2, 1)
     with pytest.raises(OverQuota, match=r"buffers: 3 held, 1 more would pass the limit of 3"):
         q.check("buffers", 3, 1)
