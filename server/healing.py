@@ -18,8 +18,8 @@ Contract:
   finds the host lost starts again. Meanwhile calls there fail typed, never hang.
 - `restart_claimed` is the one way executors are replaced (the operator's
   `Service.restart_island` too): the gang paused, the loops on the hosts replaced ended,
-  the pool's executors replaced, the values
-  lost, the programs compiled again, the gang resumed.
+  the pool's executors replaced, the values lost, the programs compiled again, the gang
+  resumed.
 - `restart` is the one path of automatic restarts: a host lost, and a failed cross-host
   collective (`Service.restart_when_broken`). `POST /v1/islands/{name}/restart` stays for
   operators.

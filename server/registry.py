@@ -10,9 +10,10 @@ Contract:
 - Every change goes through one method here, which queues it for the store; `flush`
   commits what is queued (the server calls it before answering any request, `server.guard`,
   and it runs by itself just after the event loop's turn for changes no request made, a
-  host lost say, once what the turn queued for the executors has left). Readers use the
-  dicts directly. Nothing here dispatches, places or talks to a host: that is the
-  dispatcher's (`server.service`, `server.programs`).
+  host lost say, once what the turn queued for the executors has left). A commit the store
+  refuses (`Unwritable`: a full disk) keeps its changes queued for the next; `unwritten`
+  says why meanwhile. Readers use the dicts directly. Nothing here dispatches, places or
+  talks to a host: that is the dispatcher's (`server.service`, `server.programs`).
 - `load` reads everything back, oldest first, as records whose sets (a client's buffers,
   computations, programs) are rebuilt from the owners stored with each.
 """
