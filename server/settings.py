@@ -46,13 +46,14 @@ class Settings(BaseSettings):
     # Off by default: the island's CPU collectives then all go through gloo, whose reduction
     # order can differ from one process's jax.jit in the last bit (measured).
     island_groups: bool = False
-    # The per-island gang scheduler: its policy (fifo, or share: proportional to the
-    # clients' weights) and how many calls or program runs an island has admitted and not
+    # The per-island gang scheduler: its policy (share: proportional to the clients' weights,
+    # the default, so that one client's backlog does not hold another's work on the island
+    # behind all of it; or fifo) and how many calls or program runs an island has admitted and not
     # yet finished. Wide by default: a client's back-to-back calls then reach the executors
     # in few messages (calls/s doubled from 16 to 256, measured), while each executor still
     # bounds what it has in flight on its devices; a narrow window gives the share policy a
     # finer grain (1 is the finest).
-    gang_policy: Literal["fifo", "share"] = "fifo"
+    gang_policy: Literal["fifo", "share"] = "share"
     gang_window: int = Field(256, ge=1, le=1024)
     # Computations an executor issues to its devices without waiting for each to finish
     # (XLA's asynchronous dispatch); 1 runs each to completion (docs/architecture.md).

@@ -101,3 +101,31 @@ def test_clients_get_the_island_in_proportion_to_their_weights(shared):
     finally:
         for c in [*clients, blocker_client]:
             c.close()
+
+
+def test_by_default_one_client_s_backlog_does_not_hold_another_s_work_behind_all_of_it(tmp_path):
+    """The default policy is proportional share: bob's one call, queued after 10 of eve's on
+    the same island (one admitted at a time here), runs second, not eleventh. A FIFO
+    island would finish every call of eve's first."""
+    import client as isthmus
+    from client.embedded import EmbeddedServer
+
+    srv = EmbeddedServer.start(tmp_path / "state", env={"ISTHMUS_GANG_WINDOW": "1"})
+    token = (tmp_path / "state" / "token").read_text().strip()
+    try:
+        with isthmus.connect(srv.address, token=token, name="eve") as eve, \
+                isthmus.connect(srv.address, token=token, name="bob") as bob:
+            slow = eve.jit(lambda v: jax.lax.fori_loop(0, 300, lambda _, a: jnp.tanh(a @ a), v),
+                           slice=eve.slice({"x": 1}, island="a"))
+            quick = bob.jit(lambda v: v + 1, slice=bob.slice({"x": 1}, island="a"))
+            x = eve.put(np.eye(128, dtype=np.float32), slow.slice)
+            y = bob.put(np.zeros(4, np.float32), quick.slice)
+            slow(x).result()
+            quick(y).result()  # compiled: from here on, calls only
+            backlog = [slow(x) for _ in range(10)]
+            eve.flush()
+            np.testing.assert_array_equal(quick(y).numpy(), np.ones(4))
+            assert not backlog[-1].ready(), "bob's call waited for eve's whole backlog"
+            jax.block_until_ready(backlog)
+    finally:
+        srv.stop()
