@@ -39,11 +39,11 @@ def _closed_over(buffer: Buffer) -> InvalidArgument | None:
                            "reads a buffer only as an argument; pass it as one")
 
 
-def _no_arithmetic(op: str) -> Callable[..., Any]:
+def _refused(op: str) -> Callable[..., Any]:
     def refused(self: Buffer, *other: Any) -> Any:
         raise _closed_over(self) or InvalidArgument(
-            f"buffer {self.id} has no arithmetic ({op}): its value is on the executors; compute on it "
-            "inside a jitted function (c.jit), or fetch it with .numpy()")
+            f"buffer {self.id}: {op} is not done on a buffer, whose value is on the executors; do it "
+            "inside a jitted function (c.jit), or fetch the value with .numpy()")
     return refused
 
 
@@ -255,14 +255,18 @@ class Buffer(Shaped):
         return f"Buffer({self.id}, {self.aval}{keys}, {self.spec}, slice={self.slice_id})"
 
 
-# Arithmetic is refused by name: a buffer's value is on the executors, not here.
+# Arithmetic, comparison and indexing are refused by name: a buffer's value is on the
+# executors, not here (a JAX array computes them; identity would answer `loss != loss` wrong).
 _OPERATORS = {"+": "add", "-": "sub", "*": "mul", "/": "truediv", "//": "floordiv", "%": "mod", "**": "pow",
               "@": "matmul", "&": "and", "|": "or", "^": "xor", "<<": "lshift", ">>": "rshift"}
 for _symbol, _name in _OPERATORS.items():
-    setattr(Buffer, f"__{_name}__", _no_arithmetic(_symbol))
-    setattr(Buffer, f"__r{_name}__", _no_arithmetic(_symbol))
-for _symbol, _name in (("unary -", "neg"), ("unary +", "pos"), ("abs", "abs"), ("~", "invert")):
-    setattr(Buffer, f"__{_name}__", _no_arithmetic(_symbol))
+    setattr(Buffer, f"__{_name}__", _refused(_symbol))
+    setattr(Buffer, f"__r{_name}__", _refused(_symbol))
+for _symbol, _name in (("unary -", "neg"), ("unary +", "pos"), ("abs", "abs"), ("~", "invert"),
+                       ("==", "eq"), ("!=", "ne"), ("<", "lt"), ("<=", "le"), (">", "gt"), (">=", "ge"),
+                       ("indexing", "getitem"), ("item assignment", "setitem"), ("iteration", "iter")):
+    setattr(Buffer, f"__{_name}__", _refused(_symbol))
+Buffer.__hash__ = object.__hash__  # type: ignore[assignment,method-assign]  # (a buffer is a key by identity)
 
 
 def _keys(data: np.ndarray, impl: str) -> Any:

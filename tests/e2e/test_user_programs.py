@@ -268,9 +268,12 @@ def test_a_buffer_is_read_by_a_jitted_function_only_as_an_argument(c):
             c.jit(closes_over, slice=s)(x)
     assert w._value is None  # nothing fetched to say so
     np.testing.assert_array_equal(c.jit(lambda v, u: v * u, slice=s)(x, w).numpy(), np.arange(4))
-    for op in (lambda: w * 2, lambda: 2 - w, lambda: -w, lambda: w @ w):
-        with pytest.raises(isthmus.InvalidArgument, match=f"buffer {w.id} has no arithmetic"):
+    nan = c.put(np.float32("nan"), s)
+    for op in (lambda: w * 2, lambda: 2 - w, lambda: -w, lambda: w @ w, lambda: nan != nan, lambda: w == w,
+               lambda: w < 2.0, lambda: w[0], lambda: list(w)):
+        with pytest.raises(isthmus.InvalidArgument, match=r"buffer .*: .* is not done on a buffer.*numpy"):
             op()
+    assert {w: 1}[w] == 1 and w in {w}  # a key by identity
     assert np.asarray(w).tolist() == [0.0, 1.0, 2.0, 3.0]  # fetched on purpose
 
 
