@@ -220,13 +220,21 @@ class Function:
         return Export(artifact, in_specs, out_specs, out_avals, out_views, out_tree, outputs, fixed)
 
     def _register(self, session: Session, exported: Export) -> str:
-        record = session.register("/v1/computations", {
-            "slice_id": self.slice.id,
-            "artifact": base64.b64encode(exported.artifact).decode(),
-            "in_specs": [sp.to_json() for sp in exported.in_specs],
-            "out_specs": [sp.to_json() for sp in exported.out_specs],
-            "name": self.name,
-        })
+        try:
+            record = session.register("/v1/computations", {
+                "slice_id": self.slice.id,
+                "artifact": base64.b64encode(exported.artifact).decode(),
+                "in_specs": [sp.to_json() for sp in exported.in_specs],
+                "out_specs": [sp.to_json() for sp in exported.out_specs],
+                "name": self.name,
+            })
+        except InvalidArgument as e:
+            if "body: larger than" not in str(e):
+                raise
+            raise InvalidArgument(
+                f"{self.name}: its exported program is {len(exported.artifact)} bytes, past what the server "
+                f"takes ({e}). Arrays the function closes over are embedded in it: pass large ones as "
+                "arguments instead") from None
         return record["id"]
 
     def __repr__(self) -> str:

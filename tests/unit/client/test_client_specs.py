@@ -78,3 +78,23 @@ def test_python_ints_past_the_canonical_range_overflow_as_in_jax_jit():
     for n in (2**31, -2**31 - 1, 2**70):
         with pytest.raises(OverflowError, match=f"Python int {n} too large to convert to int32"):
             as_array(n)
+
+
+def test_an_artifact_past_the_server_s_body_limit_says_to_pass_closed_over_arrays_as_arguments():
+    import jax.numpy as jnp
+    from test_trace import make_slice, trace
+
+    from client.jit import Function
+
+    class Refusing:  # the server's 413 for a body past its max_json_mb
+        def register(self, path, body):
+            raise InvalidArgument("POST /v1/computations: body: larger than the 64 MiB limit of "
+                                  "/v1/computations")
+
+    table = np.arange(1000, dtype=np.float32)
+    f = Function(None, lambda i: jnp.asarray(table)[i], make_slice("s", {"x": 1}, "a"))
+    trace(f, (np.int32(1), PLAIN))
+    (exported,) = f._exports.values()
+    with pytest.raises(InvalidArgument, match=r"its exported program is \d+ bytes, past what the server "
+                                              r"takes \(.*64 MiB.*\)\. Arrays the function closes over"):
+        f._register(Refusing(), exported)
