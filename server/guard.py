@@ -12,11 +12,15 @@ A plain ASGI middleware, so that it runs before anything reads the request's bod
   uploads cannot take the server's memory, nor one client all of the room;
 - the caller is put into the request's state for the handlers (`server.deps`), and a
   client's lease is renewed by every request it makes (`Service.expire_clients`): while one
-  of its requests is in progress (a long wait for a result, say) it never expires.
+  of its requests is in progress (a long wait for a result, say) it never expires. A
+  request still running after `WATCH_AFTER_S` whose connection then goes (the client's
+  process killed mid-wait) stops counting, so that the lease runs again from then: a
+  wait for a computation that never ends would otherwise hold the client open for good.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -29,6 +33,7 @@ from server.errors import OverQuota, PayloadTooLarge
 from server.records import ClientRecord
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+WATCH_AFTER_S = 1.0  # a request running this long is watched for its connection going
 
 
 class Bodies:
@@ -115,11 +120,54 @@ class Guard:
             return
         client = caller
         client.in_flight += 1
+        watch = _Watch(scope, receive, client)
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, watch.receive, send)
         finally:
-            client.in_flight -= 1
+            if not watch.close():  # (one whose connection went stopped counting then)
+                client.in_flight -= 1
             client.last_seen = time.monotonic()
+
+
+class _Watch:
+    """Counts a long request out of its client's `in_flight` once its connection is gone.
+    Only once the app has read the whole body (or for a request without one) does it read
+    the connection itself, which then says nothing more until it closes."""
+
+    def __init__(self, scope: Scope, receive: Receive, client: ClientRecord) -> None:
+        self._receive, self._client = receive, client
+        self._read = scope["method"] not in BODY_METHODS  # the app has what it will read
+        self._task: asyncio.Task[None] | None = None
+        self._gone = False
+        self._timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, self._start)
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        if message["type"] == "http.request" and not message.get("more_body", False):
+            self._read = True
+        return message
+
+    def _start(self) -> None:
+        if self._read:
+            self._task = asyncio.ensure_future(self._listen())
+        else:  # its body still coming: again later
+            self._timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, self._start)
+
+    async def _listen(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass  # (a request without a body: its empty body first)
+        self._gone = True
+        self._client.in_flight -= 1
+        self._client.last_seen = time.monotonic()
+
+    def close(self) -> bool:
+        """Stop watching; whether the request had already stopped counting."""
+        self._timer.cancel()
+        if self._task is not None:
+            if self._task.done() and not self._task.cancelled():
+                self._task.exception()  # (retrieved: a receive that failed has nothing to say)
+            self._task.cancel()
+        return self._gone
 
 
 def _committing(send: Send, flush: Callable[[], None]) -> Send:

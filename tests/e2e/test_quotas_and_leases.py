@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 
 import httpx
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -388,3 +389,29 @@ def test_hosts_forget_executables_and_plans_no_client_uses(small):
         until(lambda: _hosts_caches(address, token) == b_only, 30, "a's executables and plans forgotten")
         np.testing.assert_allclose(fb(b.put(x, sb)).numpy(), np.sin(x) * 3, rtol=1e-6)  # b's still work
     until(lambda: _hosts_caches(address, token) == before, 30, "every cache back to what it was")
+
+
+def test_a_client_killed_while_it_waits_is_closed_after_its_lease(tmp_path):
+    """Its wait for a computation that does not end stops counting once its connection is
+    gone, so the lease runs out and the client is closed, as one that sent nothing."""
+    import socket
+
+    with own_server(tmp_path / "state", {"ISTHMUS_CLIENT_LEASE_S": str(LEASE_S)}) as (address, token):
+        c = isthmus.connect(address, token=token, name="waiter", close_at_exit=False)
+        c._lease.stop()  # (as a killed process would: no renewal)
+        s = c.slice({"x": 1})
+        hours = c.jit(lambda v: jax.lax.fori_loop(0, 2**31 - 1, lambda _, a: jnp.tanh(a @ a), v), slice=s)
+        out = hours(c.put(np.eye(32, dtype=np.float32), s))
+        c.flush()
+        host, port = address.removeprefix("http://").rsplit(":", 1)
+        waiting = socket.create_connection((host, int(port)), timeout=10)
+        waiting.sendall(f"GET /v1/buffers/{out.id}/data HTTP/1.1\r\nHost: x\r\n"
+                        f"Authorization: Bearer {c.secret}\r\n\r\n".encode())
+        admin = {"Authorization": f"Bearer {token}"}
+
+        def clients() -> dict[str, dict]:
+            return {r["id"]: r for r in httpx.get(f"{address}/v1/clients", headers=admin).json()}
+
+        until(lambda: clients()[c.id]["idle_s"] == 0.0, 30, "the wait in progress")
+        waiting.close()  # the process that waited is gone
+        until(lambda: c.id not in clients(), 60, "the client closed after its lease")
