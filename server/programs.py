@@ -111,7 +111,7 @@ class Programs:
         lowering it take time in proportion to its size: they run off the event loop, and
         what they depend on (the caller's slices, its quota) is checked again after."""
         name = name or "program"
-        program, said, wire = await asyncio.to_thread(_parse_kept, doc, name, fuse)
+        program, said, wire = await asyncio.to_thread(_parse, doc, name, fuse)
         known = self.records.get(owner.registered.get(said, ""))
         if known is not None and known.owner == owner.id and known.status != "failed":
             self.service.registry.hold(owner, said, known.id)
@@ -155,7 +155,7 @@ class Programs:
     def restore(self, owner: ClientRecord, program_id: str, name: str, fuse: bool, doc: Any) -> None:
         """A program registered before the server restarted (checked then): read, lowered
         and compiled again under its id (executors taken over still hold its executables)."""
-        program, said = _parse(doc, name, fuse)
+        program, said, _ = _parse(doc, name, fuse)
         self._check_slices(owner, program)
         args, results = graph_signature(program.graph, program.slice_table, frozenset(program.artifact_table))
         rec = ProgramRecord(program_id, owner.id, name, program, args, results, fuse)
@@ -376,22 +376,22 @@ class Programs:
         """Stop the client's runs with loops that its hosts run now (those using `slice_id`,
         if given): each loop ends, failed, at its next test (`executors.runner`). Returns
         how many."""
-        runs = {r: hosts for r, (o, hosts, slices) in self._looping.items()
-                if o == owner_id and (slice_id is None or slice_id in slices)}
-        if runs:
-            hosts = sorted({h for hs in runs.values() for h in hs})
-            self.service.pool.cancel(hosts, list(runs), cause)
-        return len(runs)
+        return self._cancel({r: hosts for r, (o, hosts, slices) in self._looping.items()
+                             if o == owner_id and (slice_id is None or slice_id in slices)}, cause)
 
     def cancel_on(self, lost: Collection[str], cause: str) -> int:
         """Stop every run with loops on any of these hosts (lost, or about to be replaced),
-        whoever's: its other hosts would loop on without them, sending each iteration to
-        executors that never took the run. Returns how many."""
+        whoever's, on its other hosts: they would loop on without them, sending each
+        iteration to executors that never took the run. Returns how many."""
         gone = set(lost)
-        runs = {r: hosts for r, (_, hosts, _) in self._looping.items() if gone.intersection(hosts)}
-        others = sorted({h for hs in runs.values() for h in hs} - gone)
-        if others:
-            self.service.pool.cancel(others, list(runs), cause)
+        return self._cancel({r: hosts for r, (_, hosts, _) in self._looping.items()
+                             if gone.intersection(hosts)}, cause, gone)
+
+    def _cancel(self, runs: dict[str, tuple[str, ...]], cause: str, besides: Collection[str] = ()) -> int:
+        """Tell the runs' hosts (but `besides`) to end these runs' loops; how many runs."""
+        hosts = sorted({h for hs in runs.values() for h in hs}.difference(besides))
+        if hosts:
+            self.service.pool.cancel(hosts, list(runs), cause)
         return len(runs)
 
     # -- calls -------------------------------------------------------------------------------
@@ -527,18 +527,15 @@ def record_key(record_id: str) -> str:
     return "#" + record_id
 
 
-def _parse(doc: Any, name: str, fuse: bool) -> tuple[Program, bytes]:
-    """The program, and a digest of what its registration says."""
+def _parse(doc: Any, name: str, fuse: bool) -> tuple[Program, bytes, bytes]:
+    """The program, a digest of what its registration says, and the document as JSON (what
+    the registry keeps): serialized once, the digest's text built around it (as
+    `json.dumps(["program", doc, name, fuse], sort_keys=True)` writes it)."""
     program = from_wire(doc)
     verify(program)
-    said = hashlib.sha256(json.dumps(["program", doc, name, fuse], sort_keys=True).encode()).digest()
-    return program, said
-
-
-def _parse_kept(doc: Any, name: str, fuse: bool) -> tuple[Program, bytes, bytes]:
-    """`_parse`, and the document as JSON, as the registry keeps it."""
-    program, said = _parse(doc, name, fuse)
-    return program, said, json.dumps(doc, separators=(",", ":")).encode()
+    text = json.dumps(doc, sort_keys=True)
+    said = hashlib.sha256(f'["program", {text}, {json.dumps(name)}, {json.dumps(fuse)}]'.encode()).digest()
+    return program, said, text.encode()
 
 
 def _check_artifacts(program: Program, infos: dict[tuple[str, str], ArtifactInfo]) -> None:
