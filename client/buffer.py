@@ -265,8 +265,7 @@ for _symbol, _name in _OPERATORS.items():
 for _symbol, _name in (("unary -", "neg"), ("unary +", "pos"), ("abs", "abs"), ("~", "invert"),
                        ("==", "eq"), ("!=", "ne"), ("<", "lt"), ("<=", "le"), (">", "gt"), (">=", "ge"),
                        ("indexing", "getitem"), ("item assignment", "setitem"), ("iteration", "iter")):
-    setattr(Buffer, f"__{_name}__", _refused(_symbol))
-Buffer.__hash__ = object.__hash__  # type: ignore[assignment,method-assign]  # (a buffer is a key by identity)
+    setattr(Buffer, f"__{_name}__", _refused(_symbol))  # (set after the class: hashed by identity still)
 
 
 def _keys(data: np.ndarray, impl: str) -> Any:

@@ -178,7 +178,7 @@ class Session:
              outputs: list[Output]) -> list[Buffer]:
         """Queue a call; `outputs` are each output's slice, aval, spec and view (weakly typed,
         typed PRNG keys)."""
-        self._check_open()
+        self.check_open()
         outs = [Buffer(self, new_id(self.client_id), s, a, sp, v) for s, a, sp, v in outputs]
         self._enqueue(Pending({"op": "call", "computation_id": computation_id, "inputs": inputs,
                                "ids": [b.id for b in outs]}, [weakref.ref(b) for b in outs]))
@@ -187,7 +187,7 @@ class Session:
     def run(self, program_id: str, inputs: list[str], dispatch: str | None,
             outputs: list[Output]) -> list[Buffer]:
         """Queue a program run; `outputs` as for `call`."""
-        self._check_open()
+        self.check_open()
         outs = [Buffer(self, new_id(self.client_id), s, a, sp, v) for s, a, sp, v in outputs]
         self._enqueue(Pending({"op": "run", "program_id": program_id, "inputs": inputs,
                                "ids": [b.id for b in outs], "dispatch": dispatch},
@@ -197,7 +197,7 @@ class Session:
     def put(self, array: np.ndarray, slice_id: str, spec: Spec, view: View = PLAIN) -> Buffer:
         """Upload an array (typed keys' data, if `view` names their impl; weakly typed, if it
         says so): queued when small, else sent now (after what is queued)."""
-        self._check_open()
+        self.check_open()
         aval = Aval(tuple(array.shape), dtype_name(array.dtype))
         buf = Buffer(self, new_id(self.client_id), slice_id, aval, spec, view)
         data = little_endian(array).tobytes()  # C order, whatever the array's layout
@@ -336,16 +336,13 @@ class Session:
 
     def check_open(self) -> None:
         """`Unauthorized` once the client is closed: what it made cannot be used any more."""
-        self._check_open()
-
-    def _check_open(self) -> None:
         if self._stopped:
             raise Unauthorized("this client is closed (by close(), or dropped, or as its process "
                                "exits): what it made cannot be used any more; connect again")
 
     def flush(self) -> None:
         """Send what is queued now; return once the server has taken it (not run it)."""
-        self._check_open()
+        self.check_open()
         with self._sending:
             self._send()
         self._raise_deferred()
@@ -365,7 +362,7 @@ class Session:
         """Block until `buffer` exists; raise why it does not. What is queued is sent with
         the wait, in one request."""
         if buffer.error is None:
-            self._check_open()
+            self.check_open()
             with self._sending:
                 answer = self._send(wait=buffer)
             self._raise_deferred()
