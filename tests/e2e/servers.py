@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psutil
+import pytest
 
 from client.embedded import EmbeddedServer
 from executors.ray_watcher import read_record, session_members
@@ -23,6 +25,17 @@ def own_server(state: Path, env: dict[str, str]) -> Iterator[tuple[str, str]]:
     finally:
         srv.stop()
         (state.parent / "server.log").write_text("".join(srv.log))  # kept with the test's tmp dir
+
+
+def module_server(name: str, env: dict[str, str]) -> Any:
+    """A module's fixture: a server of its own with these settings, `own_server`'s
+    (address, admin token), started once for the module in a temp dir named `name`."""
+    @pytest.fixture(scope="module")
+    def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+        with own_server(tmp_path_factory.mktemp(name) / "state", env) as s:
+            yield s
+
+    return server
 
 
 def daemon_processes(state: Path) -> list[psutil.Process]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Iterator
 
 import httpx
 import jax
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 from polling import until
-from servers import own_server
+from servers import module_server, own_server
 
 import client as isthmus
 from client import connection as client_connection
@@ -33,10 +32,7 @@ ENV = {
 }
 
 
-@pytest.fixture(scope="module")
-def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    with own_server(tmp_path_factory.mktemp("isthmus-quotas"), ENV) as server:
-        yield server
+small = module_server("isthmus-quotas", ENV)
 
 
 def test_over_quota_is_429_with_retry_after_and_freeing_lets_the_client_go_on(small):

@@ -7,12 +7,11 @@ Its own server, with `ISTHMUS_MAX_RUN_S=20`; the loops count to 2**30, far past 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 from polling import admin_hosts, until
-from servers import own_server
+from servers import module_server
 
 import client as isthmus
 
@@ -21,11 +20,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 LIMIT_S = 20
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    state = tmp_path_factory.mktemp("runaway") / "state"
-    with own_server(state, {"ISTHMUS_MAX_RUN_S": str(LIMIT_S)}) as server:
-        yield server
+server = module_server("runaway", {"ISTHMUS_MAX_RUN_S": str(LIMIT_S)})
 
 
 def runaway(c: isthmus.Client, s: isthmus.Slice):
