@@ -37,7 +37,7 @@ import numpy as np
 
 from executors.compile import compile_artifact, make_mesh, place
 from executors.issued import computed
-from executors.memory import MACHINE, TempBudget, working_bytes
+from executors.memory import MACHINE, Budget, working_bytes
 from executors.memory import check as check_working
 from executors.messages import Abort, Adopted, Failed, Payload, Ran, Ready, Reply, State
 from executors.runner import IN_FLIGHT, RunMessage, Runner
@@ -61,9 +61,10 @@ def _cause() -> str:
 
 class Host:
     def __init__(self, host: str, wait_timeout_s: float = 300.0, in_flight: int = IN_FLIGHT,
-                 temp: TempBudget = MACHINE) -> None:
+                 budget: Budget = MACHINE) -> None:
         self.host = host
-        self.temp_budget = temp.bytes()  # XLA temporaries its computations may take together
+        self.temp_budget = budget.temp_bytes()  # XLA temporaries its computations may take together
+        self.buffer_budget = budget.buffer_bytes()  # buffers it may hold (the server counts them)
         self.wait_timeout_s = wait_timeout_s  # the longest a request waits for an executable
         self.store = BufferStore()
         self._executables: dict[str, Future[Any]] = {}
@@ -113,9 +114,11 @@ class Host:
     # -- inventory -------------------------------------------------------------------------
 
     def info(self) -> list[dict[str, Any]]:
-        """The host's devices. The pool asks first once JAX's backend may exist (after the
-        island's group formed): what exists then lives as long as the process, so it is
-        frozen out of every later full garbage collection (a large cost per request)."""
+        """The host's devices, with the memory each offers buffers: a GPU's own, a CPU
+        device's share of the host's `buffer_budget` (`executors.memory`). The pool asks
+        first once JAX's backend may exist (after the island's group formed): what exists
+        then lives as long as the process, so it is frozen out of every later full garbage
+        collection (a large cost per request)."""
         import jax
 
         devices = jax.local_devices()
@@ -127,6 +130,8 @@ class Host:
         for d in devices:
             stats = d.memory_stats() if hasattr(d, "memory_stats") else None
             memory = (stats or {}).get("bytes_limit")
+            if d.platform == "cpu":
+                memory = self.buffer_budget // len(devices)
             out.append({"platform": d.platform, "kind": d.device_kind, "memory_bytes": memory})
         return out
 
@@ -157,6 +162,7 @@ class Host:
             "unfinished": len(self.runner.issued),  # computations issued, not known finished
             "in_flight": self.runner.issued.bound,
             "temp_budget_bytes": self.temp_budget,
+            "buffer_budget_bytes": self.buffer_budget,
             "collective_error": self.collective_error,
         }
 

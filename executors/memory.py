@@ -1,4 +1,4 @@
-"""The working memory of a CPU host's computations: XLA's temporaries, which no quota counts.
+"""What a CPU host may take of its machine's memory: XLA's temporaries, and buffers held.
 
 Contract:
 - A computation's inputs are buffers already counted, and its outputs are counted against
@@ -7,16 +7,21 @@ Contract:
   One computation materializing a 10 GB intermediate would make the kernel kill a process
   on the machine: the executor (every tenant's values on the host gone with it) or the
   server itself.
-- `TempBudget.bytes` is what a host's computations in flight may take together: set by the
-  operator (`executor_temp_mb`), else half the memory of the executor's machine (its
+- `Budget.temp_bytes` is what a host's computations in flight may take together: set by
+  the operator (`executor_temp_mb`), else half the memory of the executor's machine (its
   cgroup's limit where lower: a Kubernetes pod's) divided among the hosts the cluster
   places on that machine.
+- `Budget.buffer_bytes` is what a host's buffers may take (`executor_buffer_mb`, else 35%
+  of the machine divided the same way). The executor reports it as its devices' memory
+  (`Host.info`), and the server refuses buffers past it (`server.host_memory`): a client
+  within its own quota could otherwise fill a machine until the kernel kills executors.
+  Both shares together leave 15% of the machine to the server, Ray and the system.
 - `working_bytes(executable)` is what one computation takes on this host: its
   temporaries per device times this process's devices in its mesh. `check` refuses an
   executable that needs more than the whole budget alone (compiling it fails with both
   figures); `executors.issued` keeps the sum of those in flight within the budget.
-- GPU hosts are not checked: their temporaries are device memory, and XLA's allocator
-  answers a computation that does not fit with an error rather than a killed process.
+- GPU hosts are not checked: their temporaries and buffers are device memory, and XLA's
+  allocator answers what does not fit with an error rather than a killed process.
 """
 
 from __future__ import annotations
@@ -28,22 +33,30 @@ from typing import Any
 
 MIB = 1 << 20
 CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
-MACHINE_SHARE = 0.5  # of a machine's memory, for its hosts' temporaries by default
+TEMP_SHARE = 0.5  # of a machine's memory, for its hosts' temporaries by default
+BUFFER_SHARE = 0.35  # of a machine's memory, for its hosts' buffers by default
 
 
 @dataclass(frozen=True)
-class TempBudget:
-    mb: int | None = None  # set by the operator; None: a share of the machine (below)
+class Budget:
+    temp_mb: int | None = None  # set by the operator; None: a share of the machine (below)
+    buffer_mb: int | None = None  # likewise
     sharing: int = 1  # hosts the cluster places on this host's machine
 
-    def bytes(self, machine: int | None = None) -> int:
-        if self.mb is not None:
-            return self.mb * MIB
+    def temp_bytes(self, machine: int | None = None) -> int:
+        return self._bytes(self.temp_mb, TEMP_SHARE, machine)
+
+    def buffer_bytes(self, machine: int | None = None) -> int:
+        return self._bytes(self.buffer_mb, BUFFER_SHARE, machine)
+
+    def _bytes(self, mb: int | None, share: float, machine: int | None) -> int:
+        if mb is not None:
+            return mb * MIB
         memory = machine_memory() if machine is None else machine
-        return int(memory * MACHINE_SHARE) // max(1, self.sharing)
+        return int(memory * share) // max(1, self.sharing)
 
 
-MACHINE = TempBudget()  # the default: a share of the machine, to itself
+MACHINE = Budget()  # the default: shares of the machine, to itself
 
 
 def machine_memory(limits: tuple[Path, ...] = CGROUP_LIMITS) -> int:

@@ -34,7 +34,7 @@ from executors import adoption, ray_start
 from executors.channel import SECRET_BYTES, Channel
 from executors.deletes import Deletes
 from executors.islands import IslandLifecycle
-from executors.memory import TempBudget
+from executors.memory import Budget
 from executors.messages import Adopted, Failed, Ran, Settled, Settlement, State
 from executors.outbox import Outbox
 from executors.ray_host import DIRECT, DIRECT_PUT_BYTES, TOLD, new_actor
@@ -74,9 +74,11 @@ class RayOptions:
     wait_timeout_s: int = 300
     # Computations an executor issues without waiting for them (docs/architecture.md).
     in_flight: int = IN_FLIGHT
-    # MiB of XLA temporaries a CPU host's computations in flight may take together; None: half
-    # its machine's memory, shared by the hosts placed on that machine (`executors.memory`).
+    # MiB of XLA temporaries a CPU host's computations in flight may take together, and of
+    # buffers it may hold; None: half (35%) of its machine's memory, shared by the hosts
+    # placed on that machine (`executors.memory`).
     temp_mb: int | None = None
+    buffer_mb: int | None = None
     # Ray's token: read from (or, for a Ray this pool starts, written to) this file.
     token_file: Path | None = None
     insecure: bool = False  # join an external Ray without token authentication
@@ -91,13 +93,13 @@ class RayOptions:
 
 
 def _new_actor(host: HostSpec, hosts: Iterable[HostSpec], options: RayOptions, generation: int) -> Any:
-    """An executor for `host`, its temporaries' budget shared with the cluster's other hosts
+    """An executor for `host`, its memory budgets shared with the cluster's other hosts
     on its machine: those pinned to its node, or, unpinned, every other unpinned host (all
     on one machine in the embedded default; fewer share a machine wherever Ray spreads them,
     so the share is never too large)."""
     sharing = sum(1 for h in hosts if h.node == host.node)
     return new_actor(host, options.namespace, options.wait_timeout_s, options.in_flight, generation,
-                     options.detached, TempBudget(options.temp_mb, max(1, sharing)))
+                     options.detached, Budget(options.temp_mb, options.buffer_mb, max(1, sharing)))
 
 
 async def _answer(ref: Any) -> Any:

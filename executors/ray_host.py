@@ -29,7 +29,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from executors.channel import Link, PeerListener, serve
 from executors.host import Host
-from executors.memory import MACHINE, TempBudget
+from executors.memory import MACHINE, Budget
 from executors.messages import Payload, Shards, Whole
 from ir import Unavailable
 from resource_manager import HostSpec
@@ -74,14 +74,14 @@ def parse_actor_name(name: str) -> tuple[str, int] | None:
 
 
 def new_actor(host: HostSpec, namespace: str, wait_timeout_s: int, in_flight: int, generation: int,
-              detached: bool = False, temp: TempBudget = MACHINE) -> Any:
+              detached: bool = False, budget: Budget = MACHINE) -> Any:
     """An executor for `host`; `detached`, it outlives the server that started it (a new
     server adopts it, `executors.islands`)."""
     options = _actor_options(host, wait_timeout_s, generation)
     if detached:
         options["lifetime"] = "detached"
     return ray.remote(RayHost).options(**options).remote(host.name, namespace, wait_timeout_s, in_flight,
-                                                         temp)
+                                                         budget)
 
 
 def _actor_options(host: HostSpec, wait_timeout_s: int, generation: int) -> dict[str, Any]:
@@ -128,8 +128,8 @@ class RayHost(Host):
     """A `Host` whose sends go straight to the peer host: over its channel, else its actor."""
 
     def __init__(self, host: str, namespace: str, wait_timeout_s: float, in_flight: int,
-                 temp: TempBudget) -> None:
-        super().__init__(host, wait_timeout_s, in_flight, temp)
+                 budget: Budget) -> None:
+        super().__init__(host, wait_timeout_s, in_flight, budget)
         self._namespace = namespace
         self._peers: dict[str, Any] = {}  # host -> its actor
         self._addresses: dict[str, tuple[str, int]] = {}  # host -> its peers' listener

@@ -89,6 +89,13 @@ class ResourceManager:
             )
         return self._devices[device_id]
 
+    def host_memory(self, host: str) -> int | None:
+        """The memory the host's devices offer buffers together, as its executor reported
+        it (None where a device did not say)."""
+        self._host(host)
+        memory = [d.memory_bytes for d in self._devices if d.host == host]
+        return None if None in memory else sum(m for m in memory if m is not None)
+
     def islands(self) -> list[str]:
         return [i.name for i in self._spec.islands]
 

@@ -295,13 +295,16 @@ class Programs:
         (`run` checks them; `call` chose the program by the inputs' types)."""
         self._runnable(rec)
         _, plans = self._lowered(owner, rec)
-        held = holds(rec, plans, self.service.quotas.buffer_bytes)
-        self.service.check_room(owner, [t.aval for t in rec.result_types], submits=1, held=held)
+        holds(rec, plans, self.service.quotas.buffer_bytes)
+        slices = [self.service.slice(owner, t.slice) for t in rec.result_types]
+        footprints = self.service.check_room(
+            owner, [(s, t.aval, t.spec) for s, t in zip(slices, rec.result_types, strict=True)], submits=1,
+            held={host: plan.held for host, plan in plans.items() if plan.held})
         new = self.service.output_ids(owner, ids, len(rec.result_types), "ids")
-        outs = [BufferRecord(b, owner.id, t.slice, self.service.slice(owner, t.slice).hosts, t.aval, t.spec)
-                for b, t in zip(new, rec.result_types, strict=True)]
+        outs = [BufferRecord(b, owner.id, t.slice, s.hosts, t.aval, t.spec)
+                for b, s, t in zip(new, slices, rec.result_types, strict=True)]
         self._dispatch(owner, rec, inputs, new, dispatch, plans)
-        self.service.registry.add_buffers(owner, outs)
+        self.service.add_buffers(owner, outs, footprints)
         self.service.lineage.ran(Origin(rec, owner.id, tuple(inputs), tuple(new)))
         return outs
 

@@ -10,6 +10,7 @@ Contract:
   on the server, when the old server stopped). A buffer that had failed keeps its cause.
 - Values the executors hold that no record names (a request the old server had not
   answered) are freed, as are those of buffers lost here.
+- Every buffer whose slice is restored counts on its hosts' memory again, lost or not.
 - A record that can no longer be restored (a slice whose devices the cluster no longer
   has, say) is dropped with a log line; its buffers read as lost.
 """
@@ -68,6 +69,11 @@ def restore(service: Service, loaded: Loaded, adopted: Mapping[str, Adopted]) ->
 def _buffers(service: Service, adopted: Mapping[str, Adopted], gone_slices: set[str]) -> None:
     gone, unfinished = [], []
     for b, rec in service.buffers.items():
+        try:  # its bytes on its hosts, lost or not (`server.host_memory`)
+            s = service.rm.get_slice(rec.slice_id)
+            service.memory.charge(b, service.memory.footprint(s, rec.aval, rec.spec))
+        except IsthmusError:  # its slice is gone: it holds nothing
+            gone_slices.add(rec.slice_id)
         if b in service.lost:
             continue
         if rec.slice_id in gone_slices or not all(h in adopted for h in rec.hosts):

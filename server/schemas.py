@@ -112,6 +112,11 @@ class HostPublic(BaseModel):
         None, description="the first failed cross-host collective (the island's group is broken)")
     requests: int = Field(0, description="sequenced requests the host has received")
     buffers: int = Field(0, description="buffers (every client's) held on the host")
+    buffer_bytes: int = Field(0, description="bytes the server counts for the buffers (every client's) "
+                                             "on the host: a device's shard times its devices there")
+    buffer_budget_bytes: int | None = Field(
+        None, description="the bytes its executor offers buffers (its devices' memory_bytes); the CPU "
+                          "hosts of one machine share what they offer")
     arrays: int = Field(0, description="arrays alive in the executor's JAX (device memory held)")
     executables: int = Field(0, description="compiled executables cached on the host")
     plans: int = Field(0, description="program plans cached on the host")

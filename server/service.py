@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 from executors import ExecutorPool, RayOptions, State
@@ -39,6 +39,7 @@ from server.auth import Admin, Credentials
 from server.caches import HostCaches
 from server.gang import Gangs
 from server.healing import Healer
+from server.host_memory import Footprint, HostMemory
 from server.lineage import Lineage, Upload
 from server.membership import watch_nodes
 from server.programs import Programs
@@ -70,6 +71,7 @@ class Service:
         self._placed: dict[int, tuple[Slice, Placement]] = {}
         self.credentials = Credentials(admin_token)
         self.quotas = Quotas.of(settings)
+        self.memory = HostMemory(rm)  # buffers' bytes on the hosts, against what they offer
         self.caches = HostCaches(pool.forget)
         # Client artifacts are read in processes of their own, shared fairly (server.readers).
         self.readers = Readers(settings.artifact_readers)
@@ -117,6 +119,7 @@ class Service:
             wait_timeout_s=max(1, round(settings.step_timeout_s)),
             in_flight=settings.executor_in_flight,
             temp_mb=settings.executor_temp_mb,
+            buffer_mb=settings.executor_buffer_mb,
             token_file=settings.ray_token_file,
             insecure=settings.insecure_ray,
             detached=True,
@@ -316,26 +319,40 @@ class Service:
                 f"body has {len(data)} bytes; an array {aval} needs exactly {aval.nbytes} "
                 "(raw little-endian bytes in C order, nothing else)"
             )
-        self.check_room(owner, [aval])
+        [footprint] = self.check_room(owner, [(s, aval, spec)])
         rec = BufferRecord(new, owner.id, s.id, tuple(s.hosts), aval, spec)
         upload = Upload(data, s.id, aval, spec)
         if s.island in self.restarting:  # for its new executors, once they are up
             queued_put(self, owner, s, rec.id, upload)
         else:
             self.pool.put(rec.hosts, rec.id, data, aval.dtype, aval.shape, self.mesh(s), spec.to_json())
-        self.registry.add_buffers(owner, [rec])
+        self.add_buffers(owner, [rec], [footprint])
         self.lineage.uploaded(rec.id, upload)
         return rec
 
-    def check_room(self, owner: ClientRecord, avals: Sequence[Aval], submits: int = 0, held: int = 0) -> None:
+    def check_room(self, owner: ClientRecord, outputs: Sequence[tuple[Slice, Aval, Spec]], submits: int = 0,
+                   held: Mapping[str, int] | None = None) -> list[Footprint]:
         """Refuse buffers (and a queued submission whose run holds `held` bytes of its own
-        values at once, at most) past the client's quotas."""
-        self.quotas.check("buffers", len(owner.buffers), len(avals))
-        why = f" ({held} of them the intermediate values its run holds at once)" if held else ""
-        more = sum(a.nbytes for a in avals) + held
+        values at once on each host, at most) past the client's quotas or the memory of
+        their hosts (`server.host_memory`); the bytes each output takes on each host."""
+        held = held or {}
+        self.quotas.check("buffers", len(owner.buffers), len(outputs))
+        total = sum(held.values())
+        why = f" ({total} of them the intermediate values its run holds at once)" if total else ""
+        more = sum(aval.nbytes for _, aval, _ in outputs) + total
         self.quotas.check("buffer_bytes", owner.buffer_bytes, more, " bytes", why)
         if submits:
             self.quotas.check("queued", self.gangs.waiting[owner.id], submits)
+        footprints = [self.memory.footprint(s, aval, spec) for s, aval, spec in outputs]
+        self.memory.check([*footprints, held], " (with the values its run holds at once)" if total else "")
+        return footprints
+
+    def add_buffers(self, owner: ClientRecord, recs: Sequence[BufferRecord],
+                    footprints: Sequence[Footprint]) -> None:
+        """Register new buffers, their bytes counted on their hosts."""
+        self.registry.add_buffers(owner, recs)
+        for rec, footprint in zip(recs, footprints, strict=True):
+            self.memory.charge(rec.id, footprint)
 
     def output_ids(self, owner: ClientRecord, chosen: Sequence[str] | None, count: int,
                    what: str) -> list[str]:
@@ -467,6 +484,7 @@ class Service:
             self.freeing.update(waiting)
             self.gangs.later(waiting, lambda: self.freeing.difference_update(waiting))
         self.registry.remove_buffers(owner, buffer_ids)
+        self.memory.discharge(buffer_ids)
         for b in buffer_ids:
             self.lineage.release(b)
         self.settling.forget(buffer_ids)

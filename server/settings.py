@@ -62,6 +62,11 @@ class Settings(BaseSettings):
     # flight may take together; one needing more alone fails to compile. Default: half the
     # memory of the host's machine (its cgroup's limit, if lower) shared by the hosts on it.
     executor_temp_mb: int | None = Field(None, ge=1)
+    # MiB of buffers a CPU host may hold; past it (summed over the hosts of one machine) a
+    # new buffer is refused (429). Default: 35% of the host's machine's memory (its cgroup's
+    # limit, if lower) shared by the hosts on it: with the temporaries' half, the rest is the
+    # server's, Ray's and the system's (server/host_memory.py).
+    executor_buffer_mb: int | None = Field(None, ge=1)
     # Joining a cluster whose nodes' labels name the islands: how often to look for nodes
     # labelled since, which then become hosts (server/membership.py).
     node_poll_s: float = Field(5.0, gt=0, le=3600)

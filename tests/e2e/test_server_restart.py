@@ -63,6 +63,7 @@ def test_a_server_killed_and_started_again_carries_on_with_the_clients_handles(t
             c.flush()  # sent: the server has them when it dies
             until(lambda: "run p-" in str(admin_hosts(servers[0].address, token)[s.hosts[0]]["running"]),
                   60, "the loop running")
+            held = admin_hosts(servers[0].address, token)[s.hosts[0]]["buffer_bytes"]
             os.kill(servers[0].pid, signal.SIGKILL)
             servers[0].process.wait(30)
 
@@ -72,6 +73,8 @@ def test_a_server_killed_and_started_again_carries_on_with_the_clients_handles(t
             np.testing.assert_array_equal(x.numpy(), x0)
             np.testing.assert_array_equal(y.numpy(), x0 * 2.0 + 1.0)
             restart_s = time.monotonic() - started
+            # Its buffers count on the host's memory again, those lost with the restart too.
+            assert held > 0 and admin_hosts(servers[1].address, token)[s.hosts[0]]["buffer_bytes"] == held
             want = x0
             for _ in range(300):
                 want = want * np.float32(2.0) + np.float32(1.0)

@@ -5,16 +5,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from executors.memory import MIB, TempBudget, check, machine_memory, working_bytes
+from executors.memory import MIB, Budget, check, machine_memory, working_bytes
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
 
-def test_the_default_budget_is_half_the_machine_shared_by_its_hosts():
-    assert TempBudget(sharing=4).bytes(machine=24 << 30) == 3 << 30
-    assert TempBudget().bytes(machine=1000) == 500
-    assert TempBudget(mb=64, sharing=4).bytes(machine=1 << 40) == 64 * MIB
-    assert 0 < TempBudget().bytes() <= machine_memory()
+def test_the_default_budgets_are_shares_of_the_machine_divided_among_its_hosts():
+    assert Budget(sharing=4).temp_bytes(machine=24 << 30) == 3 << 30
+    assert Budget().temp_bytes(machine=1000) == 500
+    assert Budget(temp_mb=64, sharing=4).temp_bytes(machine=1 << 40) == 64 * MIB
+    assert 0 < Budget().temp_bytes() <= machine_memory()
+    assert Budget(sharing=4).buffer_bytes(machine=4000) == 350
+    assert Budget(buffer_mb=100, sharing=4).buffer_bytes(machine=1 << 40) == 100 * MIB
+    assert Budget(temp_mb=64).buffer_bytes(machine=1000) == 350  # each set alone
 
 
 def test_a_cgroup_limit_below_the_machine_is_the_memory(tmp_path):

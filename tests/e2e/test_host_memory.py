@@ -1,0 +1,82 @@
+"""Buffers are bounded by what their hosts' machine can hold, not only per client: clients
+each within their quota cannot, together, fill a machine until the kernel kills executors.
+
+A server of its own whose CPU hosts offer buffers 2 MiB each (`executor_buffer_mb`): the
+default cluster's four hosts share one machine, so their buffers may take 8 MiB together."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+from servers import module_server
+
+import client as isthmus
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+MIB = 1 << 20
+ENV = {"ISTHMUS_EXECUTOR_BUFFER_MB": "2", "ISTHMUS_MAX_BUFFER_MB": "1"}
+
+
+server = module_server("isthmus-host-memory", ENV)
+
+
+def test_each_cpu_device_shows_its_share_of_what_its_host_offers(server):
+    address, token = server
+    devices = httpx.get(f"{address}/v1/devices", headers={"Authorization": f"Bearer {token}"}).json()
+    assert {d["memory_bytes"] for d in devices} == {2 * MIB // 4}
+
+
+def test_replicated_buffers_of_clients_within_their_quotas_are_refused_once_the_machine_is_full(server):
+    """768 KiB replicated over a 4-device host takes 3 MiB of it: two clients fit (6 of the
+    8 MiB), a third is refused with 429, naming the host and the figures, whatever host its
+    slice is on; a release makes room, and nothing stored is lost."""
+    address, token = server
+    value = np.arange(192 * 1024, dtype=np.float32)  # 768 KiB, within each client's 1 MiB
+    with (isthmus.connect(address, token=token, name="first") as a,
+          isthmus.connect(address, token=token, name="second") as b,
+          isthmus.connect(address, token=token, name="third") as c):
+        held = a.put(value, a.slice({"x": 4}))
+        b_slice = b.slice({"x": 4})
+        also = b.put(value, b_slice)
+        c_slice = c.slice({"x": 4})
+        full = (rf"host memory: host {c_slice.hosts[0]}: {6 * MIB} bytes of buffers held, {3 * MIB} bytes "
+                rf"more would pass the {8 * MIB} bytes its executors offer buffers")
+        with pytest.raises(isthmus.OverQuota, match=full):
+            c.put(value, c_slice)
+        small = c.put(np.ones(4, np.float32), c_slice)  # what fits still goes
+        double = c.jit(lambda v: v * 2, slice=c_slice)
+        with pytest.raises(isthmus.OverQuota, match="host memory"):  # a call's output counts too
+            double(c.put(value[: 64 * 1024], c_slice)).result()  # 1 MiB in, 1 MiB more out
+        also.delete()
+        b.buffers()  # its release goes with the client's next request
+        part = value[: 64 * 1024]
+        np.testing.assert_array_equal(double(c.put(part, c_slice)).numpy(), part * 2)
+        np.testing.assert_array_equal(held.numpy(), value)
+        np.testing.assert_array_equal(small.numpy(), np.ones(4, np.float32))
+
+
+def host_row(address: str, token: str, host: str) -> dict:
+    islands = httpx.get(f"{address}/v1/islands", headers={"Authorization": f"Bearer {token}"}).json()
+    return next(h for i in islands for h in i["hosts"] if h["name"] == host)
+
+
+def test_a_sharded_buffer_takes_a_shard_per_device_and_the_islands_show_the_bytes(server):
+    address, token = server
+    value = np.arange(64 * 1024, dtype=np.float32)  # 256 KiB
+    with isthmus.connect(address, token=token, name="sharded") as c:
+        s = c.slice({"x": 4})
+        [host] = s.hosts
+        before = host_row(address, token, host)["buffer_bytes"]
+        sharded = c.put(value, s, P("x"))
+        assert host_row(address, token, host)["buffer_bytes"] == before + 256 * 1024
+        replicated = c.put(value, s)
+        row = host_row(address, token, host)
+        assert row["buffer_bytes"] == before + 5 * 256 * 1024
+        assert row["buffer_budget_bytes"] == 2 * MIB
+        sharded.delete()
+        replicated.delete()
+        c.buffers()  # the releases have gone
+        assert host_row(address, token, host)["buffer_bytes"] == before
