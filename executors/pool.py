@@ -75,8 +75,8 @@ class RayOptions:
     # Computations an executor issues without waiting for them (docs/architecture.md).
     in_flight: int = IN_FLIGHT
     # MiB of XLA temporaries a CPU host's computations in flight may take together, and of
-    # buffers it may hold; None: half (35%) of its machine's memory, shared by the hosts
-    # placed on that machine (`executors.memory`).
+    # buffers it may hold; None: half of its machine's memory for the one, 35% for the
+    # other, shared by the hosts placed on that machine (`executors.memory`).
     temp_mb: int | None = None
     buffer_mb: int | None = None
     # Ray's token: read from (or, for a Ray this pool starts, written to) this file.
