@@ -42,6 +42,7 @@ class _Queued:
     touches: tuple[str, ...]  # buffers (inputs and outputs) that wait for its admission
     held: tuple[str, ...]  # buffers that wait until it has run (outputs written only then)
     outputs: tuple[str, ...] = ()  # the buffers it produces
+    reads: tuple[str, ...] = ()  # its inputs: read until it has run (`after_reads`)
 
 
 class Gangs:
@@ -59,6 +60,8 @@ class Gangs:
         self.admitted: dict[str, Counter[str]] = {i: Counter() for i in islands}  # island -> client -> cost
         self._paused: set[str] = set()  # islands admitting nothing (their executors are being replaced)
         self.waiting: Counter[str] = Counter()  # client -> its submissions not yet admitted
+        self._reading: Counter[str] = Counter()  # buffer -> admitted submissions reading it, not yet run
+        self._unread: dict[str, asyncio.Event] = {}
         self._tasks = Tasks()
 
     def add_island(self, island: str) -> None:
@@ -82,9 +85,9 @@ class Gangs:
     # -- submissions -------------------------------------------------------------------------
 
     def submit(self, island: str, sub: Submission, start: Start, touches: Sequence[str],
-               held: Sequence[str] = (), outputs: Sequence[str] = ()) -> None:
+               held: Sequence[str] = (), outputs: Sequence[str] = (), reads: Sequence[str] = ()) -> None:
         """Queue a submission; `touches` wait for its admission, `held` until it has run;
-        `outputs` are what it produces.
+        `outputs` are what it produces, `reads` what it reads (`after_reads`).
 
         A submission reading a buffer that work queued on another island still touches
         enters its own island's queue only once that work is admitted: each island orders
@@ -94,7 +97,8 @@ class Gangs:
         # Admitted before this returns (nothing queued on the island, room in its window):
         # its touches would be released as soon as held, and nothing can look in between.
         at_once = not others and island not in self._paused and self.schedulers[island].admits_at_once()
-        queued = _Queued(island, start, () if at_once else tuple(touches), tuple(held), tuple(outputs))
+        queued = _Queued(island, start, () if at_once else tuple(touches), tuple(held), tuple(outputs),
+                         tuple(reads))
         self.waiting[sub.client] += 1
         self._hold(queued)
         if not others:
@@ -143,6 +147,7 @@ class Gangs:
             queued = self._queued.pop(sub_id)
             self._admitted_or_gone(sub.client)
             self.admitted[island][sub.client] += sub.cost
+            self._reading.update(queued.reads)
             try:
                 running = queued.start()  # numbered on its hosts now, in admission order
             except Exception:
@@ -150,29 +155,38 @@ class Gangs:
                 running = asyncio.sleep(0)
             self._release(island, queued.touches)  # only now may requests on its buffers be numbered
             if isinstance(running, asyncio.Future):  # a run's settling: no task to wait for it
-                running.add_done_callback(functools.partial(self._ran, island, sub_id, queued.held))
+                running.add_done_callback(functools.partial(self._ran, island, sub_id, queued))
             else:
-                self._tasks.spawn(self._run(island, sub_id, running, queued.held))
+                self._tasks.spawn(self._run(island, sub_id, running, queued))
 
-    async def _run(self, island: str, sub_id: str, running: Awaitable[None], held: Sequence[str]) -> None:
+    async def _run(self, island: str, sub_id: str, running: Awaitable[None], queued: _Queued) -> None:
         try:
             await running
         except Exception:  # its outputs carry the failure; the island goes on
             log.exception("island %s: submission %s failed", island, sub_id)
         # (cancelled at shutdown: nothing more to admit)
-        self._finished(island, sub_id, held)
+        self._finished(island, sub_id, queued)
 
-    def _ran(self, island: str, sub_id: str, held: Sequence[str], running: asyncio.Future[None]) -> None:
+    def _ran(self, island: str, sub_id: str, queued: _Queued, running: asyncio.Future[None]) -> None:
         if running.cancelled():  # shutdown: nothing more to admit
             return
         if running.exception() is not None:  # its outputs carry the failure; the island goes on
             log.error("island %s: submission %s failed", island, sub_id, exc_info=running.exception())
-        self._finished(island, sub_id, held)
+        self._finished(island, sub_id, queued)
 
-    def _finished(self, island: str, sub_id: str, held: Sequence[str]) -> None:
-        self._release(island, held)
+    def _finished(self, island: str, sub_id: str, queued: _Queued) -> None:
+        self._release(island, queued.held)
+        self._unread_by(queued.reads)
         self.schedulers[island].done(sub_id)
         self._pump(island)
+
+    def _unread_by(self, buffers: Sequence[str]) -> None:
+        self._reading.subtract(buffers)
+        for b in set(buffers):
+            if self._reading[b] <= 0:
+                self._reading.pop(b, None)
+                if b in self._unread:  # (its waiter looks again: queued work may read it still)
+                    self._unread.pop(b).set()
 
     def cancel_client(self, client: str) -> None:
         """Drop a closing client's queued submissions (its records go with it)."""
@@ -228,6 +242,23 @@ class Gangs:
         for b in buffer_ids:
             if self._touched(b):
                 await self._cleared.setdefault(b, asyncio.Event()).wait()
+
+    def after_reads(self, buffer_ids: Sequence[str], act: Callable[[], None]) -> None:
+        """Run `act` once no submission, queued or admitted, still reads or writes these
+        buffers (at once if none does): their hosts have let go of them by then."""
+        if not any(b in self._all or b in self._reading for b in buffer_ids):
+            act()
+            return
+
+        async def wait_then_act() -> None:
+            for b in buffer_ids:
+                while self._touched(b) or b in self._reading:
+                    await self.cleared([b])
+                    if b in self._reading:
+                        await self._unread.setdefault(b, asyncio.Event()).wait()
+            act()
+
+        self._tasks.spawn(wait_then_act())
 
     def later(self, buffer_ids: Sequence[str], act: Callable[[], None]) -> None:
         """Run `act` once no queued submission touches these buffers (at once if none does)."""

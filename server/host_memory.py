@@ -14,14 +14,15 @@ Contract:
 - `check(adds)` refuses (`OverQuota`, 429) what would take a pool past it, naming the host,
   the bytes held, the bytes more and the pool's size; a host whose devices did not say is
   not bounded. A buffer counts from when it is registered (a queued computation's output
-  included: it will be there) until it is released, a lost one too (its lineage may make
-  it again in place).
+  included: it will be there) until it is released and no submission, queued or running,
+  reads it any more (`Gangs.after_reads`: its host frees it only then), a lost one too (its
+  lineage may make it again in place).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from ir import Aval, Spec
 from ir.passes.footprint import per_device
@@ -67,11 +68,12 @@ class HostMemory:
             held = self.held.get(pool, 0)
             if size is not None and held + nbytes > size:
                 host = first[pool]
-                shared = "" if pool == host else f" (shared by the hosts on its machine, {pool})"
+                shared, elsewhere = ((f" (shared by the hosts on its machine, {pool})", "its machine's hosts")
+                                     if pool != host else ("", "it, or place the slice on another host"))
                 raise OverQuota(
                     f"host memory: host {host}: {held} bytes of buffers held, {nbytes} bytes more{why} "
                     f"would pass the {size} bytes its executors offer buffers{shared} "
-                    "(executor_buffer_mb); free buffers there, or place the slice on another host")
+                    f"(executor_buffer_mb); free buffers on {elsewhere}")
 
     def charge(self, buffer_id: str, footprint: Mapping[str, int]) -> None:
         self._refresh()
@@ -83,10 +85,28 @@ class HostMemory:
             self.on_host[host] = self.on_host.get(host, 0) + nbytes
 
     def discharge(self, buffer_ids: Iterable[str]) -> None:
-        for b in buffer_ids:
-            for host, nbytes in self._charges.pop(b, ()):
+        self.release(buffer_ids)()
+
+    def release(self, buffer_ids: Iterable[str]) -> Callable[[], None]:
+        """Take these buffers off the books; their bytes stay counted until the function
+        returned is called (once their hosts have let go of them), whatever takes their ids
+        meanwhile."""
+        taken = [charge for b in buffer_ids for charge in self._charges.pop(b, ())]
+
+        def free() -> None:
+            for host, nbytes in taken:
                 self.held[self._pools[host]] -= nbytes
                 self.on_host[host] -= nbytes
+            taken.clear()  # (once)
+
+        return free
+
+    def pool(self, host: str) -> tuple[str, int | None]:
+        """The host's pool and the bytes left in it (None: not bounded)."""
+        self._refresh()
+        pool = self._pools[host]
+        size = self._sizes[pool]
+        return pool, None if size is None else size - self.held.get(pool, 0)
 
     def _refresh(self) -> None:
         """Work the pools out again if a host has joined since."""

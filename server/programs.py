@@ -361,7 +361,7 @@ class Programs:
         # Held until it has run: its record's executables and plans stay on the hosts until then.
         record = record_key(rec.computation.id if rec.computation is not None else rec.id)
         self.service.gangs.submit(island, sub, start, [*inputs, *([] if sequential else outputs)],
-                                  [*(outputs if sequential else []), record], outputs=outputs)
+                                  [*(outputs if sequential else []), record], outputs=outputs, reads=inputs)
 
     def _tracked(self, run_id: str, owner_id: str, hosts: tuple[str, ...],
                  start: Callable[[], Awaitable[None]], slices: frozenset[str]

@@ -116,7 +116,11 @@ class HostPublic(BaseModel):
                                              "on the host: a device's shard times its devices there")
     buffer_budget_bytes: int | None = Field(
         None, description="the bytes its executor offers buffers (its devices' memory_bytes); the CPU "
-                          "hosts of one machine share what they offer")
+                          "hosts of one machine pool what they offer (buffer_pool)")
+    buffer_pool: str | None = Field(None, description="the hosts whose buffers share one budget: the host "
+                                                      "itself, or the CPU hosts of its machine")
+    buffer_pool_free_bytes: int | None = Field(
+        None, description="the bytes of buffers its pool can still take (null: not bounded)")
     arrays: int = Field(0, description="arrays alive in the executor's JAX (device memory held)")
     executables: int = Field(0, description="compiled executables cached on the host")
     plans: int = Field(0, description="program plans cached on the host")

@@ -484,7 +484,7 @@ class Service:
             self.freeing.update(waiting)
             self.gangs.later(waiting, lambda: self.freeing.difference_update(waiting))
         self.registry.remove_buffers(owner, buffer_ids)
-        self.memory.discharge(buffer_ids)
+        self.gangs.after_reads(buffer_ids, self.memory.release(buffer_ids))  # counted until freed
         for b in buffer_ids:
             self.lineage.release(b)
         self.settling.forget(buffer_ids)

@@ -7,9 +7,12 @@ default cluster's four hosts share one machine, so their buffers may take 8 MiB 
 from __future__ import annotations
 
 import httpx
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
+from polling import until
 from servers import module_server
 
 import client as isthmus
@@ -75,8 +78,34 @@ def test_a_sharded_buffer_takes_a_shard_per_device_and_the_islands_show_the_byte
         replicated = c.put(value, s)
         row = host_row(address, token, host)
         assert row["buffer_bytes"] == before + 5 * 256 * 1024
-        assert row["buffer_budget_bytes"] == 2 * MIB
+        assert row["buffer_budget_bytes"] == 2 * MIB and row["buffer_pool"] == "unpinned hosts"
+        pool = sum(h["buffer_bytes"] for i in httpx.get(f"{address}/v1/islands", headers={
+            "Authorization": f"Bearer {token}"}).json() for h in i["hosts"])
+        assert row["buffer_pool_free_bytes"] == 8 * MIB - pool  # the four hosts' pool
         sharded.delete()
         replicated.delete()
         c.buffers()  # the releases have gone
         assert host_row(address, token, host)["buffer_bytes"] == before
+
+
+def test_a_released_buffer_counts_until_the_work_reading_it_has_run(server):
+    """Its host frees a released buffer only once the queued work reading it has run: the
+    server counts it until then (before, a client could place uploads faster than a slow
+    computation let them go, uncounted, past the machine's budget)."""
+    address, token = server
+    with isthmus.connect(address, token=token, name="behind") as c:
+        s = c.slice({"x": 4})
+        [host] = s.hosts
+        slow = c.jit(lambda v: jax.lax.fori_loop(0, 400_000, lambda i, a: jnp.tanh(a @ a),
+                                                 jnp.ones((64, 64)) * v[0]).sum(), slice=s)
+        use = c.jit(lambda b, w: b[:4] + 0 * w, slice=s)
+        v = c.put(np.ones(4, np.float32), s)
+        w = slow(v)  # seconds of work on the host
+        before = host_row(address, token, host)["buffer_bytes"]
+        x = c.put(np.ones(64 * 1024, np.float32), s)  # 1 MiB on the host, replicated
+        out = use(x, w)  # queued behind the slow computation
+        x.delete()
+        c.buffers()  # the release has gone
+        assert host_row(address, token, host)["buffer_bytes"] == before + MIB + 64  # x, and out's 4 floats
+        np.testing.assert_array_equal(out.numpy(), np.ones(4, np.float32))
+        until(lambda: host_row(address, token, host)["buffer_bytes"] == before + 64, 30, "x uncounted")

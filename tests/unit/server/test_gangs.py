@@ -147,3 +147,33 @@ async def test_a_paused_island_queues_and_admits_in_order_once_resumed(gangs):
     assert g.queued_outputs("a") == {"out0", "out1", "out2"}  # none of them exists yet
     g.resume("a")
     assert host.numbered == ["s0", "s1", "s2"] and g.queued_outputs("a") == set()
+
+
+async def test_after_reads_waits_until_the_queued_and_running_readers_have_run(gangs):
+    """A released input's bytes are counted until its host lets go of it: after every
+    submission reading it has run, not when the last is admitted (`Gangs.after_reads`)."""
+    g, host = gangs("fifo", 1), Host()
+    for k in range(2):  # s0 admitted and running, s1 queued behind it; both read "x"
+        g.submit("a", Submission(f"s{k}", "c", ("a0",)), host.start(f"s{k}"), ["x", f"y{k}"],
+                 [f"y{k}"], outputs=[f"y{k}"], reads=["x"])
+    freed: list[str] = []
+    g.after_reads(["x"], lambda: freed.append("x"))
+    g.after_reads(["z"], lambda: freed.append("z"))  # nothing reads it: at once
+    assert freed == ["z"]
+    host.gates["s0"].set()
+    await settle()
+    assert host.numbered == ["s0", "s1"] and freed == ["z"]  # s1 admitted: "x" is still read
+    host.gates["s1"].set()
+    await settle()
+    assert freed == ["z", "x"]
+
+
+async def test_after_reads_fires_when_the_only_reader_is_cancelled(gangs):
+    g, host = gangs("fifo", 1), Host()
+    g.submit("a", Submission("s0", "c", ("a0",)), host.start("s0"), ["w"])
+    g.submit("a", Submission("s1", "d", ("a0",)), host.start("s1"), ["x"], reads=["x"])
+    freed: list[str] = []
+    g.after_reads(["x"], lambda: freed.append("x"))
+    g.cancel_client("d")
+    await settle()
+    assert freed == ["x"]

@@ -42,12 +42,13 @@ def test_cpu_hosts_on_one_machine_share_one_pool_and_a_release_gives_room_back()
     memory.charge("b2", one)  # the machine is full, though its other host holds nothing
     full = (rf"host memory: host {s.hosts[0]}: 4096 bytes of buffers held, 1 bytes more would pass the 4096 "
             r"bytes its executors offer buffers \(shared by the hosts on its machine, unpinned hosts\) "
-            r"\(executor_buffer_mb\)")
+            r"\(executor_buffer_mb\); free buffers on its machine's hosts$")
     with pytest.raises(OverQuota, match=full):
         memory.check([{"a0": 1}])
     memory.discharge(["b1", "b1", "unknown"])  # idempotent
     memory.check([one])
     assert memory.held == {"unpinned hosts": 2 * KIB}
+    assert memory.pool("a1") == ("unpinned hosts", 2 * KIB)
 
 
 def test_hosts_pinned_to_different_nodes_and_gpu_hosts_are_pools_of_their_own():
@@ -58,7 +59,11 @@ def test_hosts_pinned_to_different_nodes_and_gpu_hosts_are_pools_of_their_own():
     for host in ("a0", "a1", "g0", "g1"):
         memory.charge(host, {host: KIB})
     for host in ("a0", "a1", "g0", "g1"):
-        with pytest.raises(OverQuota, match=f"host memory: host {host}: 1024 bytes .* offer buffers"):
+        node = {"a0": "n1", "a1": "n2"}.get(host)
+        alone = "" if node is None else f" \\(shared by the hosts on its machine, node {node}\\)"
+        where = "it, or place the slice on another host" if host[0] == "g" else "its machine's hosts"
+        with pytest.raises(OverQuota, match=f"host memory: host {host}: 1024 bytes .* offer buffers{alone} "
+                                            f".executor_buffer_mb.; free buffers on {where}$"):
             memory.check([{host: 1}])
 
 
