@@ -127,6 +127,16 @@ class Buffer(Shaped):
             self._value = None
             self._futures.release(self.id)
 
+    def donate(self) -> None:
+        """Given to a call that takes it over (`client.donation`): unusable here, and freed
+        by the server with the call, once the call is accepted (no release of its own)."""
+        self._deleted = True
+        self._value = None
+
+    def undonate(self) -> None:
+        """The call it was donated to was refused: it is the caller's again."""
+        self._deleted = False
+
     def is_deleted(self) -> bool:
         return self._deleted
 

@@ -1,12 +1,14 @@
 """Donated arguments of a jitted function, as `jax.jit`'s `donate_argnums` / `donate_argnames`.
 
 In JAX a donated argument's memory may be reused for the results, and the caller must not
-use the argument again. Here the buffers of a donated argument are deleted as the call is
-queued: their release travels after the call, so the executors free each value once the
-call has read it, and using a donated `Buffer` again raises `NotFound` (JAX raises for a
-deleted array). What donating saves is the value's lifetime (a training step's old
-parameters are freed by the step, not when Python drops them); the executors do not alias
-the donated memory into the results, as an exported artifact carries no donation. An
+use the argument again. Here the buffers of a donated argument are the call's once it is
+queued: they travel with it, the server frees them after it if it accepts it (the
+executors free each value once the call has read it), and using a donated `Buffer` again
+raises `NotFound` (JAX raises for a deleted array). A call the server refuses (a quota,
+the host's memory) leaves them: they are usable again once the refusal is known. What
+donating saves is the value's lifetime (a training step's old parameters are freed by the
+step, not when Python drops them); the executors do not alias the donated memory into the
+results, as an exported artifact carries no donation. An
 argument that is no `Buffer` (a numpy array, a Python scalar) is uploaded for the call
 alone and released after it anyway. Numbers and names follow `jax.jit`: positions count
 every positional argument, static ones included, and a static argument cannot be donated.

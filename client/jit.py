@@ -107,14 +107,16 @@ class Function:
         ))
         exported = self.export(args, kwargs, sig)
         # without array results there is nothing to compute: a JAX function has no other effect
-        outs = self._call(sig, exported, arrays) if exported.outputs else []
-        for b in donated:  # released after the call, which reads them (`client.donation`)
-            b.delete()
-        return exported.tree(outs)
+        if not exported.outputs:
+            for b in donated:
+                b.delete()
+            return exported.tree([])
+        return exported.tree(self._call(sig, exported, arrays, donated))  # the call frees them
 
-    def _call(self, sig: Signature, exported: Export,
-              arrays: list[Buffer | tuple[np.ndarray, View]]) -> list[Buffer]:
-        """Queue one call of `exported` (registered on first use) on `arrays`."""
+    def _call(self, sig: Signature, exported: Export, arrays: list[Buffer | tuple[np.ndarray, View]],
+              donated: Sequence[Buffer] = ()) -> list[Buffer]:
+        """Queue one call of `exported` (registered on first use) on `arrays`, taking over
+        the `donated` buffers (`client.donation`)."""
         session, registered = self._session, self._registered
         assert session is not None and registered is not None, \
             "a Function made without a session can only be traced"
@@ -129,7 +131,7 @@ class Function:
             # Uploads are queued before the call; their release (when dropped) comes after it.
             inputs = [x if isinstance(x, Buffer) else session.put(x[0], self.slice.id, spec, x[1])
                       for x, spec in zip(arrays, exported.in_specs, strict=True)]
-            return session.call(computation, [b.id for b in inputs], exported.outputs)
+            return session.call(computation, [b.id for b in inputs], exported.outputs, donated)
 
     def export(self, args: Any, kwargs: dict[str, Any], sig: Signature) -> Export:
         """The artifact for one signature (cached): `args` and `kwargs` give the pytree its

@@ -39,8 +39,8 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -82,6 +82,7 @@ class Pending:
     body: dict[str, Any]
     outputs: list[weakref.ref[Buffer]]
     size: int = 0  # inline bytes it carries
+    donors: list[Buffer] = field(default_factory=list)  # donated to it: theirs again if it is refused
 
     def fail(self, error: IsthmusError) -> None:
         for ref in self.outputs:
@@ -174,14 +175,19 @@ class Session:
 
     # -- queueing ---------------------------------------------------------------------------
 
-    def call(self, computation_id: str, inputs: list[str],
-             outputs: list[Output]) -> list[Buffer]:
+    def call(self, computation_id: str, inputs: list[str], outputs: list[Output],
+             donated: Sequence[Buffer] = ()) -> list[Buffer]:
         """Queue a call; `outputs` are each output's slice, aval, spec and view (weakly typed,
-        typed PRNG keys)."""
+        typed PRNG keys). `donated` buffers are the call's: the server frees them after it,
+        if it accepts it; if it refuses it, they are usable again."""
         self.check_open()
         outs = [Buffer(self, new_id(self.client_id), s, a, sp, v) for s, a, sp, v in outputs]
-        self._enqueue(Pending({"op": "call", "computation_id": computation_id, "inputs": inputs,
-                               "ids": [b.id for b in outs]}, [weakref.ref(b) for b in outs]))
+        body = {"op": "call", "computation_id": computation_id, "inputs": inputs, "ids": [b.id for b in outs]}
+        if donated:
+            body["donate"] = [b.id for b in donated]
+            for b in donated:
+                b.donate()
+        self._enqueue(Pending(body, [weakref.ref(b) for b in outs], donors=list(donated)))
         return outs
 
     def run(self, program_id: str, inputs: list[str], dispatch: str | None,
@@ -311,6 +317,11 @@ class Session:
             for p, error in failed:
                 if p is not None:
                     p.fail(error)
+                    for b in p.donors:  # refused: the caller's again; unknown: freed either way
+                        if isinstance(error, Unavailable):
+                            self.release(b.id)
+                        else:
+                            b.undonate()
             if answer is None:
                 raise error
             if last:

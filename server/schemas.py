@@ -270,6 +270,9 @@ class CallOp(BaseModel):
     computation_id: Id
     inputs: list[Id] = Field(max_length=MAX_ARRAYS)
     ids: list[Id] = Field(max_length=MAX_ARRAYS, description=OUTPUT_IDS)
+    donate: list[Id] = Field([], max_length=MAX_ARRAYS, description=(
+        "buffers the call takes over (jax.jit's donate_argnums): freed after it if it is accepted; "
+        "a refused call leaves them"))
 
 
 class RunOp(BaseModel):

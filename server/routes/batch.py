@@ -57,6 +57,7 @@ async def submit(op: BatchOp, client: ClientRecord, service: Service) -> None:
         case CallOp():
             with remembered(client, service, op.ids):
                 service.call(client, op.computation_id, op.inputs, op.ids)
+            service.release(client, op.donate)
         case RunOp():
             with remembered(client, service, op.ids):
                 await service.programs.run(client, op.program_id, op.inputs, op.dispatch, op.ids)

@@ -109,3 +109,29 @@ def test_a_released_buffer_counts_until_the_work_reading_it_has_run(server):
         assert host_row(address, token, host)["buffer_bytes"] == before + MIB + 64  # x, and out's 4 floats
         np.testing.assert_array_equal(out.numpy(), np.ones(4, np.float32))
         until(lambda: host_row(address, token, host)["buffer_bytes"] == before + 64, 30, "x uncounted")
+
+
+def test_a_refused_call_leaves_its_donated_arguments_to_the_caller(server):
+    """A training step donating its state, refused for want of room, does not take the
+    state with it: the caller still has it, and the same step runs once there is room."""
+    address, token = server
+    value = np.arange(192 * 1024, dtype=np.float32)  # 3 MiB replicated over a 4-device host
+    state = np.arange(96 * 1024, dtype=np.float32)  # 1.5 MiB so; its update 1.5 MiB more
+    with (isthmus.connect(address, token=token, name="fill1") as f1,
+          isthmus.connect(address, token=token, name="fill2") as f2,
+          isthmus.connect(address, token=token, name="trainer") as c):
+        kept = [f1.put(value, f1.slice({"x": 4})), f2.put(value, f2.slice({"x": 4}))]
+        s = c.slice({"x": 4})
+        p = c.put(state, s)
+        step = c.jit(lambda v: v + 1, slice=s, donate_argnums=0)
+        with pytest.raises(isthmus.OverQuota, match="host memory"):
+            step(p).result()
+        assert not p.is_deleted()
+        np.testing.assert_array_equal(p.numpy(), state)
+        kept.pop().delete()
+        f2.buffers()  # its release has gone
+        p2 = step(p)
+        np.testing.assert_array_equal(p2.numpy(), state + 1)
+        assert p.is_deleted()
+        with pytest.raises(isthmus.NotFound, match="donated"):
+            p.numpy()
