@@ -1,4 +1,5 @@
-"""The server's logic, independent of HTTP: clients, slices, buffers, computations, calls.
+"""The server's logic, independent of HTTP: clients, slices, buffers, computations, calls
+(reading a buffer is `server.reads`).
 
 Every operation takes the calling client's id and sees only that client's objects; an id
 that exists but belongs to another client is reported exactly like one that does not.
@@ -10,26 +11,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any
 
-from executors import ExecutorPool, RayOptions, State
+from executors import ExecutorPool, RayOptions
 from executors.messages import Settlement
 from executors.ray_daemon import ServerLock, hold_server_lock
-from executors.shards import assemble
 from ir import (
     Aval,
     Conflict,
     DeviceMesh,
     InvalidArgument,
-    IsthmusError,
     MeshAxes,
     NotFound,
     Placement,
     RemoteError,
     Spec,
-    Unavailable,
-    parse_dtype,
 )
 from ir.passes import device_mesh
 from resource_manager import ClusterSpec, ResourceManager, Slice, default_cluster, load_cluster
@@ -47,7 +44,7 @@ from server.quotas import Quotas
 from server.readers import Readers
 from server.records import BufferRecord, ClientRecord, ComputationRecord, new_id, output_ids
 from server.registry import Registry
-from server.remake import queued_put, usable
+from server.remake import queued_put
 from server.restarts import Restarts
 from server.settings import Settings
 from server.settling import Settling
@@ -56,7 +53,6 @@ from server.store import open_store
 from server.tasks import Tasks
 
 log = logging.getLogger("isthmus.server")
-T = TypeVar("T")
 CLUSTER = "cluster"  # the registry's note of the cluster the executors were started for
 PLACEMENTS_KEPT = 4096  # slices whose placement is remembered (far more than are live)
 
@@ -375,91 +371,6 @@ class Service:
                 raise NotFound(f"buffer {buffer_id!r} was freed with its slice {freed_with}, deleted")
             raise NotFound(f"buffer {buffer_id!r} does not exist")
         return rec
-
-    def known_state(self, rec: BufferRecord) -> str | None:
-        """The state the server knows without asking the hosts, or None."""
-        if self.gangs.queued_for(rec.id):
-            return "pending"
-        if rec.id in self.lost:
-            return "failed"
-        if self.settling.known(rec.id):
-            return "ready"
-        return None
-
-    async def state(self, rec: BufferRecord) -> str:
-        """ready once every host's part is; failed if any is; pending while queued."""
-        known = self.known_state(rec)
-        if known is not None:
-            return known
-        timeout = self.settings.rpc_timeout_s
-        try:
-            states = await asyncio.gather(*(self.pool.states(h, [rec.id], timeout) for h in rec.hosts))
-        except Unavailable:
-            return "failed"
-        flat = {st for [st] in states}
-        return "failed" if State.FAILED in flat else "ready" if flat == {State.READY} else "pending"
-
-    async def wait(self, rec: BufferRecord) -> str:
-        """Wait until the buffer settles on every host; raise its remote cause if it failed.
-        A lost buffer is made again first, where its lineage allows (`server.remake`)."""
-        return await self._despite_restart(rec, self._wait)
-
-    async def _wait(self, rec: BufferRecord) -> str:
-        usable(self, rec)
-        await self._admitted(rec)
-        if await self.settling.ready(rec.id, self.settings.fetch_timeout_s):
-            self.not_lost(rec)  # (its island may have restarted meanwhile)
-            return "ready"
-        await asyncio.gather(*(self.pool.wait(h, rec.id, self.settings.fetch_timeout_s) for h in rec.hosts))
-        return "ready"
-
-    async def fetch(self, owner: ClientRecord, buffer_id: str) -> tuple[BufferRecord, bytes]:
-        rec = self.buffer(owner, buffer_id)
-        return rec, await self._despite_restart(rec, self._fetch)
-
-    async def _fetch(self, rec: BufferRecord) -> bytes:
-        usable(self, rec)
-        timeout = self.settings.fetch_timeout_s
-        await self._admitted(rec)
-        if len(rec.hosts) == 1:
-            return await self.pool.fetch(rec.hosts[0], rec.id, timeout)
-        parts = await asyncio.gather(*(self.pool.fetch_shards(h, rec.id, timeout) for h in rec.hosts))
-        whole = assemble(rec.aval.shape, parse_dtype(rec.aval.dtype), [s for shards in parts for s in shards])
-        return whole.tobytes()
-
-    async def _despite_restart(self, rec: BufferRecord, read: Callable[[BufferRecord], Awaitable[T]]) -> T:
-        """Read a buffer; a read cut off by its island's restart (the executor it asked went
-        with the old ones) waits for the restart and reads the value made again."""
-        try:
-            return await read(rec)
-        except Unavailable:
-            island = self._island(rec)
-            if island not in self.restarting and rec.id not in self.lost:
-                raise
-            try:
-                await asyncio.wait_for(self.restarting.over(island), self.settings.fetch_timeout_s)
-            except TimeoutError:
-                raise Unavailable(f"buffer {rec.id}: its island is still restarting after "
-                                  f"{self.settings.fetch_timeout_s:g}s") from None
-            if rec.id not in self.lost:  # the restart did not take it: the failure stands
-                raise
-        return await read(rec)
-
-    def _island(self, rec: BufferRecord) -> str:
-        """The buffer's island (its slice's hosts are all on one); "" for a host the resource
-        manager no longer knows, which no restart will bring back."""
-        try:
-            return self.rm.host_island(rec.hosts[0])
-        except IsthmusError:
-            return ""
-
-    async def _admitted(self, rec: BufferRecord) -> None:
-        """Wait (bounded) until no queued call or run touches the buffer."""
-        try:
-            await asyncio.wait_for(self.gangs.cleared([rec.id]), self.settings.fetch_timeout_s)
-        except TimeoutError:
-            raise Unavailable(f"buffer {rec.id}: the computation producing it is still queued on its "
-                              f"island after {self.settings.fetch_timeout_s:g}s") from None
 
     def release(self, owner: ClientRecord, buffer_ids: Sequence[str]) -> None:
         """Free what the client dropped: its buffers and refused ids among these; any other

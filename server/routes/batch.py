@@ -22,6 +22,7 @@ import binascii
 from fastapi import APIRouter
 
 from ir import Aval, InvalidArgument, IsthmusError, Spec
+from server import reads
 from server.deps import ClientDep, ServiceDep
 from server.errors import shown, status_of
 from server.records import ClientRecord
@@ -88,7 +89,7 @@ async def batch(body: BatchCreate, client: ClientDep, service: ServiceDep) -> Ba
     waited = None
     if body.wait is not None:
         try:
-            await service.wait(service.buffer(client, body.wait))
+            await reads.wait(service, service.buffer(client, body.wait))
         except IsthmusError as e:
             waited = outcome(e)
     return BatchPublic(failed=failed, wait=waited)

@@ -14,6 +14,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 
 from ir import Aval, InvalidArgument, IsthmusError, Spec
+from server import reads
 from server.deps import ClientDep, ServiceDep
 from server.errors import MAX_CAUSE, UnsupportedMedia, shown
 from server.records import CHOSEN_ID, BufferRecord, ClientRecord
@@ -102,7 +103,7 @@ async def upload(
                              "asking the hosts (null: GET the buffer for it).")
 async def list_buffers(client: ClientDep, service: ServiceDep) -> list[BufferPublic]:
     records = [service.buffers[b] for b in sorted(client.buffers)]
-    return [public(rec, service.known_state(rec)) for rec in records]
+    return [public(rec, reads.known_state(service, rec)) for rec in records]
 
 
 @router.get("/{buffer_id}", responses=error_responses(404, 410, 424, 503))
@@ -111,14 +112,14 @@ async def get_buffer(
     wait: Annotated[bool, Query(description="wait until ready; a failure answers 424")] = False,
 ) -> BufferPublic:
     rec = service.buffer(client, buffer_id)
-    return public(rec, await (service.wait(rec) if wait else service.state(rec)))
+    return public(rec, await (reads.wait(service, rec) if wait else reads.state(service, rec)))
 
 
 @router.get("/{buffer_id}/data", response_class=Response,
             responses={200: {"content": {OCTETS: {}}}, **error_responses(404, 410, 424, 503)})
 async def download(buffer_id: str, client: ClientDep, service: ServiceDep) -> Response:
     """Wait for the buffer and return its bytes; dtype and shape are in the headers."""
-    rec, data = await service.fetch(client, buffer_id)
+    rec, data = await reads.fetch(service, client, buffer_id)
     return Response(content=data, media_type=OCTETS, headers={
         "X-Isthmus-Dtype": rec.aval.dtype,
         "X-Isthmus-Shape": ",".join(map(str, rec.aval.shape)),

@@ -1,0 +1,118 @@
+"""Reading a buffer: its state, waiting for it, fetching its bytes.
+
+Contract:
+- `known_state` is what the server knows without asking the hosts: pending while queued,
+  failed once lost, ready once a host's answer said so; else None, and `state` asks the
+  hosts (ready once every host's part is, failed if any is).
+- `wait` and `fetch` make a lost buffer again first, where its lineage allows
+  (`server.remake`), wait (bounded) for the work producing it to be admitted, and raise
+  its remote cause if it failed. A read cut off by its island's restart (the executor it
+  asked went with the old ones) waits for the restart and reads the value made again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from executors import State
+from executors.shards import assemble
+from ir import IsthmusError, Unavailable, parse_dtype
+from server.records import BufferRecord, ClientRecord
+from server.remake import usable
+
+if TYPE_CHECKING:
+    from server.service import Service
+
+T = TypeVar("T")
+
+
+def known_state(service: Service, rec: BufferRecord) -> str | None:
+    if service.gangs.queued_for(rec.id):
+        return "pending"
+    if rec.id in service.lost:
+        return "failed"
+    if service.settling.known(rec.id):
+        return "ready"
+    return None
+
+
+async def state(service: Service, rec: BufferRecord) -> str:
+    known = known_state(service, rec)
+    if known is not None:
+        return known
+    timeout = service.settings.rpc_timeout_s
+    try:
+        states = await asyncio.gather(*(service.pool.states(h, [rec.id], timeout) for h in rec.hosts))
+    except Unavailable:
+        return "failed"
+    flat = {st for [st] in states}
+    return "failed" if State.FAILED in flat else "ready" if flat == {State.READY} else "pending"
+
+
+async def wait(service: Service, rec: BufferRecord) -> str:
+    """Wait until the buffer settles on every host; raise its remote cause if it failed."""
+    return await _despite_restart(service, rec, _wait)
+
+
+async def _wait(service: Service, rec: BufferRecord) -> str:
+    usable(service, rec)
+    await _admitted(service, rec)
+    if await service.settling.ready(rec.id, service.settings.fetch_timeout_s):
+        service.not_lost(rec)  # (its island may have restarted meanwhile)
+        return "ready"
+    await asyncio.gather(*(service.pool.wait(h, rec.id, service.settings.fetch_timeout_s) for h in rec.hosts))
+    return "ready"
+
+
+async def fetch(service: Service, owner: ClientRecord, buffer_id: str) -> tuple[BufferRecord, bytes]:
+    rec = service.buffer(owner, buffer_id)
+    return rec, await _despite_restart(service, rec, _fetch)
+
+
+async def _fetch(service: Service, rec: BufferRecord) -> bytes:
+    usable(service, rec)
+    timeout = service.settings.fetch_timeout_s
+    await _admitted(service, rec)
+    if len(rec.hosts) == 1:
+        return await service.pool.fetch(rec.hosts[0], rec.id, timeout)
+    parts = await asyncio.gather(*(service.pool.fetch_shards(h, rec.id, timeout) for h in rec.hosts))
+    whole = assemble(rec.aval.shape, parse_dtype(rec.aval.dtype), [s for shards in parts for s in shards])
+    return whole.tobytes()
+
+
+async def _despite_restart(service: Service, rec: BufferRecord,
+                           read: Callable[[Service, BufferRecord], Awaitable[T]]) -> T:
+    try:
+        return await read(service, rec)
+    except Unavailable:
+        island = _island(service, rec)
+        if island not in service.restarting and rec.id not in service.lost:
+            raise
+        try:
+            await asyncio.wait_for(service.restarting.over(island), service.settings.fetch_timeout_s)
+        except TimeoutError:
+            raise Unavailable(f"buffer {rec.id}: its island is still restarting after "
+                              f"{service.settings.fetch_timeout_s:g}s") from None
+        if rec.id not in service.lost:  # the restart did not take it: the failure stands
+            raise
+    return await read(service, rec)
+
+
+def _island(service: Service, rec: BufferRecord) -> str:
+    """The buffer's island (its slice's hosts are all on one); "" for a host the resource
+    manager no longer knows, which no restart will bring back."""
+    try:
+        return service.rm.host_island(rec.hosts[0])
+    except IsthmusError:
+        return ""
+
+
+async def _admitted(service: Service, rec: BufferRecord) -> None:
+    """Wait (bounded) until no queued call or run touches the buffer."""
+    try:
+        await asyncio.wait_for(service.gangs.cleared([rec.id]), service.settings.fetch_timeout_s)
+    except TimeoutError:
+        raise Unavailable(f"buffer {rec.id}: the computation producing it is still queued on its "
+                          f"island after {service.settings.fetch_timeout_s:g}s") from None
