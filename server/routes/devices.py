@@ -49,6 +49,7 @@ async def list_islands(caller: CallerDep, service: ServiceDep) -> list[IslandPub
         host_rows = []
         for h in summary["hosts"]:
             st = all_stats[h]
+            pool, room = service.memory.pool(h)
             host_rows.append(HostPublic(
                 name=h, island=summary["name"],
                 status="up" if st is not None and rm.host_status(h) == "up" else "down",
@@ -64,8 +65,8 @@ async def list_islands(caller: CallerDep, service: ServiceDep) -> list[IslandPub
                 collective_error=_collective((st or {}).get("collective_error"), admin),
                 requests=(st or {}).get("requests", 0),
                 buffers=(st or {}).get("buffers", 0), buffer_bytes=service.memory.on_host.get(h, 0),
-                buffer_budget_bytes=rm.host_memory(h), buffer_pool=service.memory.pool(h)[0],
-                buffer_pool_free_bytes=service.memory.pool(h)[1], arrays=(st or {}).get("arrays", 0),
+                buffer_budget_bytes=rm.host_memory(h), buffer_pool=pool,
+                buffer_pool_free_bytes=room, arrays=(st or {}).get("arrays", 0),
                 executables=(st or {}).get("executables", 0), plans=(st or {}).get("plans", 0),
                 runs=(st or {}).get("runs", 0), frames=(st or {}).get("frames", 0),
                 mailboxes=(st or {}).get("mailboxes", 0),
