@@ -11,7 +11,8 @@ step, not when Python drops them); the executors do not alias the donated memory
 results, as an exported artifact carries no donation. An
 argument that is no `Buffer` (a numpy array, a Python scalar) is uploaded for the call
 alone and released after it anyway. Numbers and names follow `jax.jit`: positions count
-every positional argument, static ones included, and a static argument cannot be donated.
+every positional argument, static ones included, and a static argument cannot be donated;
+a donated buffer passed twice in one call is refused, as `jax.jit` refuses it.
 """
 
 from __future__ import annotations
@@ -50,4 +51,18 @@ class Donated:
         at = {i if i >= 0 else len(args) + i for i in self.argnums}
         chosen = [a for i, a in enumerate(args) if i in at]
         chosen += [v for k, v in kwargs.items() if k in self.argnames]
-        return [x for x in jax.tree_util.tree_leaves(chosen) if isinstance(x, Buffer)]
+        donated = [x for x in jax.tree_util.tree_leaves(chosen) if isinstance(x, Buffer)]
+        if donated:
+            passed = jax.tree_util.tree_leaves((args, kwargs))
+            _unshared(donated, [x for x in passed if isinstance(x, Buffer)])
+        return donated
+
+
+def _unshared(donated: list[Buffer], passed: list[Buffer]) -> None:
+    """A donated buffer is passed once in the call, as `jax.jit` requires of a donated array
+    (its memory is the call's, so no other argument may read it)."""
+    for b in donated:
+        if sum(x.id == b.id for x in passed) > 1:
+            raise InvalidArgument(f"donate_argnums / donate_argnames: buffer {b.id} is donated and passed "
+                                  "more than once in the same call (as jax.jit, this refuses it): pass "
+                                  "a copy for the other use, or do not donate it")

@@ -45,6 +45,20 @@ def test_the_buffers_of_donated_arguments_are_chosen_by_position_and_name():
     assert Donated().buffers((a,), {}) == []
 
 
+def test_a_donated_buffer_passed_twice_in_one_call_is_refused_as_jax_jit_refuses_it():
+    f = Released()
+    a, b = buffer(f, "b-0"), buffer(f, "b-1")
+    cases = ((Donated((0,)), (a, a)), (Donated((0, 1)), (a, a)), (Donated((1,)), ({"w": a}, [a])))
+    for donated, args in cases:
+        with pytest.raises(InvalidArgument, match=r"buffer b-0 is donated and passed more than once"):
+            donated.buffers(args, {})
+    with pytest.raises(InvalidArgument, match=r"buffer b-0 is donated"):
+        Donated((), ("lr",)).buffers((a,), {"lr": a})
+    assert [x.id for x in Donated((0,)).buffers((a, b), {})] == ["b-0"]  # another buffer beside it
+    assert Donated((0,)).buffers((b, a, a), {})[0].id == "b-1"  # the one passed twice is not donated
+    assert f.ids == []  # a refusal takes nothing
+
+
 def test_a_deleted_buffer_is_released_once_and_refuses_every_use():
     f = Released()
     x = buffer(f, "b-7")
