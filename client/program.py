@@ -104,7 +104,8 @@ class ProgramFunction:
         return print_program(self.trace(*args, **kwargs))
 
     def _trace(self, items: list[Buffer | tuple[np.ndarray, View]], in_tree: Any) -> Registered:
-        trace = Trace(self._session.slices, parallel_iterations=self.parallel_iterations)
+        trace = Trace(self._session.slices, parallel_iterations=self.parallel_iterations,
+                      deleted=self._session.deleted_slices)
         traced_args = [trace.argument(x) if isinstance(x, Buffer) else trace.argument(*x) for x in items]
         with tracing(trace):
             args, kwargs = jax.tree_util.tree_unflatten(in_tree, traced_args)

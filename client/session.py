@@ -55,6 +55,7 @@ MAX_BATCH = 1000  # operations in one batch (the server takes up to 10 000)
 MAX_BATCH_BYTES = 16 << 20  # inline array bytes in one batch (the server's JSON limit is 64 MiB)
 MAX_RELEASES = 10_000  # ids in one release operation (the server takes up to 100 000)
 INLINE_BYTES = 64 << 10  # arrays up to this size are uploaded inside a batch, base64
+DELETED_SLICES_KEPT = 4096  # deleted slice ids remembered, for the error a use of one gets
 # How long the woken sender waits before it takes the queue: a blocking call made just after
 # (`f(x).result()`) then carries the queue and its wait in one request, not two.
 LINGER_S = 200e-6
@@ -148,6 +149,7 @@ class Slice:
         assert self._session is not None, "a slice made without a session is a description only"
         self._session.request("DELETE", f"/v1/slices/{self.id}")
         self._session.slices.pop(self.id, None)
+        self._session.deleted_slices.append(self.id)
 
     def __repr__(self) -> str:
         return f"Slice({self.id}, {self.mesh}, island={self.island}, devices={self.device_ids})"
@@ -161,6 +163,8 @@ class Session:
         self.transport = transport
         self.client_id = client_id
         self.slices: dict[str, Slice] = {}  # the slices this client created, by id
+        # the newest it deleted, so that a buffer freed with one is told apart from a stranger's
+        self.deleted_slices: deque[str] = deque(maxlen=DELETED_SLICES_KEPT)
         self._queue: deque[Pending | str] = deque()  # operations, and released ids
         self._sending = threading.Lock()
         self._wake = threading.Event()

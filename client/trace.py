@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -32,7 +32,7 @@ import numpy as np
 from client.arrays import PLAIN, View, as_array
 from client.buffer import Buffer, Shaped
 from client.statics import StaticKey
-from ir import Aval, InvalidArgument, MeshAxes, Program, ProgramBuilder, Spec, Type, dtype_name
+from ir import Aval, InvalidArgument, MeshAxes, NotFound, Program, ProgramBuilder, Spec, Type, dtype_name
 
 if TYPE_CHECKING:
     from client.jit import Function
@@ -176,8 +176,11 @@ class _Transfer:
 
 class Trace:
     def __init__(self, slices: Mapping[str, Slice] | None = None, parent: Trace | None = None,
-                 parallel_iterations: int = 1) -> None:
+                 parallel_iterations: int = 1, deleted: Collection[str] = ()) -> None:
+        """`slices`: the client's slices; `deleted`: ids of slices it deleted (a buffer freed
+        with one is then `NotFound`, not a stranger's)."""
         self.parent = parent
+        self._deleted = deleted if parent is None else parent._deleted
         self.root: Trace = self if parent is None else parent.root
         self.parallel_iterations = parallel_iterations  # the program's default for its loops
         self._known = slices or {}  # the client's slices, for buffers on a slice no call uses
@@ -350,6 +353,8 @@ class Trace:
         for v in arguments:
             t = self.values[v].type
             assert t is not None
+            if t.slice not in self._slices and t.slice in self._deleted:
+                raise NotFound(f"@program: an argument is a buffer freed with its slice {t.slice}, deleted")
             if t.slice not in self._slices:
                 raise InvalidArgument(f"@program: an argument lives on slice {t.slice}, which this "
                                       "client did not create (pass buffers of this client's slices)")

@@ -72,6 +72,9 @@ def test_what_a_client_cannot_use_says_why(connect):
     doomed.delete()
     with pytest.raises(isthmus.NotFound, match=f"{y.id}' was freed with its slice {doomed.id}"):
         y.numpy()
+    fa = a.jit(lambda v: v + 1, slice=sa)
+    with pytest.raises(isthmus.NotFound, match=f"buffer freed with its slice {doomed.id}, deleted"):
+        a.program(lambda v: fa(v))(y)  # not "a slice this client did not create"
     z, fetched = a.put(np.ones(2), sa), a.put(np.ones(3), sa)
     fetched.numpy()  # its value is held in the client too: refused all the same once closed
     a.close()
