@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -83,9 +83,15 @@ class Ticket:
         self._held = 0
 
 
+# A route answered here, not by FastAPI: (method, path) -> handler(scope, receive, send,
+# client, fallback), where fallback is the app, to be given the body the handler read.
+Direct = Callable[[Scope, Receive, Send, ClientRecord, ASGIApp], Awaitable[None]]
+
+
 class Guard:
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, direct: Mapping[tuple[str, str], Direct] | None = None) -> None:
         self.app = app
+        self._direct = dict(direct or {})
         self._bodies: Bodies | None = None  # made with the service's settings, on first use
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -121,8 +127,12 @@ class Guard:
         client = caller
         client.in_flight += 1
         watch = _Watch(scope, receive, client)
+        direct = self._direct.get((scope["method"], scope["path"])) if self._direct else None
         try:
-            await self.app(scope, watch.receive, send)
+            if direct is not None:
+                await direct(scope, watch.receive, send, client, self.app)
+            else:
+                await self.app(scope, watch.receive, send)
         finally:
             if not watch.close():  # (one whose connection went stopped counting then)
                 client.in_flight -= 1
@@ -210,7 +220,7 @@ async def _bounded(scope: Scope, receive: Receive, headers: dict[str, str], limi
     while more:
         message = await receive()
         if message["type"] == "http.disconnect":
-            return _replay([message], receive)
+            return replay([message], receive)
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
@@ -218,10 +228,10 @@ async def _bounded(scope: Scope, receive: Receive, headers: dict[str, str], limi
         take(len(chunk))
         chunks.append(chunk)
         more = message.get("more_body", False)
-    return _replay([{"type": "http.request", "body": b"".join(chunks), "more_body": False}], receive)
+    return replay([{"type": "http.request", "body": b"".join(chunks), "more_body": False}], receive)
 
 
-def _replay(messages: list[Message], then: Receive) -> Receive:
+def replay(messages: list[Message], then: Receive) -> Receive:
     """The messages already read, then whatever the connection says next (a disconnect)."""
     pending = list(messages)
 

@@ -20,11 +20,14 @@ import base64
 import binascii
 
 from fastapi import APIRouter
+from pydantic import ValidationError
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ir import Aval, InvalidArgument, IsthmusError, Spec
-from server import reads
+from server import errors, reads
 from server.deps import ClientDep, ServiceDep
 from server.errors import shown, status_of
+from server.guard import replay
 from server.records import ClientRecord
 from server.routes.buffers import remembered
 from server.schemas import (
@@ -93,3 +96,44 @@ async def batch(body: BatchCreate, client: ClientDep, service: ServiceDep) -> Ba
         except IsthmusError as e:
             waited = outcome(e)
     return BatchPublic(failed=failed, wait=waited)
+
+
+async def direct(scope: Scope, receive: Receive, send: Send, client: ClientRecord, app: ASGIApp) -> None:
+    """`POST /v1/batch` answered without FastAPI's routing and dependencies (`server.guard`
+    calls it): the body read and validated here; one that is not a valid `BatchCreate`
+    goes on to FastAPI, which gives its usual answer."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # gone before the whole body came
+            return
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    raw = b"".join(chunks)
+    try:
+        if not _json(scope):
+            raise ValueError("not JSON")
+        body = BatchCreate.model_validate_json(raw)
+    except (ValueError, ValidationError):
+        await app(scope, replay([{"type": "http.request", "body": raw, "more_body": False}], receive), send)
+        return
+    del raw, chunks
+    service: Service = scope["app"].state.service
+    try:
+        answer = await batch(body, client, service)
+    except IsthmusError as e:
+        await errors.response(e)(scope, receive, send)
+        return
+    payload = answer.model_dump_json().encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
+
+
+def _json(scope: Scope) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            return value.split(b";")[0].strip().lower() == b"application/json"
+    return False
+
