@@ -119,9 +119,13 @@ def aborted(key: str, abort: Abort) -> bool:
 def blocked(values: list[Any]) -> Any:
     """What a step reading `values` defines instead of computing: DEAD if one is dead, the
     first failure if one failed; None when it may run."""
-    if any(v is DEAD for v in values):
-        return DEAD
-    return next((v for v in values if isinstance(v, Failure)), None)
+    failure = None
+    for v in values:  # (a loop, not generators: it runs once per step)
+        if v is DEAD:
+            return DEAD
+        if failure is None and isinstance(v, Failure):
+            failure = v
+    return failure
 
 
 def step(s: ControlStep, i: int, env: MutableMapping[str, Any], frames: Frames, layout: Layout,

@@ -61,8 +61,12 @@ class Issued:
 
     def _read(self, inputs: Sequence[Any]) -> list[_Record]:
         """The recorded computations whose outputs are among `inputs`, each once."""
-        reads = {id(r): r for a in inputs if (r := self._makers.get(id(a))) is not None}
-        return list(reads.values())
+        reads: list[_Record] = []
+        for a in inputs:  # (a loop and a short list: it runs once per computation issued)
+            r = self._makers.get(id(a))
+            if r is not None and r not in reads:  # (records compare by identity)
+                reads.append(r)
+        return reads
 
     def issue(self, label: str, inputs: Sequence[Any], outputs: Sequence[Any], temp: int = 0) -> None:
         reads = self._read(inputs)  # this computation finishes after each of them
@@ -70,7 +74,8 @@ class Issued:
             self._records.remove(read)
             self._forget(read)
         # the temporaries of those it reads (which may run at once, before it), or its own
-        record = _Record(label, time.perf_counter(), outputs, max(temp, sum(r.temp for r in reads)))
+        record = _Record(label, time.perf_counter(), outputs,
+                         max(temp, sum(r.temp for r in reads)) if reads else temp)
         self.temp += record.temp
         self._records.append(record)
         for array in outputs:

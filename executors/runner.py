@@ -382,6 +382,9 @@ class Runner:
         guard = plan.guard(i)
         guarded = None if guard is None else blocked([env.get(guard, DEAD)])
         try:
+            if guarded is None and isinstance(step, Compute):  # the common step, tested first
+                self._compute(step, env, message.timeout, frames)
+                return i + 1
             if isinstance(step, Enter | Merge | Switch | NextIteration | Exit):
                 layout = self._layout(plan)
                 if isinstance(step, Switch) and i in layout.loops and blocked([env[step.pred]]) is None:
@@ -397,8 +400,6 @@ class Runner:
                     self._send(message.run_id, step, guarded, frames)
                 for value in defines(step):
                     env[value] = guarded
-            elif isinstance(step, Compute):
-                self._compute(step, env, message.timeout, frames)
             elif isinstance(step, Reshard):
                 value = env[step.input]
                 env[step.output] = blocked([value]) or place(
@@ -435,8 +436,6 @@ class Runner:
                 log.exception("host %s: cannot tell host %s it left a loop", self.host, peer)
 
     def _compute(self, step: Compute, env: MutableMapping[str, Any], timeout: float, frames: Frames) -> None:
-        import jax
-
         args = [env[v] for v in step.inputs]
         failure = blocked(args)
         ready = self._ready.get(step.key)
@@ -457,9 +456,10 @@ class Runner:
         exe, known = ready
         if known.spans_hosts:
             args = [on_devices(a) for a in args]
-        args = [a.array if isinstance(a, HostArray) else a if self._fits(a, s) else jax.device_put(a, s)
-                for a, s in zip(args, known.in_shardings, strict=True)]
+        args = [self._laid_out(a, s) for a, s in zip(args, known.in_shardings, strict=True)]
         if known.spans_hosts:
+            import jax
+
             self.issued.drain()  # alone: nothing else of this host in flight while its collectives run
             results = jax.block_until_ready(exe(*args))
         else:
@@ -467,6 +467,17 @@ class Runner:
             results = exe(*args)
             self.issued.issue(step.label, args, results, known.temp)
         env.update(zip(step.outputs, results, strict=True))
+
+    def _laid_out(self, value: Any, sharding: Any) -> Any:
+        """The argument as the executable takes it: a received array as it is (JAX places it
+        as it calls), an array laid out otherwise resharded."""
+        if isinstance(value, HostArray):
+            return value.array
+        if self._fits(value, sharding):
+            return value
+        import jax
+
+        return jax.device_put(value, sharding)
 
     def _fits(self, array: Any, sharding: Any) -> bool:
         """Whether the array is laid out as the executable takes it. Asked once per pair of
