@@ -127,7 +127,7 @@ class Guard:
         client = caller
         client.in_flight += 1
         watch = _Watch(scope, receive, client)
-        direct = self._direct.get((scope["method"], scope["path"])) if self._direct else None
+        direct = self._direct.get((scope["method"], scope["path"]))
         try:
             if direct is not None:
                 await direct(scope, watch.receive, send, client, self.app)

@@ -118,7 +118,7 @@ async def direct(scope: Scope, receive: Receive, send: Send, client: ClientRecor
     except (ValueError, ValidationError):
         await app(scope, replay([{"type": "http.request", "body": raw, "more_body": False}], receive), send)
         return
-    del raw, chunks
+    del raw, chunks  # (not held through a long wait: a body may be up to max_json_mb)
     service: Service = scope["app"].state.service
     try:
         answer = await batch(body, client, service)
