@@ -17,12 +17,21 @@ Contract:
   included: it will be there) until it is released and no submission, queued or running,
   reads it any more (`Gangs.after_reads`: its host frees it only then), a lost one too (its
   lineage may make it again in place).
+- Each open client has a claim on every pool: `reserve` (`buffer_reserve`, 1.0 by default)
+  times the pool's size times its weight over the open clients' weights (`Shares`, the
+  weights the admin gave them, which also weigh their turns on the islands). `check(adds,
+  client=...)` gives a client what fits within its claim, and more only out of room no
+  other client's unused claim needs: one client cannot fill a machine the others share,
+  and alone it may take all of it. A client that took room while it was alone keeps it
+  (a buffer is never taken back); the others' claims then wait for room it frees, and it
+  may take no more meanwhile.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
 
 from ir import Aval, Spec
 from ir.passes.footprint import per_device
@@ -32,12 +41,24 @@ from server.errors import OverQuota
 Footprint = dict[str, int]  # host -> bytes
 
 
+class Shares(Protocol):
+    """The open clients' weights (`server.registry.Registry`)."""
+
+    total_weight: float
+
+    def weight(self, client_id: str) -> float: ...
+
+
 class HostMemory:
-    def __init__(self, rm: ResourceManager) -> None:
+    def __init__(self, rm: ResourceManager, shares: Shares | None = None, reserve: float = 1.0) -> None:
         self._rm = rm
+        self._shares = shares  # None: no client has a claim (first come, first served)
+        self._reserve = reserve
         self.held: dict[str, int] = {}  # pool -> bytes of the buffers on its hosts
         self.on_host: dict[str, int] = {}  # host -> bytes of the buffers on it
-        self._charges: dict[str, tuple[tuple[str, int], ...]] = {}  # buffer id -> (host, bytes)
+        self.by_client: dict[str, dict[str, int]] = {}  # pool -> client -> bytes of its buffers
+        # buffer id -> its owner and its (host, bytes)
+        self._charges: dict[str, tuple[str, tuple[tuple[str, int], ...]]] = {}
         self._pools: dict[str, str] = {}  # host -> its pool
         self._sizes: dict[str, int | None] = {}  # pool -> what its hosts offer together
         self._hosts = 0  # the hosts known when those were worked out (a host may join)
@@ -52,9 +73,10 @@ class HostMemory:
             out[host] = out.get(host, 0) + shard
         return out
 
-    def check(self, adds: Iterable[Footprint], why: str = "") -> None:
+    def check(self, adds: Iterable[Footprint], why: str = "", client: str | None = None) -> None:
         """Refuse these bytes more where a pool would pass what its hosts offer (`why`: what
-        part of them is, said in the refusal)."""
+        part of them is, said in the refusal), or, for `client`'s buffers, where they would
+        take room the other clients' claims need."""
         self._refresh()
         more: dict[str, int] = {}
         first: dict[str, str] = {}  # pool -> the host named for it
@@ -65,24 +87,60 @@ class HostMemory:
                 first.setdefault(pool, host)
         for pool, nbytes in more.items():
             size = self._sizes[pool]
+            if size is None:
+                continue
             held = self.held.get(pool, 0)
-            if size is not None and held + nbytes > size:
-                host = first[pool]
-                shared, elsewhere = ((f" (shared by the hosts on its machine, {pool})", "its machine's hosts")
-                                     if pool != host else ("", "it, or place the slice on another host"))
+            if held + nbytes > size:
+                shared, elsewhere = self._where(pool, first[pool])
                 raise OverQuota(
-                    f"host memory: host {host}: {held} bytes of buffers held, {nbytes} bytes more{why} "
-                    f"would pass the {size} bytes its executors offer buffers{shared} "
+                    f"host memory: host {first[pool]}: {held} bytes of buffers held, {nbytes} bytes "
+                    f"more{why} would pass the {size} bytes its executors offer buffers{shared} "
                     f"(executor_buffer_mb); free buffers on {elsewhere}")
+            if client is not None:
+                self._check_claim(pool, size, client, nbytes, first[pool], why)
 
-    def charge(self, buffer_id: str, footprint: Mapping[str, int]) -> None:
+    def _check_claim(self, pool: str, size: int, client: str, nbytes: int, host: str, why: str) -> None:
+        """Refuse `nbytes` more of `client`'s past its claim on the pool where the room left
+        is the other open clients' unused claims."""
+        shares = self._shares
+        if shares is None or self._reserve <= 0 or shares.total_weight <= 0:
+            return
+        per_weight = self._reserve * size / shares.total_weight  # a claim's bytes per unit of weight
+        holders = self.by_client.get(pool, {})
+        mine, weight = holders.get(client, 0), shares.weight(client)
+        if mine + nbytes <= per_weight * weight:
+            return
+        unused = per_weight * (shares.total_weight - weight) - sum(
+            min(h, per_weight * shares.weight(c)) for c, h in holders.items() if c != client)
+        room = size - self.held.get(pool, 0)
+        if nbytes + unused <= room:
+            return
+        shared, elsewhere = self._where(pool, host)
+        raise OverQuota(
+            f"host memory: host {host}{shared}: this client's buffers there take {mine} bytes; {nbytes} "
+            f"bytes more{why} would pass its claim, {int(per_weight * weight)} of the {size} bytes its "
+            f"executors offer (its weight, {weight:g}, of the open clients' {shares.total_weight:g}), "
+            f"and take room the other clients' unused claims keep ({int(unused)} of the {room} bytes "
+            f"left) (buffer_reserve); free buffers on {elsewhere}")
+
+    @staticmethod
+    def _where(pool: str, host: str) -> tuple[str, str]:
+        """What a refusal says of the pool of `host`, and where it says to free buffers."""
+        if pool != host:
+            return f" (shared by the hosts on its machine, {pool})", "its machine's hosts"
+        return "", "it, or place the slice on another host"
+
+    def charge(self, buffer_id: str, footprint: Mapping[str, int], client: str = "") -> None:
+        """Count a buffer of `client`'s on its hosts."""
         self._refresh()
         self.discharge([buffer_id])
-        self._charges[buffer_id] = tuple(footprint.items())
+        self._charges[buffer_id] = (client, tuple(footprint.items()))
         for host, nbytes in footprint.items():
             pool = self._pools[host]
             self.held[pool] = self.held.get(pool, 0) + nbytes
             self.on_host[host] = self.on_host.get(host, 0) + nbytes
+            holders = self.by_client.setdefault(pool, {})
+            holders[client] = holders.get(client, 0) + nbytes
 
     def discharge(self, buffer_ids: Iterable[str]) -> None:
         self.release(buffer_ids)()
@@ -91,12 +149,20 @@ class HostMemory:
         """Take these buffers off the books; their bytes stay counted until the function
         returned is called (once their hosts have let go of them), whatever takes their ids
         meanwhile."""
-        taken = [charge for b in buffer_ids for charge in self._charges.pop(b, ())]
+        taken: list[tuple[str, str, int]] = []  # (client, host, bytes)
+        for b in buffer_ids:
+            client, footprint = self._charges.pop(b, ("", ()))
+            taken.extend((client, host, nbytes) for host, nbytes in footprint)
 
         def free() -> None:
-            for host, nbytes in taken:
-                self.held[self._pools[host]] -= nbytes
+            for client, host, nbytes in taken:
+                pool = self._pools[host]
+                self.held[pool] -= nbytes
                 self.on_host[host] -= nbytes
+                holders = self.by_client[pool]
+                holders[client] -= nbytes
+                if not holders[client]:
+                    del holders[client]
             taken.clear()  # (once)
 
         return free

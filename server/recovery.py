@@ -71,7 +71,7 @@ def _buffers(service: Service, adopted: Mapping[str, Adopted], gone_slices: set[
     for b, rec in service.buffers.items():
         try:  # its bytes on its hosts, lost or not (`server.host_memory`)
             s = service.rm.get_slice(rec.slice_id)
-            service.memory.charge(b, service.memory.footprint(s, rec.aval, rec.spec))
+            service.memory.charge(b, service.memory.footprint(s, rec.aval, rec.spec), rec.owner)
         except IsthmusError:  # its slice is gone: it holds nothing
             gone_slices.add(rec.slice_id)
         if b in service.lost:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -45,6 +46,7 @@ class Registry:
     def __init__(self, store: Store) -> None:
         self._store = store
         self.clients: dict[str, ClientRecord] = {}
+        self.total_weight = 0.0  # the open clients' weights together
         self.buffers: dict[str, BufferRecord] = {}
         self.computations: dict[str, ComputationRecord] = {}
         self.lost: dict[str, str] = {}  # buffer id -> why its value is gone
@@ -92,11 +94,21 @@ class Registry:
         self.store.put([Row(CLIENT, rec.id, rec.id, {"name": rec.name, "weight": rec.weight,
                                                      "key": rec.key.hex()})])
         self.clients[rec.id] = rec
+        self._weigh()
 
     def remove_client(self, rec: ClientRecord) -> None:
         """The client and every record it owned (the caller has freed them)."""
         self.store.delete_owner(rec.id)
         self.clients.pop(rec.id, None)
+        self._weigh()
+
+    def weight(self, client_id: str) -> float:
+        """An open client's weight; 0 for one closed."""
+        rec = self.clients.get(client_id)
+        return 0.0 if rec is None else rec.weight
+
+    def _weigh(self) -> None:
+        self.total_weight = math.fsum(c.weight for c in self.clients.values())
 
     # -- slices ------------------------------------------------------------------------------
 
@@ -200,6 +212,7 @@ class Registry:
         dispatcher's to restore."""
         for row, (name, weight, key) in self._readable(CLIENT, _client):
             self.clients[row.id] = ClientRecord(row.id, name, weight, key)
+        self._weigh()
         for row, rec in self._readable(BUFFER, _buffer):
             if (owner := self.clients.get(row.owner)) is not None:
                 self.buffers[rec.id] = rec

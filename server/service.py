@@ -67,7 +67,8 @@ class Service:
         self._placed: dict[int, tuple[Slice, Placement]] = {}
         self.credentials = Credentials(admin_token)
         self.quotas = Quotas.of(settings)
-        self.memory = HostMemory(rm)  # buffers' bytes on the hosts, against what they offer
+        # buffers' bytes on the hosts, against what they offer and the clients' claims on it
+        self.memory = HostMemory(rm, registry, settings.buffer_reserve)
         self.caches = HostCaches(pool.forget)
         # Client artifacts are read in processes of their own, shared fairly (server.readers).
         self.readers = Readers(settings.artifact_readers)
@@ -340,7 +341,8 @@ class Service:
         if submits:
             self.quotas.check("queued", self.gangs.waiting[owner.id], submits)
         footprints = [self.memory.footprint(s, aval, spec) for s, aval, spec in outputs]
-        self.memory.check([*footprints, held], " (with the values its run holds at once)" if total else "")
+        self.memory.check([*footprints, held], " (with the values its run holds at once)" if total else "",
+                          owner.id)
         return footprints
 
     def add_buffers(self, owner: ClientRecord, recs: Sequence[BufferRecord],
@@ -348,7 +350,7 @@ class Service:
         """Register new buffers, their bytes counted on their hosts."""
         self.registry.add_buffers(owner, recs)
         for rec, footprint in zip(recs, footprints, strict=True):
-            self.memory.charge(rec.id, footprint)
+            self.memory.charge(rec.id, footprint, owner.id)
 
     def output_ids(self, owner: ClientRecord, chosen: Sequence[str] | None, count: int,
                    what: str) -> list[str]:

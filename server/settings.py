@@ -67,6 +67,11 @@ class Settings(BaseSettings):
     # limit, if lower) shared by the hosts on it: with the temporaries' half, the rest is the
     # server's, Ray's and the system's (server/host_memory.py).
     executor_buffer_mb: int | None = Field(None, ge=1)
+    # The fraction of that room, in each machine's pool, kept for each open client's claim:
+    # its weight's share of it. A client may take more only where the others' unused claims
+    # leave room (alone, all of it), so that one cannot fill a machine the others share;
+    # 0: first come, first served (server/host_memory.py).
+    buffer_reserve: float = Field(1.0, ge=0, le=1)
     # Joining a cluster whose nodes' labels name the islands: how often to look for nodes
     # labelled since, which then become hosts (server/membership.py).
     node_poll_s: float = Field(5.0, gt=0, le=3600)

@@ -1,5 +1,7 @@
 """The bytes of buffers on the hosts, against what their executors offer (`server.host_memory`)."""
 
+from dataclasses import dataclass, field
+
 import pytest
 
 from ir import Aval, MeshAxes, Spec
@@ -11,6 +13,20 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
 KIB = 1 << 10
 F32_1K = Aval((256,), "float32")  # 1 KiB
+
+
+@dataclass
+class Weights:
+    """The open clients' weights, as the registry gives them."""
+
+    of: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total_weight(self) -> float:
+        return sum(self.of.values())
+
+    def weight(self, client_id: str) -> float:
+        return self.of.get(client_id, 0.0)
 
 
 def manager(hosts: list[HostSpec], offered: dict[str, int | None]) -> ResourceManager:
@@ -86,3 +102,69 @@ def test_a_host_whose_devices_do_not_say_is_not_bounded_and_a_joining_host_grows
         memory.check([{"a0": KIB}])
     rm.add_host("a", HostSpec("a1", 1), [DeviceReport("cpu", "cpu", KIB)])
     memory.check([{"a1": KIB}])  # the unpinned hosts' pool is 2 KiB now
+
+
+def claims(weights: dict[str, float], reserve: float = 1.0) -> tuple[HostMemory, Weights]:
+    """A pool of 4 KiB (two CPU hosts of 2 KiB) and clients of these weights."""
+    shares = Weights(dict(weights))
+    rm = manager([HostSpec("a0", 2), HostSpec("a1", 2)], {"a0": KIB, "a1": KIB})
+    return HostMemory(rm, shares, reserve), shares
+
+
+def test_a_client_alone_may_fill_the_pool_and_one_of_two_only_its_half_while_the_other_holds_nothing():
+    memory, shares = claims({"p": 1.0})
+    memory.check([{"a0": 4 * KIB}], client="p")
+    shares.of["q"] = 1.0
+    memory.check([{"a0": 2 * KIB}], client="p")
+    past = (r"host memory: host a0 \(shared by the hosts on its machine, unpinned hosts\): this client's "
+            r"buffers there take 0 bytes; 2049 bytes more would pass its claim, 2048 of the 4096 bytes its "
+            r"executors offer \(its weight, 1, of the open clients' 2\), and take room the other clients' "
+            r"unused claims keep \(2048 of the 4096 bytes left\) \(buffer_reserve\); free buffers on its "
+            r"machine's hosts$")
+    with pytest.raises(OverQuota, match=past):
+        memory.check([{"a0": 2 * KIB + 1}], client="p")
+    memory.charge("p1", {"a0": 2 * KIB}, "p")
+    with pytest.raises(OverQuota, match="this client's buffers there take 2048 bytes; 1 bytes more"):
+        memory.check([{"a1": 1}], client="p")  # the other host of the machine: the same pool
+    memory.check([{"a1": 2 * KIB}], client="q")  # the other's claim is there for it
+    memory.charge("q1", {"a1": KIB}, "q")
+    with pytest.raises(OverQuota, match=r"unused claims keep \(1024 of the 1024 bytes left\)"):
+        memory.check([{"a0": 1}], client="p")
+    del shares.of["q"]  # q closed: its claim goes with it, its buffers stay counted till freed
+    memory.check([{"a0": KIB}], client="p")
+    with pytest.raises(OverQuota, match="3072 bytes of buffers held, 1025 bytes more"):
+        memory.check([{"a0": KIB, "a1": 1}], client="p")  # past the pool itself
+
+
+def test_claims_follow_the_weights_and_the_reserve():
+    memory, _ = claims({"p": 3.0, "q": 1.0})
+    memory.check([{"a0": 3 * KIB}], client="p")
+    with pytest.raises(OverQuota, match=r"3072 of the 4096 bytes its executors offer \(its weight, 3, of"):
+        memory.check([{"a0": 3 * KIB + 1}], client="p")
+    memory, _ = claims({"p": 1.0, "q": 1.0}, reserve=0.5)  # each keeps a quarter
+    memory.check([{"a0": 3 * KIB}], client="p")
+    with pytest.raises(OverQuota, match="1024 of the 4096 bytes"):
+        memory.check([{"a0": 3 * KIB + 1}], client="p")
+    memory, _ = claims({"p": 1.0, "q": 1.0}, reserve=0.0)  # first come, first served
+    memory.check([{"a0": 4 * KIB}], client="p")
+    memory = HostMemory(manager([HostSpec("a0", 1)], {"a0": None}), Weights({"p": 1.0, "q": 1.0}))
+    memory.check([{"a0": 1 << 50}], client="p")  # a pool not bounded has no claims either
+
+
+def test_a_client_that_filled_the_pool_alone_keeps_it_and_takes_no_more_till_the_others_claims_fit():
+    memory, shares = claims({"p": 1.0})
+    memory.charge("p1", {"a0": 2 * KIB}, "p")
+    memory.charge("p2", {"a1": 2 * KIB}, "p")
+    shares.of["q"] = 1.0  # q opens: its claim is 2 KiB, none of it free
+    with pytest.raises(OverQuota, match="4096 bytes of buffers held, 1 bytes more"):
+        memory.check([{"a0": 1}], client="q")
+    memory.discharge(["p2"])
+    with pytest.raises(OverQuota, match=r"unused claims keep \(2048 of the 2048"):
+        memory.check([{"a1": 1}], client="p")
+    memory.check([{"a1": 2 * KIB}], client="q")
+    free = memory.release(["p1"])  # counted, for p, until its hosts have let go of it
+    with pytest.raises(OverQuota, match="this client's buffers there take 2048 bytes"):
+        memory.check([{"a1": 1}], client="p")
+    free()
+    assert memory.by_client == {"unpinned hosts": {}}
+    memory.check([{"a1": 2 * KIB}], client="p")
