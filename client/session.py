@@ -54,6 +54,8 @@ from ir import Aval, InvalidArgument, IsthmusError, MeshAxes, Spec, Unavailable,
 MAX_BATCH = 1000  # operations in one batch (the server takes up to 10 000)
 MAX_BATCH_BYTES = 16 << 20  # inline array bytes in one batch (the server's JSON limit is 64 MiB)
 MAX_RELEASES = 10_000  # ids in one release operation (the server takes up to 100 000)
+MAX_BATCH_IDS = 200_000  # ids in one batch, its operations' together (the server's bound)
+MAX_FORGETS = 20_000  # registrations forgotten in one batch
 INLINE_BYTES = 64 << 10  # arrays up to this size are uploaded inside a batch, base64
 DELETED_SLICES_KEPT = 4096  # deleted slice ids remembered, for the error a use of one gets
 # How long the woken sender waits before it takes the queue: a blocking call made just after
@@ -83,6 +85,7 @@ class Pending:
     body: dict[str, Any]
     outputs: list[weakref.ref[Buffer]]
     size: int = 0  # inline bytes it carries
+    ids: int = 1  # buffer ids it names
     donors: list[Buffer] = field(default_factory=list)  # donated to it: theirs again if it is refused
 
     def fail(self, error: IsthmusError) -> None:
@@ -191,7 +194,8 @@ class Session:
             body["donate"] = [b.id for b in donated]
             for b in donated:
                 b.donate()
-        self._enqueue(Pending(body, [weakref.ref(b) for b in outs], donors=list(donated)))
+        self._enqueue(Pending(body, [weakref.ref(b) for b in outs], donors=list(donated),
+                              ids=len(inputs) + len(outs) + len(donated)))
         return outs
 
     def run(self, program_id: str, inputs: list[str], dispatch: str | None,
@@ -201,7 +205,7 @@ class Session:
         outs = [Buffer(self, new_id(self.client_id), s, a, sp, v) for s, a, sp, v in outputs]
         self._enqueue(Pending({"op": "run", "program_id": program_id, "inputs": inputs,
                                "ids": [b.id for b in outs], "dispatch": dispatch},
-                              [weakref.ref(b) for b in outs]))
+                              [weakref.ref(b) for b in outs], ids=len(inputs) + len(outs)))
         return outs
 
     def put(self, array: np.ndarray, slice_id: str, spec: Spec, view: View = PLAIN) -> Buffer:
@@ -241,8 +245,9 @@ class Session:
             self._unheld += [(kind, r) for r in record_ids]
 
     def _take_unheld(self) -> list[tuple[str, str]]:
+        """The registrations let go of, up to a batch's share of ids (the rest wait)."""
         with self._unheld_lock:
-            taken, self._unheld = self._unheld, []
+            taken, self._unheld = self._unheld[:MAX_FORGETS], self._unheld[MAX_FORGETS:]
         return taken
 
     def _keep_unheld(self, taken: list[tuple[str, str]]) -> None:
@@ -256,14 +261,19 @@ class Session:
 
     # -- sending ----------------------------------------------------------------------------
 
-    def _take(self) -> tuple[list[dict[str, Any]], list[Pending | None]]:
-        """The next batch from the queue (under `_sending`): bodies, and whose each is."""
+    def _take(self, ids: int = MAX_BATCH_IDS) -> tuple[list[dict[str, Any]], list[Pending | None]]:
+        """The next batch from the queue (under `_sending`), naming at most `ids` buffer ids:
+        bodies, and whose each is."""
         ops: list[dict[str, Any]] = []
         owners: list[Pending | None] = []
         released: list[str] = []
         size = 0
         while self._queue and len(ops) < MAX_BATCH and size <= MAX_BATCH_BYTES:
-            item = self._queue.popleft()
+            item = self._queue[0]
+            ids -= 1 if isinstance(item, str) else item.ids
+            if ids < 0 and (ops or released):  # (an operation alone always fits)
+                break
+            self._queue.popleft()
             if isinstance(item, str):
                 released.append(item)
                 if len(released) == MAX_RELEASES:
@@ -291,7 +301,7 @@ class Session:
             # Taken before the operations: each was let go of after every operation that
             # used it had been queued, so those are in this batch or an earlier one.
             unheld = self._take_unheld()
-            ops, owners = self._take()
+            ops, owners = self._take(MAX_BATCH_IDS - len(unheld))
             last = not self._queue
             # Forgets go last, after whatever may still use what they name, and like releases
             # ride with operations.

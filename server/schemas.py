@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 SpecJSON = list[str | list[str] | None]
 # Bounds on what one body may list: far above real use, low enough that a hostile body fails
@@ -13,6 +13,7 @@ Id = Annotated[str, Field(max_length=128)]
 MAX_IDS = 100_000  # buffer ids in one body
 MAX_ARRAYS = 10_000  # inputs or outputs of one computation
 MAX_OPS = 10_000  # operations in one batch
+MAX_BATCH_IDS = 200_000  # ids in one batch, its operations' together (each costs the server work)
 MAX_INLINE = 1 << 20  # bytes of one array uploaded inside a batch (it travels base64)
 ChosenIds = Annotated[list[Id] | None, Field(
     None, max_length=MAX_ARRAYS,
@@ -310,8 +311,29 @@ BatchOp = Annotated[CallOp | RunOp | PutOp | ReleaseOp | ForgetOp, Field(discrim
 
 
 class BatchCreate(BaseModel):
-    ops: list[BatchOp] = Field(max_length=MAX_OPS, description="submitted one after another, in order")
+    ops: list[BatchOp] = Field(max_length=MAX_OPS, description=(
+        f"submitted one after another, in order; at most {MAX_BATCH_IDS} ids in all their lists"))
     wait: Id | None = Field(None, description="a buffer to wait for once the ops are submitted")
+
+    @model_validator(mode="after")
+    def _ids_in_all(self) -> BatchCreate:
+        n = sum(_ids(op) for op in self.ops)
+        if n > MAX_BATCH_IDS:
+            raise ValueError(f"ops: {n} ids in all their lists, more than {MAX_BATCH_IDS} in one batch")
+        return self
+
+
+def _ids(op: CallOp | RunOp | PutOp | ReleaseOp | ForgetOp) -> int:
+    match op:
+        case CallOp():
+            return len(op.inputs) + len(op.ids) + len(op.donate)
+        case RunOp():
+            return len(op.inputs) + len(op.ids)
+        case ReleaseOp():
+            return len(op.ids)
+        case ForgetOp():
+            return len(op.computations) + len(op.programs)
+    return 1
 
 
 class Outcome(BaseModel):

@@ -154,3 +154,16 @@ def test_a_release_naming_a_buffer_twice_frees_it_once(c, http, stored):
     for b in ids[:2]:
         check(http.get(f"/v1/buffers/{b}"), 404, b)
     np.testing.assert_array_equal(x.numpy(), np.arange(4))  # what was stored is intact
+
+
+def test_a_batch_naming_too_many_ids_in_all_is_refused_before_any_op_runs(c, http, stored):
+    """Each op's lists are bounded, and so is the batch's sum of them: 60 forgets of 200 000
+    ids each once kept the server from every other client for 20 s."""
+    s, x, _ = stored
+    put = {"op": "put", "id": f"{c.id}.notmade", "slice_id": s.id, "dtype": "float32", "shape": [1],
+           "data": base64.b64encode(np.float32(5).tobytes()).decode()}
+    forget = {"op": "forget", "computations": ["x"] * 100_000, "programs": ["x"] * 100_000}
+    r = http.post("/v1/batch", json={"ops": [put, forget, forget, forget]})
+    check(r, 422, "ops: 600001 ids in all their lists, more than 200000 in one batch")
+    check(http.get(f"/v1/buffers/{c.id}.notmade"), 404)
+    np.testing.assert_array_equal(x.numpy(), np.arange(4))

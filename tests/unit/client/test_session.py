@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from client.session import MAX_BATCH, Session
+from client.session import MAX_BATCH, MAX_BATCH_IDS, Session
 from client.transport import OverQuota
 from ir import Aval, Conflict, RemoteError, Spec, Unavailable
 from server.records import CHOSEN_ID, chosen_prefix
@@ -204,6 +204,24 @@ def test_a_long_queue_goes_in_bounded_batches_in_order_with_the_wait_on_the_last
     assert [b["wait"] for b in batches] == [None, None, outs[0].id]
     sent = [op["ids"][0] for b in batches for op in b["ops"]]
     assert sent == [b.id for b in outs]
+
+
+def test_a_batch_names_at_most_the_server_s_bound_of_ids_in_all_its_operations():
+    """Calls of many inputs and the releases between them go in batches the server takes
+    (`MAX_BATCH_IDS` in all their lists), in order."""
+    server = FakeServer()
+    s = quiet_session(server)
+    [x] = s.call("c-make", [], OUT)
+    outs = []
+    for _ in range(60):
+        outs += s.call("c-sum", [x.id] * 9_999, OUT)  # 10 000 ids a call
+        s.release(f"{x.id}-gone")
+    s.wait(outs[-1])
+    batches = server.batches()
+    named = [sum(len(op.get("inputs", ())) + len(op["ids"]) for op in b["ops"]) for b in batches]
+    assert len(batches) == 4 and max(named) <= MAX_BATCH_IDS, named
+    sent = [op["ids"][0] for b in batches for op in b["ops"] if op["op"] == "call"]
+    assert sent == [x.id, *(b.id for b in outs)]
 
 
 def test_the_background_sender_sends_what_is_queued_without_a_blocking_call():
