@@ -9,7 +9,10 @@ A plain ASGI middleware, so that it runs before anything reads the request's bod
 - the bodies of requests in progress are bounded together (`Bodies`): `max_bodies_mb` over
   all callers, `max_upload_mb` per caller. A body that would pass either is answered 429
   with Retry-After before it is read (a chunked one as its bytes pass), so concurrent
-  uploads cannot take the server's memory, nor one client all of the room;
+  uploads cannot take the server's memory, nor one client all of the room. Bodies over
+  `SMALL_BODY` may take all but an eighth of it: two clients trickling 1 GiB uploads for
+  hours cannot shut every other client's calls out (they travel in small JSON bodies,
+  and a small body comes whole within `header_timeout_s` or is closed);
 - the caller is put into the request's state for the handlers (`server.deps`), and a
   client's lease is renewed by every request it makes (`Service.expire_clients`): while one
   of its requests is in progress (a long wait for a result, say) it never expires. A
@@ -33,11 +36,13 @@ from server.errors import OverQuota, PayloadTooLarge
 from server.records import ClientRecord
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+SMALL_BODY = 1 << 20  # bodies up to this size may take the room large ones leave them
 WATCH_AFTER_S = 1.0  # a request running this long is watched for its connection going
 
 
 class Bodies:
-    """The bytes of request bodies in progress: at most `total` in all, `each` per caller."""
+    """The bytes of request bodies in progress: at most `total` in all, `each` per caller;
+    a body larger than `SMALL_BODY` leaves an eighth of `total` to the small ones."""
 
     def __init__(self, total: int, each: int) -> None:
         self.total, self.each = total, each
@@ -47,14 +52,18 @@ class Bodies:
     def ticket(self, who: str) -> Ticket:
         return Ticket(self, who)
 
-    def take(self, who: str, size: int) -> None:
+    def take(self, who: str, size: int, body: int) -> None:
+        """`size` bytes more of a caller's body, `body` bytes in all with them."""
         mine = self._by.get(who, 0)
         if mine + size > self.each:
             raise OverQuota(f"body: {size} bytes more would pass the {self.each >> 20} MiB of request "
                             f"bodies one caller may send at once ({mine} in progress); retry when they end")
-        if self.held + size > self.total:
-            raise OverQuota(f"body: {size} bytes more would pass the {self.total >> 20} MiB of request "
-                            "bodies the server takes at once; retry shortly")
+        small = body <= SMALL_BODY
+        total = self.total if small else self.total - self.total // 8
+        if self.held + size > total:
+            raise OverQuota(f"body: {size} bytes more would pass the {total >> 20} MiB of request bodies "
+                            f"{'' if small else f'over {SMALL_BODY >> 20} MiB '}the server takes at once; "
+                            "retry shortly")
         self._by[who] = mine + size
         self.held += size
 
@@ -75,7 +84,7 @@ class Ticket:
         self._bodies, self._who, self._held = bodies, who, 0
 
     def take(self, size: int) -> None:
-        self._bodies.take(self._who, size)
+        self._bodies.take(self._who, size, self._held + size)
         self._held += size
 
     def close(self) -> None:

@@ -161,6 +161,27 @@ async def test_bodies_in_progress_are_bounded_per_caller_and_in_all():
             assert (await h.post("/v1/buffers", content=b"x" * (2 << 20), headers=who)).status_code == 200
 
 
+async def test_large_bodies_in_progress_leave_room_for_small_ones():
+    """Alice's 4 MiB and Bob's 3 MiB uploads hold 7 of the server's 8 MiB, all that bodies
+    over 1 MiB may take: Carol's 2 MiB upload is refused, her small bodies still go."""
+    service, gate = Service(settings=Settings(max_upload_mb=4, max_bodies_mb=8)), asyncio.Event()
+    service.clients["Bearer s-carol"] = Client("carol")
+    carol = {"Authorization": "Bearer s-carol"}
+    transport = httpx.ASGITransport(app=app(service, gate))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as h:
+        held = [asyncio.create_task(h.post("/v1/buffers", content=b"x" * (n << 20),
+                                           headers={"Authorization": f"Bearer s-{who}", "x-wait": "1"}))
+                for who, n in (("alice", 4), ("bob", 3))]
+        await asyncio.wait_for(_until(lambda: service.bodies_read == 2), 10)
+        large = await h.post("/v1/buffers", content=b"x" * (2 << 20), headers=carol)
+        assert large.status_code == 429, large.text
+        assert "of request bodies over 1 MiB the server takes at once" in large.json()["detail"]
+        for _ in range(3):
+            assert (await h.post("/v1/things", content=b"x" * (512 << 10), headers=carol)).status_code == 200
+        gate.set()
+        assert [(await asyncio.wait_for(t, 10)).status_code for t in held] == [200, 200]
+
+
 async def _until(condition) -> None:
     while not condition():
         await asyncio.sleep(0)
