@@ -73,11 +73,12 @@ class Host:
         # requests for the key the server had sent when it asked. Bounded: oldest go first.
         self._forgotten: OrderedDict[str, int] = OrderedDict()
         self._compiles: dict[str, int] = {}  # key -> the latest compile request's number
-        self._ops: dict[int, tuple[Callable[[], None], str]] = {}  # seq -> (op, label)
+        self._ops: dict[int, tuple[Callable[[], None], str, str]] = {}  # seq -> (op, label, run)
         self._next = 0
         self._cond = threading.Condition()
         self._completed = 0
         self._running: str | None = None
+        self._running_run = ""  # the run of the op now running, if it is one
         self._settler = Settler(f"settle-{host}")  # answers waiting for their computations
         self._started = 0.0  # when the op now running started (perf_counter)
         self._busy_s = 0.0
@@ -141,9 +142,18 @@ class Host:
         with self._cond:
             queued = len(self._ops)
             gap = self._next if self._ops and self._next not in self._ops else None
-        running, started = self._running, self._started
-        if running is None and (oldest := self.runner.issued.oldest_running()) is not None:
-            running, started = oldest  # issued, and still running on the devices
+        running, started, run = self._running, self._started, self._running_run
+        oldest = self.runner.issued.oldest_running()  # issued, and still running on the devices
+        if running is None and oldest is not None:
+            running, started, run = oldest
+        now = time.perf_counter()
+        # The run this host has been busy with the longest: its op, or a computation of it
+        # still running on the devices after the op went on (`server.healing` stops one
+        # that outlives its client or its run's limit).
+        busy = [(started, run)] if running is not None and run else []
+        if oldest is not None and oldest[2]:
+            busy.append((oldest[1], oldest[2]))
+        since, longest = min(busy, default=(now, None))
         return {
             "host": self.host,
             "pid": os.getpid(),
@@ -151,7 +161,9 @@ class Host:
             "requests": self._requests,
             "completed": self._completed,
             "running": running,
-            "running_s": time.perf_counter() - started if running is not None else None,
+            "running_s": now - started if running is not None else None,
+            "longest_run": longest,
+            "longest_run_s": now - since if longest else None,
             "waiting_for": gap,
             "buffers": len(self.store),
             "arrays": self._arrays(),
@@ -185,13 +197,14 @@ class Host:
 
     # -- the dispatch thread ---------------------------------------------------------------
 
-    def _submit(self, seq: int, op: Callable[[], Any], label: str, settle: bool = False) -> Future[Any]:
+    def _submit(self, seq: int, op: Callable[[], Any], label: str, settle: bool = False,
+                run: str = "") -> Future[Any]:
         """Queue `op` at its sequence number; the future settles with what it returns once
         it has run (None if it raised). With `settle`, `op` returns the computations it left
         unfinished, and the future settles (with None) only once they have finished."""
         finished: Future[Any] = Future()
 
-        def run() -> None:
+        def go() -> None:
             result = None
             try:
                 result = op()
@@ -203,7 +216,7 @@ class Host:
 
         with self._cond:
             self._requests += 1
-            self._ops[seq] = (run, label)
+            self._ops[seq] = (go, label, run)
             self._cond.notify()
         return finished
 
@@ -219,9 +232,10 @@ class Host:
                     pause = min(2 * pause, PRUNE_S[1])
                 if self._closed:
                     return
-                op, label = self._ops.pop(self._next)
+                op, label, run = self._ops.pop(self._next)
                 self._next += 1
                 start = self._started = time.perf_counter()
+                self._running_run = run
                 self._running = label  # after `_started`: stats read them in the other order
             try:
                 op()
@@ -231,6 +245,7 @@ class Host:
                 self._busy_s += time.perf_counter() - start
                 self._completed += 1
                 self._running = None
+                self._running_run = ""
             self.runner.issued.prune()
 
     def close(self) -> None:
@@ -381,7 +396,7 @@ class Host:
         """Run a range of this host's plan for one program run (see `executors.runner`);
         answers once the message is taken (the ack sequential dispatch waits for before it
         sends the next node)."""
-        self._submit(seq, self.runner.accept(message, plan), f"run {message.run_id}")
+        self._submit(seq, self.runner.accept(message, plan), f"run {message.run_id}", run=message.run_id)
 
     async def run_batch(self, items: Sequence[tuple[int, RunMessage, HostPlan | None]]) -> list[Ran]:
         """Run messages the server wants told of once they have run (`executors.outbox`
@@ -389,7 +404,8 @@ class Host:
         collective if any and the results it closed that are computed without error, once
         its steps are issued and the computations they issued have finished; the answers
         come together. The dispatch thread meanwhile goes on."""
-        taken = [self._submit(seq, self.runner.accept(message, plan), f"run {message.run_id}", settle=True)
+        taken = [self._submit(seq, self.runner.accept(message, plan), f"run {message.run_id}", settle=True,
+                              run=message.run_id)
                  for seq, message, plan in items]
         for fut in taken:
             await asyncio.wrap_future(fut)

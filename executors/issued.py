@@ -34,6 +34,7 @@ class _Record:
     issued: float  # perf_counter
     outputs: Sequence[Any]
     temp: int = 0  # bytes of temporaries it allocates while it runs
+    run: str = ""  # the run it is a step of
 
 
 class Issued:
@@ -68,14 +69,15 @@ class Issued:
                 reads.append(r)
         return reads
 
-    def issue(self, label: str, inputs: Sequence[Any], outputs: Sequence[Any], temp: int = 0) -> None:
+    def issue(self, label: str, inputs: Sequence[Any], outputs: Sequence[Any], temp: int = 0,
+              run: str = "") -> None:
         reads = self._read(inputs)  # this computation finishes after each of them
         for read in reads:
             self._records.remove(read)
             self._forget(read)
         # the temporaries of those it reads (which may run at once, before it), or its own
         record = _Record(label, time.perf_counter(), outputs,
-                         max(temp, sum(r.temp for r in reads)) if reads else temp)
+                         max(temp, sum(r.temp for r in reads)) if reads else temp, run)
         self.temp += record.temp
         self._records.append(record)
         for array in outputs:
@@ -98,12 +100,12 @@ class Issued:
         while self._records:
             self._finish_oldest()
 
-    def oldest_running(self) -> tuple[str, float] | None:
-        """The label and issue time (perf_counter) of the oldest recorded computation still
-        running, if any (from any thread: it only looks)."""
+    def oldest_running(self) -> tuple[str, float, str] | None:
+        """The label, issue time (perf_counter) and run of the oldest recorded computation
+        still running, if any (from any thread: it only looks)."""
         for record in list(self._records):
             if not computed(record.outputs):
-                return record.label, record.issued
+                return record.label, record.issued, record.run
         return None
 
     def _finish_oldest(self) -> None:

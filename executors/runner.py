@@ -204,7 +204,8 @@ class Runner:
         """Stop these runs, of those taken here: each loop of theirs ends at its next test
         (its predicate fails with `cause`, and the peers are told as for any failed
         predicate), and what they wait for from peers fails now. A computation already
-        issued runs to its end. Returns how many runs it stopped."""
+        issued runs to its end (`server.healing` stops a host busy with one for good).
+        Returns how many runs it stopped."""
         with self._lock:
             stopped = [r for r in run_ids if r in self._taken]
             for r in stopped:
@@ -383,7 +384,7 @@ class Runner:
         guarded = None if guard is None else blocked([env.get(guard, DEAD)])
         try:
             if guarded is None and isinstance(step, Compute):  # the common step, tested first
-                self._compute(step, env, message.timeout, frames)
+                self._compute(step, env, message, frames)
                 return i + 1
             if isinstance(step, Enter | Merge | Switch | NextIteration | Exit):
                 layout = self._layout(plan)
@@ -435,18 +436,19 @@ class Runner:
             except Exception:  # the peer is gone: its own waits are bounded
                 log.exception("host %s: cannot tell host %s it left a loop", self.host, peer)
 
-    def _compute(self, step: Compute, env: MutableMapping[str, Any], timeout: float, frames: Frames) -> None:
+    def _compute(self, step: Compute, env: MutableMapping[str, Any], message: RunMessage,
+                 frames: Frames) -> None:
         args = [env[v] for v in step.inputs]
         failure = blocked(args)
         ready = self._ready.get(step.key)
         if failure is None and ready is None:
             try:
-                exe = self._executable(step.key).result(timeout)
+                exe = self._executable(step.key).result(message.timeout)
                 ready = self._ready[step.key] = (exe, self._known(step.key, exe))
             except FutureTimeout:
                 where = f" (in {frames.where()})" if len(frames) else ""
                 failure = Failure(f"{step.label}{where}: executable {step.key} not compiled "
-                                  f"within {timeout:g}s")
+                                  f"within {message.timeout:g}s")
             except Failure as f:  # it failed to compile: where in the loops it was wanted, if in one
                 failure = Failure(f"{step.label} (in {frames.where()}): {f.cause}") if len(frames) else f
         if failure is not None or ready is None:
@@ -465,7 +467,7 @@ class Runner:
         else:
             self.issued.make_room(args, known.temp)
             results = exe(*args)
-            self.issued.issue(step.label, args, results, known.temp)
+            self.issued.issue(step.label, args, results, known.temp, message.run_id)
         env.update(zip(step.outputs, results, strict=True))
 
     def _laid_out(self, value: Any, sharding: Any) -> Any:

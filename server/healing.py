@@ -20,9 +20,16 @@ Contract:
   `Service.restart_island` too): the gang paused, the loops on the hosts replaced ended,
   the pool's executors replaced, the values lost, the programs compiled again, the gang
   resumed.
-- `restart` is the one path of automatic restarts: a host lost, and a failed cross-host
-  collective (`Service.restart_when_broken`). `POST /v1/islands/{name}/restart` stays for
-  operators.
+- `restart` is the one path of automatic restarts: a host lost, a failed cross-host
+  collective (`Service.restart_when_broken`), and a runaway (below).
+  `POST /v1/islands/{name}/restart` stays for operators.
+- Runaways: XLA cannot stop a computation it has started, so a host busy with one that
+  never ends (a `lax.while_loop` whose test stays true) would run nothing else, any
+  client's, for good. `stop(records, cause)` is told of the programs and computations of a
+  client closed or of a slice deleted; a probe that finds a host still busy with a run of
+  one of them (`Host.stats`: `longest_run`) `STOP_GRACE_S` after, or busy with any run
+  past `max_run_s` and the grace, replaces that host's executor, as for a host lost: its
+  values are lost (made again from their lineage when read, where it is kept).
 """
 
 from __future__ import annotations
@@ -30,8 +37,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ir import IsthmusError, Unavailable
 
@@ -39,13 +47,49 @@ if TYPE_CHECKING:
     from server.service import Service
 
 log = logging.getLogger("isthmus.server")
+STOP_GRACE_S = 10.0  # how long a run told to stop may keep its host busy before it is stopped
+STOPPED_KEPT = 1 << 16  # programs and computations told to stop, remembered (newest kept)
 
 
 class Healer:
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Service, clock: Callable[[], float] = time.monotonic) -> None:
         self.service = service
+        self._clock = clock
+        # program or computation id -> why its runs must stop, and since when (`clock`)
+        self._stopped: OrderedDict[str, tuple[str, float]] = OrderedDict()
+
+    def stop(self, records: Iterable[str], cause: str) -> None:
+        """These programs' and computations' runs must stop (their client closed, their slice
+        deleted): a host still busy with one after the grace gets a new executor."""
+        now = self._clock()
+        for r in records:
+            self._stopped[r] = (cause, now)
+            self._stopped.move_to_end(r)
+        while len(self._stopped) > STOPPED_KEPT:
+            self._stopped.popitem(last=False)
+
+    def runaway(self, stats: Mapping[str, Any]) -> str | None:
+        """Why the host of these stats must be stopped, if it must: busy with a run told to
+        stop past the grace, or with any run past its limit."""
+        run, busy_s = stats.get("longest_run"), stats.get("longest_run_s")
+        if not isinstance(run, str) or not isinstance(busy_s, int | float) or busy_s <= STOP_GRACE_S:
+            return None
+        stopped = self._stopped.get(run.partition("/")[0])  # a run's id begins with its record's
+        if stopped is not None and self._clock() - stopped[1] > STOP_GRACE_S:
+            return (f"run {run} was still running after {stopped[0]} ({busy_s:.0f}s on it): a "
+                    "computation XLA has started stops only with its executor")
+        limit = self.service.settings.max_run_s
+        if busy_s > limit + STOP_GRACE_S:
+            return (f"run {run} kept its host busy {busy_s:.0f}s, past max_run_s ({limit:g}s): a "
+                    "computation XLA has started stops only with its executor")
+        return None
 
     def host_lost(self, host: str, why: str) -> None:
+        self.replace(host, f"host {host} was lost: {why}")
+
+    def replace(self, host: str, cause: str) -> None:
+        """A new executor for the host (its island's, where that is one JAX group), its values
+        lost, in the background."""
         s = self.service
         try:
             island = s.rm.host_island(host)
@@ -53,7 +97,6 @@ class Healer:
             return
         if island in s.restarting or s.rm.host_status(host) != "up":
             return
-        cause = f"host {host} was lost: {why}"
         lost = s.lose_values([host], cause)  # readers fail now, not after the restart
         stopped = s.programs.cancel_on([host], cause)  # its loops' other hosts stop too
         log.warning("island %s: %s; %d values with it, %d looping runs stopped", island, cause, len(lost),
@@ -135,3 +178,5 @@ class Healer:
         for h, answer in zip(hosts, answers, strict=True):
             if isinstance(answer, Unavailable):
                 self.host_lost(h, str(answer))
+            elif isinstance(answer, dict) and (why := self.runaway(answer)) is not None:
+                self.replace(h, f"host {h} was stopped: {why}")

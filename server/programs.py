@@ -244,7 +244,11 @@ class Programs:
 
     def forget_slice(self, owner: ClientRecord, slice_id: str) -> None:
         """A deleted slice takes the programs that use it with it."""
-        self._remove(owner, [p for p in owner.programs if slice_id in self.records[p].program.slice_table])
+        self._remove(owner, self.using(owner, slice_id))
+
+    def using(self, owner: ClientRecord, slice_id: str) -> list[str]:
+        """The client's programs that use the slice."""
+        return [p for p in owner.programs if slice_id in self.records[p].program.slice_table]
 
     def delete(self, owner: ClientRecord, program_ids: Sequence[str]) -> None:
         """Forget programs the client no longer runs; an id not among its programs is

@@ -210,7 +210,9 @@ class Service:
         owner = self.client(client_id)
         self.credentials.revoke(owner.key)
         self.gangs.cancel_client(owner.id)  # its queued work first: nothing of it runs after
-        self.programs.cancel_runs(owner.id, f"client {owner.id} was closed")  # nor loops on
+        closed = f"client {owner.id} was closed"
+        self.programs.cancel_runs(owner.id, closed)  # nor loops on
+        self.healer.stop([*owner.programs, *owner.computations], closed)  # nor one computation
         self.delete_buffers(owner, sorted(owner.buffers))
         self.lineage.drop_owner(owner.id)
         self._drop_computations(owner, list(owner.computations))
@@ -242,11 +244,13 @@ class Service:
 
     def delete_slice(self, owner: ClientRecord, slice_id: str) -> None:
         s = self.slice(owner, slice_id)
-        self.programs.cancel_runs(owner.id, f"slice {s.id} was deleted", s.id)  # its loops end too
+        deleted = f"slice {s.id} was deleted"
+        self.programs.cancel_runs(owner.id, deleted, s.id)  # its loops end too
         on_it = [b for b in owner.buffers if self.buffers[b].slice_id == s.id]
         self.delete_buffers(owner, on_it)
         owner.free_with(on_it, s.id)
         on_slice = [c for c in owner.computations if self.computations[c].slice_id == s.id]
+        self.healer.stop([*on_slice, *self.programs.using(owner, s.id)], deleted)  # one computation too
         self._drop_computations(owner, on_slice)
         self.programs.forget_slice(owner, s.id)
         self.rm.release(s.id)

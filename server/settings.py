@@ -37,7 +37,8 @@ class Settings(BaseSettings):
     # collective before failing the value.
     step_timeout_s: float = Field(300.0, gt=0)
     # A run's loops end, failed, once it has run this long on a host (its client closed: at
-    # once). One computation (a lax.while_loop inside one jitted function) runs to its end.
+    # once). One computation (a lax.while_loop inside one jitted function) cannot be stopped:
+    # its host's executor is replaced once it runs past this (server/healing.py).
     max_run_s: float = Field(3600.0, gt=0)
     # Program runs: one message per host (parallel), or one per node after the previous
     # one is accepted (sequential, for comparison).

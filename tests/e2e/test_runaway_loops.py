@@ -1,13 +1,17 @@
 """A loop that would never end does not hold its host: past `max_run_s` it ends failed,
-naming the limit, and closing its client ends it at once (executors/runner.py).
+naming the limit, and closing its client ends it at once (executors/runner.py); one
+computation that never ends stops with its host's executor past the limit
+(server/healing.py).
 
-Its own server, with `ISTHMUS_MAX_RUN_S=20`; the loops count to 2**30, far past it.
+Its own server, with `ISTHMUS_MAX_RUN_S=20` and a health probe every second; the loops
+count to 2**30, far past it.
 """
 
 from __future__ import annotations
 
 import time
 
+import jax
 import numpy as np
 import pytest
 from polling import admin_hosts, until
@@ -20,7 +24,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 LIMIT_S = 20
 
 
-server = module_server("runaway", {"ISTHMUS_MAX_RUN_S": str(LIMIT_S)})
+server = module_server("runaway", {"ISTHMUS_MAX_RUN_S": str(LIMIT_S), "ISTHMUS_HEALTH_PROBE_S": "1"})
 
 
 def runaway(c: isthmus.Client, s: isthmus.Slice):
@@ -79,3 +83,24 @@ def test_deleting_a_slice_ends_the_loops_that_use_it(server):
               "the loop ended with its slice")
         assert time.monotonic() - deleted < LIMIT_S / 2  # not once the limit ended it
         assert int(runaway(c, kept)(np.int32(5), np.int32(7)).numpy()) == 7
+
+
+def test_one_computation_past_the_run_limit_stops_with_its_executor_and_its_result_says_why(server):
+    address, token = server
+    with isthmus.connect(address, token=token, name="runaway-computation") as c:
+        s = c.slice({"x": 1}, island="b")
+        spin = c.jit(lambda v: jax.lax.while_loop(lambda u: u >= 0, lambda u: u + 1.0, v), slice=s)
+        started = time.monotonic()
+        with pytest.raises(isthmus.IsthmusError, match=rf"past max_run_s \({LIMIT_S}s\)"):
+            spin(np.float32(0)).numpy()  # a float32 count stops growing at 2**24: it never ends
+        assert time.monotonic() - started >= LIMIT_S
+        x0 = np.arange(4, dtype=np.float32)
+        double = c.jit(lambda v: v * 2.0, slice=s)
+
+        def served() -> list[np.ndarray] | None:
+            try:
+                return [double(c.put(x0, s)).numpy()]
+            except isthmus.IsthmusError:  # (lost with the executor replaced under it)
+                return None
+
+        np.testing.assert_array_equal(until(served, 120, "the host serving again")[0], x0 * 2.0)

@@ -76,6 +76,46 @@ def test_a_killed_executor_fails_its_work_typed_and_its_host_comes_back_by_itsel
         np.testing.assert_array_equal(kept.numpy(), x0 + 100)  # the island's other host kept its values
 
 
+def spinning(c: isthmus.Client, s: isthmus.Slice) -> isthmus.Buffer:
+    """A computation that never ends: a float32 count stops growing at 2**24."""
+    return c.jit(lambda v: jax.lax.while_loop(lambda u: u >= 0, lambda u: u + 1.0, v), slice=s)(np.float32(0))
+
+
+def serving(c: isthmus.Client, s: isthmus.Slice, deadline_s: float) -> None:
+    """A computation on `s` comes back right within the deadline (a try may fail, typed,
+    with the executor that was replaced under it)."""
+    x0 = np.arange(8, dtype=np.float32)
+    f = c.jit(lambda v: v * 2.0, slice=s)
+
+    def served() -> list[np.ndarray] | None:
+        try:
+            return [f(c.put(x0, s)).numpy()]
+        except isthmus.IsthmusError:
+            return None
+
+    [got] = until(served, deadline_s, f"slice {s.id} serving")
+    np.testing.assert_array_equal(got, x0 * 2.0)
+
+
+def test_a_computation_that_never_ends_stops_with_its_executor_once_its_client_closes(server):
+    """XLA cannot stop a computation it has started: one that never ends would hold its
+    host for every client. Once its client is closed, the host gets a new executor and
+    serves the others."""
+    address, token = server
+    greedy = isthmus.connect(address, token=token, name="spinning")
+    s = greedy.slice({"x": 4}, island="a")
+    host = s.hosts[0]
+    out = spinning(greedy, s)
+    before = until(lambda: (row := admin_hosts(address, token)[host])["running_s"] and row["running_s"] > 1
+                   and row, 60, f"the computation running on {host}")
+    greedy.close()
+    del out
+    with isthmus.connect(address, token=token, name="neighbour") as c:
+        other = next(t for t in (c.slice({"x": 4}, island="a") for _ in range(2)) if host in t.hosts)
+        serving(c, other, 120)
+    assert admin_hosts(address, token)[host]["pid"] != before["pid"]
+
+
 def test_a_host_waiting_for_a_killed_sender_fails_at_once_and_serves_on(server):
     """A program whose value crosses from island a to island b: while its sender computes,
     the receiving host waits for it on its dispatch thread. The sender's executor killed,
