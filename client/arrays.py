@@ -86,11 +86,12 @@ def is_key(x: Any) -> bool:
 
 def as_array(x: Any) -> tuple[np.ndarray, View]:
     """A leaf as a numpy array of JAX's canonical dtype, and how the client shows it: weakly
-    typed (a Python scalar), typed keys (sent as their key data), or plainly."""
+    typed (a Python scalar, or a JAX array typed so), typed keys (sent as their key data), or
+    plainly."""
     if is_key(x):
         data, view = _key_data(x)
         return np.asarray(data), view
-    weak = _weak_scalar(x)
+    weak = _weak_scalar(x) or (isinstance(x, jax.Array) and x.weak_type)  # (jnp.asarray(2.0) is weak)
     if weak and isinstance(x, int):  # out of range: refused, as jax.jit refuses it, not wrapped
         wanted = jax.dtypes.canonicalize_dtype(np.int64)
         if not np.iinfo(wanted).min <= x <= np.iinfo(wanted).max:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import base64
 import contextlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec, use_abstract_mesh
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec, use_abstract_mesh
 
 from client.arrays import View, as_array, call_specs, leaf_specs, unwrap, wrap
 from client.buffer import TRACING, Buffer
@@ -153,15 +153,18 @@ class Function:
         except IsthmusError:
             raise
         except Exception as in_context:
-            try:
-                return self._export(args, kwargs, *sig)
+            try:  # its own mesh must still be the slice's (axis types aside), as under jax.jit
+                return self._export(args, kwargs, *sig, own_mesh=True)
             except Exception:
                 raise in_context from None
         finally:
             TRACING.reset(tracing)
 
     def _export(self, args: Any, kwargs: dict[str, Any], in_tree: Any, static: StaticKey,
-                leaves: Sequence[tuple[tuple[int, ...], str, View]]) -> Export:
+                leaves: Sequence[tuple[tuple[int, ...], str, View]], own_mesh: bool = False) -> Export:
+        """The export of one signature; `own_mesh`: traced outside the slice's context, so a
+        mesh the function names that is not the slice's in axis names and sizes (a shard_map
+        first traced for another slice keeps that one's) is refused."""
         s = self.slice
         mesh = s.abstract_mesh
         in_specs = call_specs(self.in_specs, args, kwargs)
@@ -191,6 +194,10 @@ class Function:
             return tuple(data)
 
         shapes = jax.eval_shape(flat, *avals)
+        if own_mesh:
+            named = {tuple(dict(m.shape).items()) for m in meshes(jax.make_jaxpr(flat)(*avals))}
+            if named - {tuple(dict(s.mesh_axes.axes).items())}:
+                raise InvalidArgument(f"{self.name}: it names a mesh of {sorted(named)}, not the slice's")
         out_tree, out_views, type_specs, fixed = out_box
         if self.out_specs is None and s.explicit:  # results keep their types' shardings
             out_specs = [Spec.of(spec) for spec in type_specs]
@@ -261,18 +268,26 @@ def _type_spec(value: Any) -> Any:
     return getattr(getattr(jax.typeof(value), "sharding", None), "spec", None)
 
 
-def host_callbacks(jaxpr: Any) -> set[str]:
-    """The names of the primitives of `jaxpr` (and of the jaxprs inside it) that call back
-    into the Python process that traced it."""
-    found: set[str] = set()
+def equations(jaxpr: Any) -> Iterator[Any]:
+    """The equations of `jaxpr` and of the jaxprs inside it."""
     for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
-        if "callback" in eqn.primitive.name or eqn.primitive.name == "debug_print":
-            found.add(eqn.primitive.name)
+        yield eqn
         for param in eqn.params.values():
             for inner in param if isinstance(param, tuple | list) else (param,):
                 if hasattr(inner, "eqns") or hasattr(getattr(inner, "jaxpr", None), "eqns"):
-                    found |= host_callbacks(inner)
-    return found
+                    yield from equations(inner)
+
+
+def host_callbacks(jaxpr: Any) -> set[str]:
+    """The names of the primitives of `jaxpr` (and of the jaxprs inside it) that call back
+    into the Python process that traced it."""
+    return {e.primitive.name for e in equations(jaxpr)
+            if "callback" in e.primitive.name or e.primitive.name == "debug_print"}
+
+
+def meshes(jaxpr: Any) -> list[Any]:
+    """The meshes the equations of `jaxpr` name (a shard_map's, say)."""
+    return [v for e in equations(jaxpr) for v in e.params.values() if isinstance(v, Mesh | AbstractMesh)]
 
 
 def default_name(fn: Any, fallback: str) -> str:

@@ -17,8 +17,10 @@ from typing import Any
 
 from ir import InvalidArgument
 
-StaticKey = tuple[tuple[tuple[int, Any], ...], tuple[tuple[str, Any], ...]]
-NONE: StaticKey = ((), ())
+# The static values by position and by name, and their types: as in `jax.jit`, values that
+# compare equal but differ in type (2 and 2.0, 1 and True) are different signatures.
+StaticKey = tuple[tuple[tuple[int, Any], ...], tuple[tuple[str, Any], ...], tuple[type, ...]]
+NONE: StaticKey = ((), (), ())
 
 
 def _tuple(x: Any, kind: type, field: str) -> tuple[Any, ...]:
@@ -74,16 +76,18 @@ class Statics:
         if not self:
             return args, kwargs, NONE
         nums = {i if i >= 0 else len(args) + i for i in self.argnums}
-        key = (tuple((i, args[i]) for i in sorted(nums) if 0 <= i < len(args)),
-               tuple(sorted((k, v) for k, v in kwargs.items() if k in self.argnames)))
-        for where, value in (*key[0], *key[1]):
+        positional = tuple((i, args[i]) for i in sorted(nums) if 0 <= i < len(args))
+        named = tuple(sorted((k, v) for k, v in kwargs.items() if k in self.argnames))
+        for where, value in (*positional, *named):
             try:
                 hash(value)
             except TypeError:
                 raise InvalidArgument(f"static argument {where!r}: a {type(value).__name__} is not "
                                       "hashable, and a static value is part of the signature") from None
         dynamic = tuple(a for i, a in enumerate(args) if i not in nums)
-        return dynamic, {k: v for k, v in kwargs.items() if k not in self.argnames}, key
+        types = tuple(type(v) for _, v in (*positional, *named))
+        dynamic_kwargs = {k: v for k, v in kwargs.items() if k not in self.argnames}
+        return dynamic, dynamic_kwargs, (positional, named, types)
 
     @staticmethod
     def join(args: tuple[Any, ...], kwargs: dict[str, Any], key: StaticKey

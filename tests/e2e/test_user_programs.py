@@ -600,3 +600,52 @@ def test_a_function_with_a_long_name_is_jitted_its_name_cut(c):
     for fn in (c.jit(f, slice=s), c.program(c.jit(f, slice=s))):
         np.testing.assert_array_equal(fn(np.zeros(2, np.float32)).numpy(), np.ones(2, np.float32))
     assert c.jit(f, slice=s).name == ("layer_" * 60)[:200]
+
+
+def test_one_shard_map_jitted_on_two_slices_is_refused_on_the_second_as_jax_refuses_it(c):
+    """A `jax.shard_map` keeps the mesh it was first traced under: on a slice whose mesh
+    differs, `jax.jit` refuses it (JAX's ValueError naming both meshes), and so does `c.jit`,
+    where it once computed silently with the first slice's axis size."""
+    s4, s22 = c.slice({"i": 4}, island="b"), c.slice({"i": 2, "j": 2}, island="a")
+
+    def count(x):
+        return x * 0 + jax.lax.psum(1, "i")
+
+    f = jax.shard_map(count, in_specs=P("i"), out_specs=P("i"))
+    x = np.zeros(8, np.float32)
+    np.testing.assert_array_equal(c.jit(f, slice=s4)(x).numpy(), np.full(8, 4, np.float32))
+    with pytest.raises(ValueError, match="should match the mesh passed to shard_map"):
+        c.jit(f, slice=s22)(x)
+    fresh = jax.shard_map(count, in_specs=P("i"), out_specs=P("i"))  # one of its own: right
+    np.testing.assert_array_equal(c.jit(fresh, slice=s22)(x).numpy(), np.full(8, 2, np.float32))
+
+
+def test_static_values_equal_but_of_other_types_are_other_signatures_as_in_jax_jit(c):
+    s = c.slice({"x": 2})
+
+    def divide(x, n):
+        return x // n if isinstance(n, int) else x / n
+
+    x = np.array([3.0, 5.0], np.float32)
+    mine, theirs = c.jit(divide, slice=s, static_argnums=1), jax.jit(divide, static_argnums=1)
+    for n in (2, 2.0):
+        np.testing.assert_array_equal(mine(x, n).numpy(), theirs(x, n))
+    full = c.jit(lambda n: jnp.full(2, n), slice=s, static_argnums=0)
+    for n in (1, 1.0, True):
+        want = jax.jit(lambda n: jnp.full(2, n), static_argnums=0)(n)
+        got = full(n)
+        assert got.dtype == want.dtype, n
+        np.testing.assert_array_equal(got.numpy(), np.asarray(want))
+
+
+def test_a_weakly_typed_jax_array_argument_stays_weak_as_in_jax_jit(c):
+    s = c.slice({"x": 2})
+
+    def scale(x, k):
+        return x * k
+
+    x, k = jnp.array([1.5, 2.5], jnp.bfloat16), jnp.asarray(2.0)  # k: weakly typed float32
+    want = jax.jit(scale)(x, k)
+    for got in (c.jit(scale, slice=s)(x, k), c.jit(scale, slice=s)(x, c.put(k, s))):
+        assert got.dtype == want.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(got.numpy(), np.asarray(want))

@@ -25,9 +25,16 @@ def test_split_takes_the_static_values_out_and_join_puts_them_back():
     args, kwargs = ("x", 3, "y", (4, 5)), {"mode": "b", "w": "z"}
     dynamic, dynamic_kw, key = statics.split(args, kwargs)
     assert dynamic == ("x", "y") and dynamic_kw == {"w": "z"}
-    assert key == (((1, 3), (3, (4, 5))), (("mode", "b"),))
+    assert key == (((1, 3), (3, (4, 5))), (("mode", "b"),), (int, tuple, str))
     assert Statics.join(dynamic, dynamic_kw, key) == (args, kwargs)
     assert Statics().split(args, kwargs) == (args, kwargs, NONE)
+
+
+def test_static_values_equal_but_of_other_types_are_other_signatures_as_in_jax_jit():
+    statics = Statics((1,), ("n",))
+    keys = [statics.split(("x", n), {})[2] for n in (1, 1.0, True)]
+    assert len(set(keys)) == 3  # 1 == 1.0 == True, and they hash alike
+    assert statics.split(("x", (1, 2)), {})[2] == statics.split(("x", (1.0, 2.0)), {})[2]  # as jax.jit
 
 
 def test_an_unhashable_static_value_is_refused_by_position():
