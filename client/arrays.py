@@ -88,6 +88,11 @@ def as_array(x: Any) -> tuple[np.ndarray, View]:
     """A leaf as a numpy array of JAX's canonical dtype, and how the client shows it: weakly
     typed (a Python scalar, or a JAX array typed so), typed keys (sent as their key data), or
     plainly."""
+    if isinstance(x, jax.core.Tracer):
+        raise InvalidArgument(
+            f"an argument is a JAX tracer ({x.aval.str_short()}): an Isthmus function or upload runs on the "
+            "server, outside JAX's transformations (jax.jit, grad, vmap, eval_shape); call it from plain "
+            "Python, or transform the function itself before c.jit")
     if is_key(x):
         data, view = _key_data(x)
         return np.asarray(data), view

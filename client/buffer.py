@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextvars
 import math
+import operator
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -198,6 +199,14 @@ class Buffer(Shaped):
     def __bool__(self) -> bool:
         """The value's truth, as for a JAX array (fetched; one element only)."""
         return bool(self.numpy())
+
+    def __index__(self) -> int:
+        """An integer scalar as an index (`operator.index`, `range(n)`), as for a JAX array."""
+        return operator.index(self.numpy())
+
+    def __round__(self, ndigits: int | None = None) -> np.ndarray:
+        """The value rounded (fetched), as `round` rounds a JAX array."""
+        return np.round(self.numpy(), ndigits or 0)
 
     def __str__(self) -> str:
         """The value, as `str` of a JAX array shows it (`print(loss)`): fetched. `repr` names

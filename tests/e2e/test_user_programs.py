@@ -649,3 +649,22 @@ def test_a_weakly_typed_jax_array_argument_stays_weak_as_in_jax_jit(c):
     for got in (c.jit(scale, slice=s)(x, k), c.jit(scale, slice=s)(x, c.put(k, s))):
         assert got.dtype == want.dtype == jnp.bfloat16
         np.testing.assert_array_equal(got.numpy(), np.asarray(want))
+
+
+def test_a_function_called_inside_a_jax_transformation_is_refused_by_name(c):
+    """A `c.jit` function runs on the server: JAX cannot trace through it, and the error says
+    so rather than JAX's conversion error deep inside the client."""
+    s = c.slice({"x": 2})
+    double = c.jit(lambda v: v * 2.0, slice=s)
+    x = np.ones(2, np.float32)
+    for transformed in (jax.jit(double), jax.vmap(double), lambda v: jax.eval_shape(double, v)):
+        with pytest.raises(isthmus.InvalidArgument, match=r"an argument is a JAX tracer .*transformations"):
+            transformed(x)
+    np.testing.assert_array_equal(double(x).numpy(), x * 2.0)
+
+
+def test_round_and_index_take_a_buffer_as_they_take_a_jax_array(c):
+    s = c.slice({"x": 2})
+    n, v = c.put(np.int32(3), s), c.put(np.float32(2.6), s)
+    assert list(range(n)) == [0, 1, 2] and [10, 11, 12, 13][n] == 13
+    assert round(v) == round(jnp.asarray(2.6)) == 3.0 and round(v, 1) == np.round(np.float32(2.6), 1)
