@@ -82,6 +82,7 @@ class ProgramRecord:
     runs: int = 0
     lowered: dict[Placements, tuple[Program, dict[str, HostPlan]]] = field(default_factory=dict)
     computation: ComputationRecord | None = None  # the computation a call program runs
+    compiles: int = 0  # compiles started for it: only the newest one's answer is its status
     cost: float = field(init=False)  # a run's weight in proportional share: its computations
 
     def __post_init__(self) -> None:
@@ -206,9 +207,17 @@ class Programs:
         self._tasks.spawn(self._compile(rec, *lowered))
 
     async def _compile(self, rec: ProgramRecord, lowered: Program, plans: dict[str, HostPlan]) -> None:
+        """Compile a lowering on its hosts; the status is the newest compile's (one started
+        on hosts restarted meanwhile is: an older one may fail late, with the host it
+        asked gone)."""
         table = lowered.artifact_table  # fusing adds artifacts
         jobs = [(host, job) for host, plan in plans.items() for job in plan.compiles]
         timeout = self.service.settings.rpc_timeout_s
+        comp = rec.computation  # (the status of each of its call programs is its status)
+        rec.compiles += 1
+        mine, its = rec.compiles, comp.compiles + 1 if comp is not None else 0
+        if comp is not None:
+            comp.compiles = its
 
         async def one(host: str, job: Any) -> str | None:
             try:
@@ -221,9 +230,11 @@ class Programs:
 
         messages = await asyncio.gather(*(one(h, j) for h, j in jobs))
         failed = [f"{j.key} on {h}: {m}" for (h, j), m in zip(jobs, messages, strict=True) if m]
-        rec.status, rec.message = ("failed", "; ".join(failed)) if failed else ("ready", None)
-        if rec.computation is not None:  # every call program compiles the same executable
-            rec.computation.status, rec.computation.message = rec.status, rec.message
+        status, message = ("failed", "; ".join(failed)) if failed else ("ready", None)
+        if rec.compiles == mine:  # else a newer compile's answer is the status
+            rec.status, rec.message = status, message
+        if comp is not None and comp.compiles == its:  # every call program compiles the same executable
+            comp.status, comp.message = status, message
 
     def close(self) -> None:
         self._tasks.cancel()

@@ -154,3 +154,4 @@ class ComputationRecord:
     status: str = "pending"  # its executable's compile status (`server.programs`)
     message: str | None = None
     artifact: bytes = field(default=b"", repr=False)  # kept to compile again on restarted hosts
+    compiles: int = 0  # compiles started for it: only the newest one's answer is its status

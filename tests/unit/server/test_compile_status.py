@@ -1,0 +1,53 @@
+"""server.programs: a compile's answer is the record's status only if no newer compile of it
+has started (one started on hosts restarted meanwhile; the older may fail late, with the
+host it asked gone). The service is a stand-in: `_compile` reads only its pool and timeout."""
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from server.programs import Programs
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
+
+
+class Pool:
+    """Compiles that answer when told to: each host's next answer, in order."""
+
+    def __init__(self) -> None:
+        self.answers: dict[int, asyncio.Future[str | None]] = {}
+        self.asked = 0
+
+    async def compile(self, host, key, data, mesh, in_specs, out_specs, timeout) -> str | None:
+        n, self.asked = self.asked, self.asked + 1
+        self.answers[n] = asyncio.get_running_loop().create_future()
+        answer = await self.answers[n]
+        if answer is not None:
+            raise RuntimeError(answer)
+        return None
+
+
+def records() -> tuple[SimpleNamespace, SimpleNamespace]:
+    comp = SimpleNamespace(status="pending", message=None, compiles=0)
+    return SimpleNamespace(status="pending", message=None, compiles=0, computation=comp), comp
+
+
+async def test_an_older_compile_failing_late_does_not_undo_a_newer_one():
+    pool = Pool()
+    programs = Programs.__new__(Programs)
+    programs.service = SimpleNamespace(pool=pool, settings=SimpleNamespace(rpc_timeout_s=5.0))
+    job = SimpleNamespace(key="k", artifact="a", mesh={}, in_specs=[], out_specs=[])
+    lowered = SimpleNamespace(artifact_table={"a": SimpleNamespace(data=b"")})
+    plans = {"a0": SimpleNamespace(compiles=[job])}
+    rec, comp = records()
+    first = asyncio.create_task(programs._compile(rec, lowered, plans))  # type: ignore[arg-type]
+    again = asyncio.create_task(programs._compile(rec, lowered, plans))  # type: ignore[arg-type]
+    while pool.asked < 2:  # both have asked
+        await asyncio.sleep(0)
+    pool.answers[1].set_result(None)  # the newer compile, on the new executor: done
+    await again
+    assert (rec.status, comp.status) == ("ready", "ready")
+    pool.answers[0].set_result("Unavailable: host a0 is down")  # the older one, late
+    await first
+    assert (rec.status, comp.status) == ("ready", "ready")
