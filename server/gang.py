@@ -227,6 +227,10 @@ class Gangs:
         """What the island's queued submissions will produce (nothing of it exists yet)."""
         return {b for q in self._queued.values() if q.island == island for b in q.outputs}
 
+    def queued_reads(self, island: str) -> set[str]:
+        """What the island's queued submissions read."""
+        return {b for q in self._queued.values() if q.island == island for b in q.reads}
+
     def queued_for(self, buffer_id: str) -> bool:
         """True while a queued submission reads or writes the buffer."""
         return self._touched(buffer_id)

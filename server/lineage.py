@@ -3,8 +3,9 @@
 Contract:
 - An upload's bytes are kept, up to `max_bytes` in all (the oldest dropped first). A run's
   outputs remember their `Origin`: the program run, its inputs and all its outputs. An
-  origin can be repeated once its run has settled with every output computed (`done`); a
-  run that failed, or was in flight when its host died, has nothing to repeat.
+  origin can be repeated once its run has settled with every output computed (`done`), or
+  once it is known never to have started (`unstarted`); a run that failed, or was in
+  flight when its host died, has nothing to repeat.
 - The lineage of a live buffer outlives the client's release of its inputs: a released
   buffer that some kept origin reads stays (without its value) as long as that origin
   does, up to `max_released` such buffers, the oldest dropped first. A buffer whose
@@ -104,6 +105,14 @@ class Lineage:
         for b in ready:
             origin = self.origins.get(b)
             if origin is not None and not origin.done and ready.issuperset(origin.outputs):
+                origin.done = True
+
+    def unstarted(self, outputs: Iterable[str]) -> None:
+        """These buffers' run was never sent to its hosts (an input of it was lost first):
+        it computed nothing, so it may be repeated as a finished one is."""
+        for b in outputs:
+            origin = self.origins.get(b)
+            if origin is not None:
                 origin.done = True
 
     def release(self, buffer_id: str) -> None:

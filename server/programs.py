@@ -371,12 +371,34 @@ class Programs:
         if looping:
             start = self._tracked(run_id, owner.id, tuple(sorted(plans)), start,
                                   frozenset(d.name for d in rec.program.slices))
+        start = self._unless_lost(inputs, list(outputs), start)
         # Sequential dispatch writes the results with its closing messages: they wait until then.
         outputs = list(outputs)
         # Held until it has run: its record's executables and plans stay on the hosts until then.
         record = record_key(rec.computation.id if rec.computation is not None else rec.id)
         self.service.gangs.submit(island, sub, start, [*inputs, *([] if sequential else outputs)],
                                   [*(outputs if sequential else []), record], outputs=outputs, reads=inputs)
+
+    def _unless_lost(self, inputs: Sequence[str], outputs: list[str],
+                     start: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+        """`start`, unless an input was lost while the run waited for admission (its island
+        restarted): then nothing is sent, and its outputs are lost too, made again from
+        their lineage (this run, repeated after what it reads) when read."""
+        def started() -> Awaitable[None]:
+            lost, released = self.service.lost, self.service.lost_released
+            gone = next((b for b in inputs if b in lost or b in released), None)
+            if gone is None:
+                return start()
+            why = f"its input {gone} was lost before it ran ({lost.get(gone) or released[gone]})"
+            live = [b for b in outputs if b in self.service.buffers]
+            self.service.registry.lose(live, why)
+            self.service.settling.forget(live)
+            for b in set(outputs).difference(live):  # released already: what reads it finds it gone
+                released[b] = why
+            self.service.lineage.unstarted(outputs)
+            return asyncio.sleep(0)
+
+        return started
 
     def _tracked(self, run_id: str, owner_id: str, hosts: tuple[str, ...],
                  start: Callable[[], Awaitable[None]], slices: frozenset[str]

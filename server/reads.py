@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from server.service import Service
 
 T = TypeVar("T")
+REMAKES = 3  # times a read makes a lost buffer again before it gives up (the cause raised)
 
 
 def known_state(service: Service, rec: BufferRecord) -> str | None:
@@ -56,9 +57,20 @@ async def wait(service: Service, rec: BufferRecord) -> str:
     return await _despite_restart(service, rec, _wait)
 
 
-async def _wait(service: Service, rec: BufferRecord) -> str:
+async def _made(service: Service, rec: BufferRecord) -> None:
+    """Made again if lost, and the work producing it admitted. Work admitted after an input
+    of it was lost sends nothing and loses its outputs (`Programs._unless_lost`): then the
+    buffer is made again once more."""
+    for _ in range(REMAKES):
+        usable(service, rec)
+        await _admitted(service, rec)
+        if rec.id not in service.lost:
+            return
     usable(service, rec)
-    await _admitted(service, rec)
+
+
+async def _wait(service: Service, rec: BufferRecord) -> str:
+    await _made(service, rec)
     if await service.settling.ready(rec.id, service.settings.fetch_timeout_s):
         service.not_lost(rec)  # (its island may have restarted meanwhile)
         return "ready"
@@ -72,9 +84,8 @@ async def fetch(service: Service, owner: ClientRecord, buffer_id: str) -> tuple[
 
 
 async def _fetch(service: Service, rec: BufferRecord) -> bytes:
-    usable(service, rec)
     timeout = service.settings.fetch_timeout_s
-    await _admitted(service, rec)
+    await _made(service, rec)
     if len(rec.hosts) == 1:
         return await service.pool.fetch(rec.hosts[0], rec.id, timeout)
     parts = await asyncio.gather(*(service.pool.fetch_shards(h, rec.id, timeout) for h in rec.hosts))

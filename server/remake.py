@@ -21,7 +21,7 @@ import logging
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
-from ir import DataLoss, NotFound
+from ir import DataLoss, NotFound, Unavailable
 from resource_manager import Slice
 from scheduler import Submission
 from server.lineage import Put, Repeat, Step, Upload
@@ -93,7 +93,11 @@ def queued_put(service: Service, owner: ClientRecord, s: Slice, b: str, u: Uploa
     mesh = service.mesh(s)
 
     def start() -> Awaitable[None]:
-        service.pool.put(s.hosts, b, u.data, u.aval.dtype, u.aval.shape, mesh, u.spec.to_json())
+        try:
+            service.pool.put(s.hosts, b, u.data, u.aval.dtype, u.aval.shape, mesh, u.spec.to_json())
+        except Unavailable as e:  # its host went meanwhile: lost again, put again when read
+            service.registry.lose([b], str(e))
+            service.settling.forget([b])
         return _nothing()
 
     sub = Submission(new_id("put"), owner.id, tuple(sorted(s.hosts)), 1.0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
@@ -55,6 +56,7 @@ from server.tasks import Tasks
 log = logging.getLogger("isthmus.server")
 CLUSTER = "cluster"  # the registry's note of the cluster the executors were started for
 PLACEMENTS_KEPT = 4096  # slices whose placement is remembered (far more than are live)
+LOST_RELEASED_KEPT = 1 << 16  # released buffers remembered as lost with their hosts
 
 
 class Service:
@@ -80,6 +82,8 @@ class Service:
         self.computations = registry.computations
         self.lost = registry.lost  # buffer id -> why its value is gone (its island restarted)
         self.freeing: set[str] = set()  # released buffers whose hosts free them after queued work
+        # released buffers that queued work reads, lost with their hosts -> why (newest kept)
+        self.lost_released: OrderedDict[str, str] = OrderedDict()
         # What made each buffer, to make a lost one again (`server.remake`).
         self.lineage = Lineage(settings.lineage_mb << 20, settings.lineage_released)
         self.programs = Programs(self)
@@ -300,11 +304,18 @@ class Service:
         """The buffers on these hosts are gone (their executors are): reading one says why.
         Those that work still queued will compute (numbered for new executors) are not."""
         gone = set(hosts)
-        coming = {b for h in gone for b in self.gangs.queued_outputs(self.rm.host_island(h))}
+        islands = {self.rm.host_island(h) for h in gone}
+        coming = {b for i in islands for b in self.gangs.queued_outputs(i)}
         lost = [b for b, rec in self.buffers.items()
                 if gone & set(rec.hosts) and b not in coming and b not in self.lost]
         self.registry.lose(lost, why)
         self.settling.forget(lost)
+        # Released ones that queued work still reads went too (`Programs._unless_lost`).
+        for b in {b for i in islands for b in self.gangs.queued_reads(i)} - coming - self.buffers.keys():
+            self.lost_released[b] = why
+            self.lost_released.move_to_end(b)
+        while len(self.lost_released) > LOST_RELEASED_KEPT:
+            self.lost_released.popitem(last=False)
         return lost
 
     # -- buffers ---------------------------------------------------------------------------
@@ -364,6 +375,7 @@ class Service:
         for b in chosen or ():
             owner.failed.pop(b, None)
             owner.freed_with.pop(b, None)
+            self.lost_released.pop(b, None)  # a new value under an old id is not that one
         return ids
 
     def buffer(self, owner: ClientRecord, buffer_id: str) -> BufferRecord:

@@ -15,10 +15,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 from polling import admin_hosts, until
 from servers import own_server
 
@@ -74,6 +76,26 @@ def test_a_killed_executor_fails_its_work_typed_and_its_host_comes_back_by_itsel
         assert row["pid"] != before["pid"]
         np.testing.assert_array_equal(f(c.put(x0, s)).numpy(), x0 * 2.0 + 1.0)
         np.testing.assert_array_equal(kept.numpy(), x0 + 100)  # the island's other host kept its values
+
+
+def test_calls_queued_when_their_island_restarts_are_made_again_when_read(server):
+    """A chain of calls queued on its island when the island's executors are replaced: a
+    call whose input went with them sends nothing and its outputs are lost too, so reading
+    the chain's end makes it again from its lineage (the upload put again, the calls
+    repeated). Before, such calls ran on the new executors without their inputs, and the
+    end of the chain read as "not on this host" for good."""
+    address, token = server
+    with isthmus.connect(address, token=token, name="queued") as c:
+        s = c.slice({"x": 4}, island="a")
+        inc = c.jit(lambda v: v + 1.0, slice=s, in_specs=P("x"), out_specs=P("x"))
+        v = c.put(np.zeros(16, np.float32), s, P("x"))
+        for _ in range(2000):
+            v = inc(v)
+        c.buffers()  # what was queued has gone to the server
+        restart = httpx.post(f"{address}/v1/islands/a/restart", headers={"Authorization": f"Bearer {token}"},
+                             timeout=120)
+        assert restart.status_code == 200, restart.text
+        np.testing.assert_array_equal(v.numpy(), np.full(16, 2000, np.float32))
 
 
 def spinning(c: isthmus.Client, s: isthmus.Slice) -> isthmus.Buffer:
