@@ -270,8 +270,10 @@ class Buffer(Shaped):
         return np.asarray, (self.numpy(),)
 
     def __repr__(self) -> str:
-        keys = "" if self.key is None else f" keys={self.key}"
-        return f"Buffer({self.id}, {self.aval}{keys}, {self.spec}, slice={self.slice_id})"
+        if self.key is None:
+            return f"Buffer({self.id}, {self.aval}, {self.spec}, slice={self.slice_id})"
+        keys = f"{self.dtype}[{','.join(map(str, self.shape))}]"  # as `.shape` and `.dtype` say
+        return f"Buffer({self.id}, {keys} keys={self.key} as {self.aval}, {self.spec}, slice={self.slice_id})"
 
 
 # Arithmetic, comparison and indexing are refused by name: a buffer's value is on the

@@ -25,7 +25,7 @@ from client.donation import Donated
 from client.registrations import Registrations
 from client.statics import StaticKey, Statics
 from client.trace import current_trace
-from ir import Aval, InvalidArgument, IsthmusError, Spec, dtype_name, parse_dtype
+from ir import Aval, InvalidArgument, IsthmusError, NotFound, Spec, dtype_name, parse_dtype
 
 if TYPE_CHECKING:
     from client.session import Output, Session, Slice
@@ -120,6 +120,9 @@ class Function:
         session, registered = self._session, self._registered
         assert session is not None and registered is not None, \
             "a Function made without a session can only be traced"
+        if self.slice.id in session.deleted_slices:  # as a buffer freed with it says
+            raise NotFound(f"{self.name}: its slice {self.slice.id} was deleted, and its computations "
+                           "with it")
         # One thread at a time from the lookup until the call is queued: a signature evicted
         # by another thread is let go of only after this call of it (`Session.let_go`).
         with self._lock:

@@ -152,7 +152,10 @@ class Slice:
         assert self._session is not None, "a slice made without a session is a description only"
         self._session.request("DELETE", f"/v1/slices/{self.id}")
         self._session.slices.pop(self.id, None)
-        self._session.deleted_slices.append(self.id)
+        deleted = self._session.deleted_slices
+        deleted[self.id] = None
+        if len(deleted) > DELETED_SLICES_KEPT:
+            del deleted[next(iter(deleted))]
 
     def __repr__(self) -> str:
         return f"Slice({self.id}, {self.mesh}, island={self.island}, devices={self.device_ids})"
@@ -167,7 +170,7 @@ class Session:
         self.client_id = client_id
         self.slices: dict[str, Slice] = {}  # the slices this client created, by id
         # the newest it deleted, so that a buffer freed with one is told apart from a stranger's
-        self.deleted_slices: deque[str] = deque(maxlen=DELETED_SLICES_KEPT)
+        self.deleted_slices: dict[str, None] = {}  # the newest `DELETED_SLICES_KEPT`, in order
         self._queue: deque[Pending | str] = deque()  # operations, and released ids
         self._sending = threading.Lock()
         self._wake = threading.Event()

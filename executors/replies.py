@@ -38,6 +38,7 @@ from executors.messages import Lost, Ran, Settled
 from ir import RemoteError, Unavailable
 
 log = logging.getLogger("isthmus.executors")
+_SAID: dict[str, str] = {}  # host -> the last cause of a lost reply logged for it
 
 
 def settled(refs: Sequence[Any], hosts: Sequence[str], timeout: float, every: float,
@@ -87,8 +88,11 @@ class _Answers:
     def _put(self, i: int, reply: Settled) -> None:
         if self.out.done() or self._got[i] is not None:
             return
-        if isinstance(reply, Lost):
-            log.warning("host %s: %s", self._hosts[i], reply.cause)
+        if isinstance(reply, Lost):  # once per host and cause: a lost host has many runs waiting
+            host = self._hosts[i]
+            if _SAID.get(host) != reply.cause:
+                _SAID[host] = reply.cause
+                log.warning("host %s: %s (each run waiting on it fails so)", host, reply.cause)
         self._got[i] = reply
         self._left -= 1
         if self._left == 0:

@@ -68,8 +68,11 @@ def test_what_a_client_cannot_use_says_why(connect):
     np.testing.assert_array_equal(fb(xa.numpy()).numpy(), np.full(4, 2.0))  # as the error says
     doomed = a.slice({"x": 1})
     y = a.put(np.ones(4, np.float32), doomed)
-    y.result()
+    on_doomed = a.jit(lambda v: v * 2, slice=doomed)
+    on_doomed(y).result()
     doomed.delete()
+    with pytest.raises(isthmus.NotFound, match=f"its slice {doomed.id} was deleted, and its computations"):
+        on_doomed(np.ones(4, np.float32))  # not "computation c-... does not exist"
     with pytest.raises(isthmus.NotFound, match=f"{y.id}' was freed with its slice {doomed.id}"):
         y.numpy()
     fa = a.jit(lambda v: v + 1, slice=sa)

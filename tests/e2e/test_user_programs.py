@@ -115,6 +115,7 @@ def test_typed_keys_go_in_come_out_and_feed_on(c):
     split = c.jit(lambda k: jax.random.split(k), slice=s)
     keys = split(key)  # typed keys out: a Buffer of their key data, shown as keys
     assert keys.shape == (2,) and keys.dtype == key.dtype and keys.ndim == 1 and keys.size == 2
+    assert repr(keys).startswith(f"Buffer({keys.id}, key<fry>[2] keys=threefry2x32 as uint32[2,2]")
     same_keys(keys.keys(), jax.random.split(key))
     with pytest.raises(TypeError, match=r"PRNG keys .*\.keys\(\)"):
         keys.numpy()  # as np.asarray of a key array raises in JAX
