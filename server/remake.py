@@ -96,8 +96,11 @@ def queued_put(service: Service, owner: ClientRecord, s: Slice, b: str, u: Uploa
         try:
             service.pool.put(s.hosts, b, u.data, u.aval.dtype, u.aval.shape, mesh, u.spec.to_json())
         except Unavailable as e:  # its host went meanwhile: lost again, put again when read
-            service.registry.lose([b], str(e))
-            service.settling.forget([b])
+            if b in service.buffers:
+                service.registry.lose([b], str(e))
+                service.settling.forget([b])
+            else:  # made under a temporary id: what reads it finds it gone
+                service.lost_released[b] = str(e)
         return _nothing()
 
     sub = Submission(new_id("put"), owner.id, tuple(sorted(s.hosts)), 1.0)
