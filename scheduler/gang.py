@@ -6,7 +6,10 @@ Contract:
   in-flight) submissions; finished ids are forgotten, so memory stays bounded by the live
   work and a finished id may be submitted again.
 - `admit` returns the submissions admitted now, in admission order, while fewer than
-  `window` are in flight. The policy picks which client goes next; a client's own
+  `window` are in flight and, past `MIN_IN_FLIGHT` of them, the seconds they are expected
+  to take together (`Submission.seconds`) are under `window_s`: a client's backlog of long
+  computations then holds few places ahead of another client's work, and one of short
+  ones still fills the window. The policy picks which client goes next; a client's own
   submissions are admitted in the order it submitted them, so a run that consumes an
   earlier run's outputs stays behind it.
 - `done` frees a window slot and returns the submission; nothing is admitted until the
@@ -24,23 +27,31 @@ Contract:
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 from ir.errors import Conflict, InvalidArgument, NotFound
 from scheduler.policy import Policy
 from scheduler.submission import Submission
 
+MIN_IN_FLIGHT = 2  # admitted whatever they are expected to take: the hosts never wait between two
+
 
 class GangScheduler:
     """One island's queues, window and policy."""
 
-    def __init__(self, island: str, policy: Policy, window: int) -> None:
+    def __init__(self, island: str, policy: Policy, window: int, window_s: float = math.inf) -> None:
         if not isinstance(island, str) or not island:
             raise InvalidArgument(f"GangScheduler: island: expected a non-empty string, got {island!r}")
         if not isinstance(window, int) or isinstance(window, bool) or window < 1:
             raise InvalidArgument(f"GangScheduler {island!r}: window: expected an int >= 1, got {window!r}")
+        if not isinstance(window_s, int | float) or isinstance(window_s, bool) or not window_s > 0:
+            raise InvalidArgument(f"GangScheduler {island!r}: window_s: expected a number > 0, "
+                                  f"got {window_s!r}")
         self.island = island
         self.window = window
+        self.window_s = window_s
+        self._in_flight_s = 0.0  # the seconds the submissions in flight are expected to take
         self._policy = _checked_policy(island, policy)
         # client -> its queued (submission seq, submission), oldest first; only backlogged
         # clients have an entry.
@@ -71,7 +82,7 @@ class GangScheduler:
     def admit(self) -> list[Submission]:
         """Admit queued submissions while the window has room; return them in admission order."""
         out: list[Submission] = []
-        while self._queues and len(self._in_flight) < self.window:
+        while self._queues and self._room():
             if len(self._queues) == 1:  # one client backlogged (the usual case): no choice
                 client = next(iter(self._queues))
             else:
@@ -84,13 +95,19 @@ class GangScheduler:
             self._clock = self._vtime[client]
             self._vtime[client] += self._policy.stride(sub)
             self._in_flight[sub.id] = sub
+            self._in_flight_s += sub.seconds
             out.append(sub)
         return out
+
+    def _room(self) -> bool:
+        n = len(self._in_flight)
+        return n < self.window and (n < MIN_IN_FLIGHT or self._in_flight_s < self.window_s)
 
     def done(self, sub_id: str) -> Submission:
         """Mark an in-flight submission finished, free its window slot, and return it."""
         sub = self._in_flight.pop(sub_id, None)
         if sub is not None:
+            self._in_flight_s = self._in_flight_s - sub.seconds if self._in_flight else 0.0  # (no drift)
             return sub
         if sub_id in self._queued_ids:
             raise Conflict(f"island {self.island!r}: submission {sub_id!r} is queued, not admitted yet")
@@ -117,7 +134,7 @@ class GangScheduler:
     def admits_at_once(self) -> bool:
         """Whether a submission made now would be admitted by the next `admit`: nothing is
         queued and the window has room."""
-        return not self._queues and len(self._in_flight) < self.window
+        return not self._queues and self._room()
 
     @property
     def policy(self) -> Policy:

@@ -20,13 +20,15 @@ class Submission:
     """One unit of gang-scheduled work on one island, e.g. one program run.
 
     `hosts` are the island's hosts it runs on; `cost` is its weight in proportional share
-    (e.g. the number of computations in the run). The window counts submissions, not cost.
+    (e.g. the number of computations in the run). The window counts submissions, not cost;
+    `seconds`, how long it is expected to keep its hosts busy, bounds the window in time.
     """
 
     id: str
     client: str
     hosts: tuple[str, ...]
     cost: float = 1.0
+    seconds: float = 0.0
 
     def __post_init__(self) -> None:
         for field in ("id", "client"):
@@ -45,5 +47,10 @@ class Submission:
         ):
             raise InvalidArgument(
                 f"submission {self.id!r}: cost: expected a finite number > 0, got {cost!r}"
+            )
+        seconds = self.seconds
+        if not isinstance(seconds, int | float) or isinstance(seconds, bool) or not 0 <= seconds < math.inf:
+            raise InvalidArgument(
+                f"submission {self.id!r}: seconds: expected a finite number >= 0, got {seconds!r}"
             )
 

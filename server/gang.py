@@ -15,7 +15,11 @@ Contract:
 - All of it runs on the server's one event loop: admission and numbering are never
   interleaved with another submission's.
 - The policy is FIFO or proportional share by client weight; the window is how many
-  submissions an island runs at once.
+  submissions an island runs at once, and how many seconds of work (`window_s`): each
+  submission is expected to take what the last of its kind (a program, or a computation's
+  calls) took at the head of its island (`expected`: from its admission, or the previous
+  submission's end if later, to its own end); one of a kind not seen yet, all of
+  `window_s`.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections import Counter
+import math
+import time
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -35,6 +41,9 @@ log = logging.getLogger("isthmus.server")
 Start = Callable[[], Awaitable[None]]
 
 
+KINDS_KEPT = 1 << 16  # kinds of submission whose time is remembered (newest kept)
+
+
 @dataclass
 class _Queued:
     island: str
@@ -43,14 +52,18 @@ class _Queued:
     held: tuple[str, ...]  # buffers that wait until it has run (outputs written only then)
     outputs: tuple[str, ...] = ()  # the buffers it produces
     reads: tuple[str, ...] = ()  # its inputs: read until it has run (`after_reads`)
+    kind: str = ""  # what it runs (`expected`), if it is timed
+    admitted: float = 0.0  # when (monotonic)
 
 
 class Gangs:
-    def __init__(self, islands: Sequence[str], policy: str, window: int) -> None:
+    def __init__(self, islands: Sequence[str], policy: str, window: int, window_s: float = math.inf) -> None:
         self._share = policy == "share"
         self._weights: dict[str, float] = {}
-        self._window = window
-        self.schedulers = {i: GangScheduler(i, self._policy(), window) for i in islands}
+        self._window, self._window_s = window, window_s
+        self.schedulers = {i: GangScheduler(i, self._policy(), window, window_s) for i in islands}
+        self._seconds: OrderedDict[str, float] = OrderedDict()  # kind -> seconds it took last
+        self._last_end: dict[str, float] = {}  # island -> when its last submission ended
         self._queued: dict[str, _Queued] = {}
         # island -> buffer -> queued submissions of that island touching it
         self._by_island: dict[str, Counter[str]] = {i: Counter() for i in islands}
@@ -67,7 +80,7 @@ class Gangs:
     def add_island(self, island: str) -> None:
         """Schedule an island that joined (`server.membership`)."""
         if island not in self.schedulers:
-            self.schedulers[island] = GangScheduler(island, self._policy(), self._window)
+            self.schedulers[island] = GangScheduler(island, self._policy(), self._window, self._window_s)
             self._by_island[island] = Counter()
             self.admitted[island] = Counter()
 
@@ -84,8 +97,14 @@ class Gangs:
 
     # -- submissions -------------------------------------------------------------------------
 
+    def expected(self, kind: str) -> float:
+        """The seconds a submission of this kind is expected to keep its island busy."""
+        seconds = self._seconds.get(kind)
+        return min(self._window_s, 3600.0) if seconds is None else seconds
+
     def submit(self, island: str, sub: Submission, start: Start, touches: Sequence[str],
-               held: Sequence[str] = (), outputs: Sequence[str] = (), reads: Sequence[str] = ()) -> None:
+               held: Sequence[str] = (), outputs: Sequence[str] = (), reads: Sequence[str] = (),
+               kind: str = "") -> None:
         """Queue a submission; `touches` wait for its admission, `held` until it has run;
         `outputs` are what it produces, `reads` what it reads (`after_reads`).
 
@@ -98,7 +117,7 @@ class Gangs:
         # its touches would be released as soon as held, and nothing can look in between.
         at_once = not others and island not in self._paused and self.schedulers[island].admits_at_once()
         queued = _Queued(island, start, () if at_once else tuple(touches), tuple(held), tuple(outputs),
-                         tuple(reads))
+                         tuple(reads), kind)
         self.waiting[sub.client] += 1
         self._hold(queued)
         if not others:
@@ -148,6 +167,7 @@ class Gangs:
             self._admitted_or_gone(sub.client)
             self.admitted[island][sub.client] += sub.cost
             self._reading.update(queued.reads)
+            queued.admitted = time.monotonic()
             try:
                 running = queued.start()  # numbered on its hosts now, in admission order
             except Exception:
@@ -175,6 +195,13 @@ class Gangs:
         self._finished(island, sub_id, queued)
 
     def _finished(self, island: str, sub_id: str, queued: _Queued) -> None:
+        now = time.monotonic()
+        if queued.kind:  # at the head of the island from its admission or the previous end
+            self._seconds[queued.kind] = now - max(queued.admitted, self._last_end.get(island, 0.0))
+            self._seconds.move_to_end(queued.kind)
+            if len(self._seconds) > KINDS_KEPT:
+                self._seconds.popitem(last=False)
+        self._last_end[island] = now
         self._release(island, queued.held)
         self._unread_by(queued.reads)
         self.schedulers[island].done(sub_id)

@@ -362,7 +362,8 @@ class Programs:
             for plan in plans.values()
         ]
         island = self.service.slice(owner, rec.program.slices[0].name).island
-        sub = Submission(run_id, owner.id, tuple(sorted(plans)), rec.cost)
+        kind = rec.computation.id if rec.computation is not None else rec.id
+        sub = Submission(run_id, owner.id, tuple(sorted(plans)), rec.cost, self.service.gangs.expected(kind))
         # A loop's steps run many times on their host: programs with loops or branches always
         # travel whole (one message per host), whatever the dispatch asked for.
         looping = any(plan.loops for plan in plans.values())
@@ -377,7 +378,8 @@ class Programs:
         # Held until it has run: its record's executables and plans stay on the hosts until then.
         record = record_key(rec.computation.id if rec.computation is not None else rec.id)
         self.service.gangs.submit(island, sub, start, [*inputs, *([] if sequential else outputs)],
-                                  [*(outputs if sequential else []), record], outputs=outputs, reads=inputs)
+                                  [*(outputs if sequential else []), record], outputs=outputs, reads=inputs,
+                                  kind=kind)
 
     def _unless_lost(self, inputs: Sequence[str], outputs: list[str],
                      start: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:

@@ -88,7 +88,7 @@ class Service:
         self.lineage = Lineage(settings.lineage_mb << 20, settings.lineage_released)
         self.programs = Programs(self)
         window = settings.gang_window if settings.gang_order else 1 << 30
-        self.gangs = Gangs(rm.islands(), settings.gang_policy, window)
+        self.gangs = Gangs(rm.islands(), settings.gang_policy, window, settings.gang_window_s)
         self.settling = Settling()  # results known ready from the hosts' answers
         self.restarting = Restarts()  # islands whose executors are being replaced
         self._tasks = Tasks()

@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     # finer grain (1 is the finest).
     gang_policy: Literal["fifo", "share"] = "share"
     gang_window: int = Field(256, ge=1, le=1024)
+    # ... and how many seconds of work, as each kind of submission took last (past two at
+    # once): a backlog of long computations holds few places ahead of another client's work.
+    gang_window_s: float = Field(0.5, gt=0, le=3600)
     # Computations an executor issues to its devices without waiting for each to finish
     # (XLA's asynchronous dispatch); 1 runs each to completion (docs/architecture.md).
     executor_in_flight: int = Field(8, ge=1, le=1024)

@@ -197,3 +197,27 @@ def test_values_made_by_functions_since_dropped_are_made_again_after_a_restart(c
     assert c.restart_island("b") >= 2  # again: what made them the first time is still known
     np.testing.assert_array_equal(y.numpy(), want_y)
     np.testing.assert_array_equal(z.numpy(), want_y - 2)
+
+
+def test_another_client_s_backlog_of_long_calls_holds_few_places_ahead_of_a_call(connect):
+    """One client queues 30 calls of a computation that takes a tenth of a second or so;
+    another client's call on the same host then comes back while most of them still wait:
+    past two at once, an island admits no more than `gang_window_s` (0.5 s) of work as each
+    kind took last, not its whole window of 256 submissions."""
+    import jax
+    import jax.numpy as jnp
+
+    greedy, other = connect("greedy"), connect("other")
+    s = greedy.slice({"x": 1}, island="b")
+    mine = next(t for t in (other.slice({"x": 1}, island="b") for _ in range(8)) if t.hosts == s.hosts)
+    slow = greedy.jit(lambda v: jax.lax.fori_loop(0, 100, lambda _, a: jnp.tanh(a @ a), v), slice=s)
+    x = greedy.put(np.eye(256, dtype=np.float32) * 0.5, s)
+    slow(x).result()  # compiled, and how long it takes known
+    outs = [slow(x) for _ in range(30)]
+    greedy.flush()
+    quick = other.jit(lambda v: v + 1.0, slice=mine)
+    np.testing.assert_array_equal(quick(np.ones(4, np.float32)).numpy(), np.full(4, 2.0, np.float32))
+    done = sum(b.ready() for b in outs)
+    assert done < 20, f"{done} of the 30 long calls ran before the other client's"
+    for b in outs:
+        b.result()

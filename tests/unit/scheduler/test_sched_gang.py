@@ -27,6 +27,28 @@ def test_fifo_admits_in_submission_order_across_clients() -> None:
     assert ids(s.admit()) == [sid for sid, _ in order]
 
 
+def test_the_window_in_seconds_holds_a_backlog_of_long_submissions_to_a_few_in_flight() -> None:
+    """A client's 0.5 s submissions: past two in flight, no more than the window's 0.8 s of
+    them; another client's then waits behind a few of them, not behind a window of 256.
+    Short ones fill the window as before."""
+    s = GangScheduler("a", ProportionalShare(), window=256, window_s=0.8)
+    for k in range(10):
+        s.submit(Submission(f"long{k}", "greedy", ("a0",), seconds=0.5))
+    assert ids(s.admit()) == ["long0", "long1"]  # two at once whatever they take
+    s.submit(Submission("mine", "other", ("a0",), seconds=0.5))
+    assert s.admit() == [] and not s.admits_at_once()
+    s.done("long0")
+    assert ids(s.admit()) == ["long2"]  # (its turn: they are even, and greedy was first)
+    s.done("long1")
+    assert ids(s.admit()) == ["mine"]  # then the other client's, three places in, not 256
+    short = GangScheduler("b", FifoPolicy(), window=256, window_s=0.8)
+    for k in range(300):
+        short.submit(Submission(f"short{k}", "c", ("b0",), seconds=0.001))
+    assert len(short.admit()) == 256
+    with pytest.raises(InvalidArgument, match="seconds: expected a finite number >= 0"):
+        Submission("bad", "c", ("b0",), seconds=math.inf)
+
+
 def test_window_bounds_in_flight_and_admission_goes_on_in_order() -> None:
     s = GangScheduler("a", FifoPolicy(), window=2)
     for k in range(5):
