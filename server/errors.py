@@ -7,6 +7,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from ir import Conflict, DataLoss, InvalidArgument, IsthmusError, NotFound, RemoteError, Unavailable
 
@@ -100,6 +101,14 @@ def install(app: FastAPI) -> None:
         forget(error)
         return JSONResponse(status_code=422, content={"error": "RequestValidationError",
                                                       "detail": jsonable_encoder(detail)})
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(_: Request, error: ClientDisconnect) -> JSONResponse:
+        # The caller went before its body came: nobody reads the answer, and nothing of the
+        # request was done; not a traceback in the log.
+        forget(error)
+        return JSONResponse(status_code=400, content={
+            "error": "ClientDisconnect", "detail": "body: the connection ended before it came whole"})
 
     @app.exception_handler(HTTPException)
     async def _http(_: Request, error: HTTPException) -> JSONResponse:

@@ -67,3 +67,31 @@ def test_a_refused_request_is_freed_without_the_collector(path: str, body: bytes
 
     before, after = asyncio.run(main())
     assert after == before
+
+
+async def test_a_caller_gone_before_its_body_came_is_answered_not_logged_as_a_failure() -> None:
+    """A body cut off (the client's process stopped mid-upload) raises Starlette's
+    ClientDisconnect in the route: an answer nobody reads, not an unhandled exception."""
+    from fastapi import Request
+
+    a = FastAPI()
+    errors.install(a)
+
+    @a.post("/raw")
+    async def raw(request: Request) -> dict[str, int]:
+        return {"bytes": len(await request.body())}
+
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/raw", "raw_path": b"/raw", "query_string": b"",
+             "headers": [(b"content-length", b"1000")], "http_version": "1.1", "scheme": "http",
+             "server": ("t", 80), "client": ("c", 1), "root_path": "", "app": a}
+    await a(scope, receive, send)
+    assert sent[0]["status"] == 400
+    assert json.loads(sent[1]["body"])["error"] == "ClientDisconnect"
