@@ -58,9 +58,18 @@ def test_a_killed_executor_fails_its_work_typed_and_its_host_comes_back_by_itsel
             y = f(y)
         os.kill(before["pid"], signal.SIGKILL)
         killed = time.monotonic()
-        with pytest.raises((isthmus.Unavailable, isthmus.RemoteError)):
-            y.numpy()
-        assert time.monotonic() - killed < 10
+        try:
+            got = y.numpy()
+        except isthmus.DataLoss:  # a call before it was running: known once the host is back
+            assert time.monotonic() - killed < 60
+        except (isthmus.Unavailable, isthmus.RemoteError):  # its call was running
+            assert time.monotonic() - killed < 10
+        else:  # its call was still queued: it sent nothing, and was made again from its lineage
+            want = x0
+            with np.errstate(over="ignore"):
+                for _ in range(300):
+                    want = want * np.float32(2.0) + np.float32(1.0)
+            np.testing.assert_array_equal(got, want)
         # The values that were computed there come back, made again from their lineage when
         # read: the upload put again, the runs repeated (the released one under another id).
         np.testing.assert_array_equal(top.numpy(), ((x0 * 2.0 + 1.0) * 2.0 + 1.0) * 2.0 + 1.0)
