@@ -144,15 +144,16 @@ class Host:
             gap = self._next if self._ops and self._next not in self._ops else None
         running, started, run = self._running, self._started, self._running_run
         oldest = self.runner.issued.oldest_running()  # issued, and still running on the devices
-        if running is None and oldest is not None:
-            running, started, run = oldest
-        now = time.perf_counter()
-        # The run this host has been busy with the longest: its op, or a computation of it
-        # still running on the devices after the op went on (`server.healing` stops one
-        # that outlives its client or its run's limit).
+        # The run this host has been busy with the longest: its op's, or one whose computation
+        # still runs on the devices after its op went on (`server.healing` stops one that
+        # outlives its client or its run's limit).
         busy = [(started, run)] if running is not None and run else []
-        if oldest is not None and oldest[2]:
-            busy.append((oldest[1], oldest[2]))
+        if oldest is not None:
+            label, issued, of = oldest
+            busy += [(issued, of)] if of else []
+            if running is None:
+                running, started = label, issued
+        now = time.perf_counter()
         since, longest = min(busy, default=(now, None))
         return {
             "host": self.host,

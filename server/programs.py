@@ -395,8 +395,7 @@ class Programs:
             live = [b for b in outputs if b in self.service.buffers]
             self.service.registry.lose(live, why)
             self.service.settling.forget(live)
-            for b in set(outputs).difference(live):  # released already: what reads it finds it gone
-                released[b] = why
+            self.service.lose_released(set(outputs).difference(live), why)  # released already
             self.service.lineage.unstarted(outputs)
             return asyncio.sleep(0)
 

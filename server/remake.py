@@ -100,7 +100,7 @@ def queued_put(service: Service, owner: ClientRecord, s: Slice, b: str, u: Uploa
                 service.registry.lose([b], str(e))
                 service.settling.forget([b])
             else:  # made under a temporary id: what reads it finds it gone
-                service.lost_released[b] = str(e)
+                service.lose_released([b], str(e))
         return _nothing()
 
     sub = Submission(new_id("put"), owner.id, tuple(sorted(s.hosts)), 1.0)

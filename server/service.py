@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
 from executors import ExecutorPool, RayOptions
@@ -311,12 +311,18 @@ class Service:
         self.registry.lose(lost, why)
         self.settling.forget(lost)
         # Released ones that queued work still reads went too (`Programs._unless_lost`).
-        for b in {b for i in islands for b in self.gangs.queued_reads(i)} - coming - self.buffers.keys():
+        self.lose_released({b for i in islands for b in self.gangs.queued_reads(i)} - coming
+                           - self.buffers.keys(), why)
+        return lost
+
+    def lose_released(self, buffer_ids: Iterable[str], why: str) -> None:
+        """These released buffers (or temporary ones) are gone: work reading them finds out
+        (the newest `LOST_RELEASED_KEPT` are remembered)."""
+        for b in buffer_ids:
             self.lost_released[b] = why
             self.lost_released.move_to_end(b)
         while len(self.lost_released) > LOST_RELEASED_KEPT:
             self.lost_released.popitem(last=False)
-        return lost
 
     # -- buffers ---------------------------------------------------------------------------
 
