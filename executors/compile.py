@@ -66,6 +66,24 @@ def on_devices(value: Any) -> Any:
     return value
 
 
+def host_copy(array: Any) -> np.ndarray:
+    """A fully addressable array's value in host memory, C-contiguous, without leaving that
+    copy on the array.
+
+    A `jax.Array` on an accelerator keeps the host copy that `np.asarray` makes of it for as
+    long as it lives. A buffer fetched once would then hold its size again in the executor's
+    host memory until it is deleted, which no pool counts: a client keeping the results it
+    has fetched would use twice what its claims allow (seen on an H100 machine). So the copy
+    is made of a second `jax.Array` over the same device buffers, and goes with it. On CPU
+    the value is the device buffer itself: JAX neither copies nor keeps anything."""
+    if all(d.platform == "cpu" for d in array.sharding.device_set):
+        value = np.asarray(array)
+    else:
+        shards = [s.data for s in array.addressable_shards]
+        value = np.asarray(jax.make_array_from_single_device_arrays(array.shape, array.sharding, shards))
+    return value if value.flags.c_contiguous else np.ascontiguousarray(value)  # (keeps a scalar 0-d)
+
+
 def place(array: Any, mesh: DeviceMesh, spec: Spec) -> Any:
     """A host array on a slice's devices, ready; on a slice spanning hosts, this process's
     shards of it (every host of the slice places the same whole array)."""

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from executors.compile import compile_artifact, make_mesh, place
+from executors.compile import compile_artifact, host_copy, make_mesh, place
 from executors.issued import computed
 from executors.memory import MACHINE, Budget, working_bytes
 from executors.memory import check as check_working
@@ -502,9 +502,9 @@ def _finished(array: Any) -> None:
 
 
 def _raw(array: Any) -> bytes:
-    return np.ascontiguousarray(array).tobytes()
+    return host_copy(array).tobytes()
 
 
 def _raw_shards(array: Any) -> list[tuple[list[tuple[int, int]], bytes]]:
     """This process's distinct shards of a global array, each as raw bytes."""
-    return [(index, data.tobytes()) for index, data in distinct_shards(array)]
+    return [(index, data.tobytes()) for index, data in distinct_shards(array, host_copy)]

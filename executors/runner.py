@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 
 from executors import control
-from executors.compile import HostArray, on_devices, place, sharding_of
+from executors.compile import HostArray, host_copy, on_devices, place, sharding_of
 from executors.control import DEAD, Frames, Layout, aborted, blocked
 from executors.issued import Issued
 from executors.iterations import run_frame
@@ -518,9 +518,9 @@ class Runner:
         elif isinstance(value, HostArray):  # received here, sent on as it came
             payload = Whole(value.array)
         elif value.is_fully_addressable:
-            payload = Whole(np.asarray(value))
+            payload = Whole(host_copy(value))
         else:
-            payload = Shards(distinct_shards(value))
+            payload = Shards(distinct_shards(value, host_copy))
         for to in step.to:
             self._deliver(to, run_id, frames.tag(_tag(step.tag, self.host)), payload)
 

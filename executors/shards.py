@@ -8,7 +8,7 @@ spanning hosts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,14 +17,15 @@ Index = Sequence[Sequence[int]]  # (start, stop) per dimension
 Shard = tuple[Index, Any]  # data: np.ndarray, or its raw bytes
 
 
-def distinct_shards(array: Any) -> list[tuple[list[tuple[int, int]], np.ndarray]]:
-    """This process's shards of a (possibly global) jax.Array, one per distinct index."""
+def distinct_shards(array: Any, read: Callable[[Any], np.ndarray]
+                    ) -> list[tuple[list[tuple[int, int]], np.ndarray]]:
+    """This process's shards of a (possibly global) jax.Array, one per distinct index, each
+    read into host memory by `read` (C-contiguous)."""
     out: dict[tuple[tuple[int, int], ...], np.ndarray] = {}
     for shard in array.addressable_shards:
         index = tuple(sl.indices(n)[:2] for sl, n in zip(shard.index, array.shape, strict=True))
         if index not in out:  # (np.ascontiguousarray would make a scalar 1-d)
-            data = np.asarray(shard.data)
-            out[index] = data if data.flags.c_contiguous else np.ascontiguousarray(data)
+            out[index] = read(shard.data)
     return [(list(k), v) for k, v in out.items()]
 
 

@@ -28,8 +28,9 @@ def test_a_scalar_is_one_shard_with_no_dimensions():
 def test_a_scalar_jax_array_keeps_no_dimensions_on_its_way():
     import jax.numpy as jnp
 
+    from executors.compile import host_copy
     from executors.shards import distinct_shards
 
-    ((index, data),) = distinct_shards(jnp.bool_(True))
+    ((index, data),) = distinct_shards(jnp.bool_(True), host_copy)
     assert index == [] and data.ndim == 0  # (a loop's predicate, sent from a slice spanning hosts)
     assert bool(whole([(index, data)])) is True
