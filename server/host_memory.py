@@ -134,8 +134,10 @@ class HostMemory:
         """Count a buffer of `client`'s on its hosts."""
         self._refresh()
         self.discharge([buffer_id])
-        self._charges[buffer_id] = (client, tuple(footprint.items()))
-        for host, nbytes in footprint.items():
+        # (a zero-size buffer holds nothing: a client holding only such has no entry to free)
+        held = tuple((host, nbytes) for host, nbytes in footprint.items() if nbytes)
+        self._charges[buffer_id] = (client, held)
+        for host, nbytes in held:
             pool = self._pools[host]
             self.held[pool] = self.held.get(pool, 0) + nbytes
             self.on_host[host] = self.on_host.get(host, 0) + nbytes

@@ -1,5 +1,7 @@
 """Every computation through Isthmus equals `jax.jit` of the same function run locally."""
 
+import gc
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -99,3 +101,25 @@ def test_while_loop_and_cond_inside_a_computation(c):
     f = c.jit(jax.vmap(collatz_steps), slice=s, in_specs=P("x"), out_specs=P("x"))
     n = np.array([6, 7, 27, 97], dtype=np.int32)
     np.testing.assert_array_equal(f(n).numpy(), np.asarray(jax.jit(jax.vmap(collatz_steps))(n)))
+
+
+def test_zero_size_values_free_cleanly_and_compute_as_in_jax(c):
+    """A client holding only zero-size buffers frees two: the second free found no entry
+    left for the client in the machine's pool, and the batch carrying the releases failed
+    with a 500, calls in it too. Then zero-size arrays in and out, as `jax.jit` gives them."""
+    s = c.slice({"x": 1})
+    empties = [c.put(np.zeros((0, 3), np.float32), s) for _ in range(2)]  # all the client holds
+    for e in empties:
+        assert e.numpy().shape == (0, 3)
+    del empties, e
+    gc.collect()
+    c.flush()  # the releases reach the server (the batch failed here)
+    assert c.buffers() == []
+
+    f = c.jit(lambda e: (e * 2).sum(axis=0), slice=s)
+    want = jax.jit(lambda e: (e * 2).sum(axis=0))(np.zeros((0, 3), np.float32))
+    got = f(np.zeros((0, 3), np.float32)).numpy()
+    np.testing.assert_array_equal(got, np.asarray(want))
+    assert got.dtype == want.dtype and got.shape == want.shape == (3,)
+    np.testing.assert_array_equal(f(np.ones((2, 3), np.float32)).numpy(), np.full(3, 4.0, np.float32))
+

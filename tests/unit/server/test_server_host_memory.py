@@ -67,6 +67,22 @@ def test_cpu_hosts_on_one_machine_share_one_pool_and_a_release_gives_room_back()
     assert memory.pool("a1") == ("unpinned hosts", 2 * KIB)
 
 
+def test_zero_size_buffers_hold_nothing_and_free_cleanly():
+    """Two zero-size buffers of a client that holds nothing else: freeing the second found
+    no entry for the client once the first had freed it (a KeyError that failed a batch)."""
+    rm = manager([HostSpec("a0", 2)], {"a0": KIB})
+    memory = HostMemory(rm)
+    s = rm.create_slice(MeshAxes.of({"x": 2}), "c")
+    empty = memory.footprint(s, Aval((0, 3), "float32"), Spec(("x",)))
+    memory.charge("e1", empty, "cl-1")
+    memory.charge("e2", empty, "cl-1")
+    memory.charge("b1", memory.footprint(s, F32_1K, Spec(())), "cl-2")
+    memory.release(["e1"])()
+    memory.release(["e2"])()
+    memory.release(["b1"])()
+    assert memory.held == {"unpinned hosts": 0} and memory.by_client == {"unpinned hosts": {}}
+
+
 def test_hosts_pinned_to_different_nodes_and_gpu_hosts_are_pools_of_their_own():
     hosts = [HostSpec("a0", 1, node="n1"), HostSpec("a1", 1, node="n2"), HostSpec("g0", 1, "gpu"),
              HostSpec("g1", 1, "gpu")]
