@@ -102,7 +102,46 @@ def as_array(x: Any) -> tuple[np.ndarray, View]:
         if not np.iinfo(wanted).min <= x <= np.iinfo(wanted).max:
             raise OverflowError(f"Python int {x} too large to convert to {wanted.name}")
     array = np.asarray(x)
+    if array.dtype.kind in "OSUV":  # (str, bytes, objects, records, float0)
+        raise NotAnArray(_not_an_array(x, array))
     return array.astype(jax.dtypes.canonicalize_dtype(array.dtype), copy=False), WEAK if weak else PLAIN
+
+
+FLOAT0 = "float0"  # a signature's dtype for a float0 leaf, which is not sent
+
+
+def is_float0(x: Any) -> bool:
+    """An integer input's gradient: an array of JAX's float0, which holds no data."""
+    return getattr(x, "dtype", None) == jax.dtypes.float0
+
+
+class NotAnArray(InvalidArgument):
+    """A leaf that is no array: the caller says which argument it is (`leaf_path`)."""
+
+
+def _not_an_array(x: Any, array: np.ndarray) -> str:
+    if array.dtype == jax.dtypes.float0:
+        return ("is a float0 array (an integer input's gradient), which holds no data: it is "
+                "taken by a c.jit function's call, not uploaded (c.put) or bound to a program")
+    shown = repr(x)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return (f"is a {type(x).__name__} ({shown}), not an array: an argument that is not an array "
+            "must be static, as in jax.jit (c.jit(..., static_argnums=... or static_argnames=...))")
+
+
+def leaf_path(tree: tuple[tuple[Any, ...], dict[str, Any]], i: int) -> str:
+    """How the user wrote leaf `i` of `(args, kwargs)`: `args[1]`, `kwargs['mode'][0]`, ..."""
+    path = jax.tree_util.tree_flatten_with_path(tree)[0][i][0]
+    return ("args" if path[0].idx == 0 else "kwargs") + jax.tree_util.keystr(path[1:])
+
+
+def leaf_array(x: Any, tree: tuple[tuple[Any, ...], dict[str, Any]], i: int, who: str
+               ) -> tuple[np.ndarray, View]:
+    """`as_array` of leaf `i` of `(args, kwargs)`; a leaf that is no array is named."""
+    try:
+        return as_array(x)
+    except NotAnArray as e:
+        raise InvalidArgument(f"{who}: argument {leaf_path(tree, i)} {e}") from None
 
 
 def _key_data(keys: Any) -> tuple[Any, View]:

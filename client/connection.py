@@ -15,7 +15,7 @@ from typing import Any
 import jax
 from jax.sharding import PartitionSpec
 
-from client.arrays import as_array, leaf_specs
+from client.arrays import NotAnArray, as_array, leaf_specs
 from client.buffer import Buffer
 from client.devices import DeviceTable
 from client.donation import Donated
@@ -146,7 +146,13 @@ class Client:
         here; small arrays still travel together, in one request with what was queued."""
         leaves, treedef = jax.tree_util.tree_flatten(tree)
         specs = leaf_specs(spec, tree, "specs")
-        arrays = [as_array(x) for x in leaves]
+        arrays = []
+        for i, x in enumerate(leaves):
+            try:
+                arrays.append(as_array(x))
+            except NotAnArray as e:
+                path = jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(tree)[0][i][0])
+                raise InvalidArgument(f"put: the value{path and ' at ' + path} {e}") from None
         bufs = [self._session.put(a, slice.id, s, view)
                 for (a, view), s in zip(arrays, specs, strict=True)]
         self._session.flush()

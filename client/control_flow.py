@@ -362,9 +362,7 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any, Any], Any], init_
 
     def step(c: tuple[Any, Any]) -> tuple[Any, Any]:
         out = body_fun(c[0], c[1])
-        if (returned := jax.tree_util.tree_structure(out, is_leaf=_is_traced)) != treedef:
-            raise InvalidArgument(f"fori_loop: body_fun must return the carry's structure {treedef}; "
-                                  f"it returned {returned}")
+        _check_returned(out, treedef)
         return inc(c[0]), out
 
     _, carry = _while_loop(keep_going, step, (trace.traced(counter), init_val), parallel_iterations,
@@ -445,7 +443,14 @@ def _probe(trace: Trace, body_fun: Callable[[Any, Any], Any], leaves: Sequence[i
     args = [child.new_arg(trace.values[v].aval, trace.values[v].view, trace.typed(v)) for v in leaves]
     carry = jax.tree_util.tree_unflatten(treedef, [child.traced(v) for v in args])
     with tracing(child):
-        body_fun(child.traced(counter), carry)
+        out = body_fun(child.traced(counter), carry)
+    _check_returned(out, treedef)  # (a mistake told before the want of a slice it may cause)
+
+
+def _check_returned(out: Any, treedef: Any) -> None:
+    if (returned := jax.tree_util.tree_structure(out, is_leaf=_is_traced)) != treedef:
+        raise InvalidArgument(f"fori_loop: body_fun must return the carry's structure {treedef}; "
+                              f"it returned {returned}")
 
 
 def _shown(trace: Trace, value: int) -> str:

@@ -19,7 +19,18 @@ import jax
 import numpy as np
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec, use_abstract_mesh
 
-from client.arrays import View, as_array, call_specs, leaf_specs, unwrap, wrap
+from client.arrays import (
+    FLOAT0,
+    PLAIN,
+    View,
+    as_array,
+    call_specs,
+    is_float0,
+    leaf_array,
+    leaf_specs,
+    unwrap,
+    wrap,
+)
 from client.buffer import TRACING, Buffer
 from client.donation import Donated
 from client.registrations import Registrations
@@ -98,14 +109,19 @@ class Function:
             return trace.apply(self, args, kwargs, static)
         leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs))
         arrays: list[Buffer | tuple[np.ndarray, View]] = [
-            x.live(self._session) if isinstance(x, Buffer) else as_array(x) for x in leaves
+            x.live(self._session) if isinstance(x, Buffer)
+            else (np.zeros(np.shape(x), jax.dtypes.float0), PLAIN) if is_float0(x)
+            else leaf_array(x, (args, kwargs), i, self.name)
+            for i, x in enumerate(leaves)
         ]
         sig: Signature = (in_tree, static, tuple(
             (a.aval.shape, a.aval.dtype, a.view) if isinstance(a, Buffer)
-            else (a[0].shape, dtype_name(a[0].dtype), a[1])
+            else (a[0].shape, FLOAT0 if is_float0(a[0]) else dtype_name(a[0].dtype), a[1])
             for a in arrays
         ))
         exported = self.export(args, kwargs, sig)
+        if any(d == FLOAT0 for _, d, _ in sig[2]):  # known when traced: not sent
+            arrays = [a for a, (_, d, _) in zip(arrays, sig[2], strict=True) if d != FLOAT0]
         # without array results there is nothing to compute: a JAX function has no other effect
         if not exported.outputs:
             for b in donated:
@@ -170,7 +186,11 @@ class Function:
         first traced for another slice keeps that one's) is refused."""
         s = self.slice
         mesh = s.abstract_mesh
-        in_specs = call_specs(self.in_specs, args, kwargs)
+        # float0 leaves (integer inputs' gradients) hold no data: made inside, as constants
+        zero = [dtype == FLOAT0 for _, dtype, _ in leaves]
+        in_specs = [spec for spec, z in zip(call_specs(self.in_specs, args, kwargs), zero, strict=True)
+                    if not z]
+        every, leaves = leaves, [leaf for leaf, z in zip(leaves, zero, strict=True) if not z]
         axes = s.mesh_axes
         for i, (spec, (shape, dtype, _)) in enumerate(zip(in_specs, leaves, strict=True)):
             spec.check(Aval(tuple(shape), dtype), axes, f"in_specs (leaf {i})")
@@ -182,11 +202,14 @@ class Function:
         avals = [jax.ShapeDtypeStruct(shape, parse_dtype(dtype), weak_type=view.weak,
                                       sharding=sharding(spec) if s.explicit else None)
                  for (shape, dtype, view), spec in zip(leaves, in_specs, strict=True)]
-        views = [view for _, _, view in leaves]
+        views = [view for _, _, view in every]
         out_box: list[Any] = []
 
         def flat(*flat_args: Any) -> tuple[Any, ...]:
-            wrapped = [wrap(a, v) for a, v in zip(flat_args, views, strict=True)]
+            data = iter(flat_args)
+            full = [np.zeros(shape, jax.dtypes.float0) if z else next(data)
+                    for (shape, _, _), z in zip(every, zero, strict=True)]
+            wrapped = [wrap(a, v) for a, v in zip(full, views, strict=True)]
             fargs, fkwargs = Statics.join(*jax.tree_util.tree_unflatten(in_tree, wrapped), static)
             out_leaves, out_tree = jax.tree_util.tree_flatten(self.fn(*fargs, **fkwargs))
             # float0 results (the gradients of integer inputs) hold no data: made here, as jax.jit does
@@ -258,7 +281,7 @@ def split_float0(leaves: Sequence[Any]) -> tuple[list[Any], list[tuple[int, np.n
     none) as numpy arrays by position, as jax.jit returns them."""
     kept, fixed = [], []
     for i, x in enumerate(leaves):
-        if getattr(x, "dtype", None) == jax.dtypes.float0:
+        if is_float0(x):
             fixed.append((i, np.zeros(np.shape(x), jax.dtypes.float0)))
         else:
             kept.append(x)

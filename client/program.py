@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
-from client.arrays import View, as_array
+from client.arrays import View, as_array, leaf_array
 from client.buffer import Buffer
 from client.jit import SIGNATURES_KEPT, default_name, split_float0, with_fixed
 from client.registrations import Registrations
@@ -83,7 +83,8 @@ class ProgramFunction:
                    ) -> tuple[list[Buffer | tuple[np.ndarray, View]], Registered]:
         """The leaves of `(args, kwargs)`, and their signature's traced program (traced if new)."""
         leaves, in_tree = jax.tree_util.tree_flatten(args)
-        items = [x.live(self._session) if isinstance(x, Buffer) else as_array(x) for x in leaves]
+        items = [x.live(self._session) if isinstance(x, Buffer) else leaf_array(x, args, i, self.name)
+                 for i, x in enumerate(leaves)]
         sig = (in_tree, tuple(
             ("buffer", x.aval, x.spec, x.slice_id, x.key) if isinstance(x, Buffer)
             else ("array", x[0].shape, x[0].dtype.str, x[0].dtype.name, x[1])  # (float8s share a str)

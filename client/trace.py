@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import jax
 import numpy as np
 
-from client.arrays import PLAIN, View, as_array
+from client.arrays import FLOAT0, PLAIN, NotAnArray, View, as_array, is_float0
 from client.buffer import Buffer, Shaped
 from client.statics import StaticKey
 from ir import Aval, InvalidArgument, MeshAxes, NotFound, Program, ProgramBuilder, Spec, Type, dtype_name
@@ -272,7 +272,10 @@ class Trace:
             obj: Buffer | np.ndarray = x
             value = self._buffer(x)
         else:
-            obj, view = as_array(x)
+            try:
+                obj, view = as_array(x)
+            except NotAnArray as e:
+                raise InvalidArgument(f"@program: a value a jitted function reads {e}") from None
             value = self._new(Aval(tuple(obj.shape), dtype_name(obj.dtype)), view, None)
         self.bound.append(obj)
         self._originals.append(x)  # kept alive, so its id names it for the whole trace
@@ -313,11 +316,15 @@ class Trace:
     def apply(self, fn: Function, args: tuple[Any, ...], kwargs: dict[str, Any], static: StaticKey) -> Any:
         """A call of `fn` on its dynamic arguments (`static`: the static ones' values)."""
         leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=lambda x: isinstance(x, Traced))
-        values = [self.leaf(x) for x in leaves]
+        # float0 leaves (an integer input's gradient) hold no data: the export makes them
+        values = [None if is_float0(x) else self.leaf(x) for x in leaves]
         sig = (in_tree, static, tuple(
-            (self.values[v].aval.shape, self.values[v].aval.dtype, self.values[v].view) for v in values
+            (np.shape(x), FLOAT0, PLAIN) if v is None
+            else (self.values[v].aval.shape, self.values[v].aval.dtype, self.values[v].view)
+            for x, v in zip(leaves, values, strict=True)
         ))
         exported = fn.export(args, kwargs, sig)
+        values = [v for v in values if v is not None]
         if not exported.outputs:  # nothing to compute (`Function.__call__`)
             return exported.tree([])
         self._slices[fn.slice.id] = fn.slice

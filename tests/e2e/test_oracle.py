@@ -10,6 +10,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from client.demo import adam_step, init_mlp, init_state
+from ir import InvalidArgument
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -123,3 +124,24 @@ def test_zero_size_values_free_cleanly_and_compute_as_in_jax(c):
     assert got.dtype == want.dtype and got.shape == want.shape == (3,)
     np.testing.assert_array_equal(f(np.ones((2, 3), np.float32)).numpy(), np.full(3, 4.0, np.float32))
 
+
+def test_an_integer_input_s_gradient_feeds_another_function_as_in_jax(c):
+    """A float0 gradient (no data) passed on, directly and inside a program, as `jax.jit`
+    takes it; a string that is no static argument is named, as `jax.jit` names it."""
+    s = c.slice({"x": 1})
+
+    def grads(v, n):
+        return jax.grad(lambda v, n: (v * n).sum(), argnums=(0, 1), allow_int=True)(v, n)
+
+    def use(gr):
+        return gr[0] * 2 + gr[1].size
+
+    g, h = c.jit(grads, slice=s), c.jit(use, slice=s)
+    x = np.arange(4, dtype=np.float32)
+    want = np.asarray(jax.jit(use)(jax.jit(grads)(x, np.int32(2))))
+    gr = g(x, np.int32(2))
+    assert gr[1].dtype == jax.dtypes.float0
+    np.testing.assert_array_equal(h(gr).numpy(), want)
+    np.testing.assert_array_equal(c.program(lambda v, n: h(g(v, n)))(x, np.int32(2)).numpy(), want)
+    with pytest.raises(InvalidArgument, match=r"argument args\[1\] is a str \('abc'\), not an array"):
+        c.jit(lambda v, mode: v, slice=s)(x, "abc")

@@ -98,3 +98,18 @@ def test_an_artifact_past_the_server_s_body_limit_says_to_pass_closed_over_array
     with pytest.raises(InvalidArgument, match=r"its exported program is \d+ bytes, past what the server "
                                               r"takes \(.*64 MiB.*\)\. Arrays the function closes over"):
         f._register(Refusing(), exported)
+
+
+def test_a_leaf_that_is_no_array_is_named_and_told_to_be_static():
+    from client.arrays import leaf_array
+
+    tree = ((np.ones(2), {"mode": "train"}), {"scale": object()})
+    said = (r"^f: argument args\[1\]\['mode'\] is a str \('train'\), not an array: "
+            r".*static_argnums=.*static_argnames")
+    with pytest.raises(InvalidArgument, match=said):
+        leaf_array("train", tree, 1, "f")
+    with pytest.raises(InvalidArgument, match=r"^f: argument kwargs\['scale'\] is a object"):
+        leaf_array(tree[1]["scale"], tree, 2, "f")
+    with pytest.raises(InvalidArgument, match=r"float0 array .* holds no data"):
+        as_array(np.zeros(3, jax.dtypes.float0))
+    assert leaf_array(np.ones(2), tree, 0, "f")[0].dtype == np.float32

@@ -108,3 +108,26 @@ def test_comparing_traced_values_is_refused_but_they_stay_usable_as_keys():
 
     program, _ = trace(keyed, (np.ones(4, np.float32), PLAIN))
     assert [n.op for n in program.nodes].count(Op.COMPUTE) == 1
+
+
+def test_a_float0_argument_is_made_inside_the_export_not_sent():
+    """An integer input's gradient (float0, no data) fed to another jitted function: as
+    `jax.jit` takes it. It is no input of the computation; the export makes it."""
+    import jax
+
+    s = make_slice("s", {"x": 1}, "a")
+    grads = jax.grad(lambda v, n: (v * n).sum(), argnums=(0, 1), allow_int=True)
+    g = Function(None, grads, s)
+    h = Function(None, lambda gr: gr[0] * 2 + gr[1].size, s)
+
+    program, _ = trace(lambda v: h(g(v, np.int32(3))), Aval((4,), "float32"))
+    verify(program)
+    computes = [n for n in program.nodes if n.op is Op.COMPUTE]
+    assert [len(n.inputs) for n in computes] == [2, 1]  # g reads v and n; h only g's data leaf
+
+    [exported] = h._exports.values()  # the one signature the trace exported
+    assert len(exported.in_specs) == 1
+    run = jax.export.deserialize(bytearray(exported.artifact))
+    v = np.arange(4, dtype=np.float32)
+    want = jax.jit(lambda gr: gr[0] * 2 + gr[1].size)((v, np.zeros((), jax.dtypes.float0)))
+    np.testing.assert_array_equal(np.asarray(run.call(v)[0]), np.asarray(want))

@@ -54,6 +54,8 @@ def test_a_fori_loop_carry_is_named_as_the_user_wrote_it():
     with pytest.raises(InvalidArgument, match=r"fori_loop: body_fun must return the carry's structure "
                                               r"PyTreeDef\(\*\); it returned PyTreeDef\(\(\*, \*\)\)"):
         trace(lambda x: isthmus.fori_loop(0, 3, lambda i, c: (c, c), F(x)), X)
+    with pytest.raises(InvalidArgument, match="must return the carry's structure"):  # (a carry on no slice)
+        trace(lambda x: isthmus.fori_loop(0, 3, lambda i, c: (c, c), x), X)
 
 
 def test_the_structure_and_the_predicate_are_checked():
