@@ -11,7 +11,11 @@ Contract:
   or the inputs of a submission still queued, waits for that submission's admission, so
   no request is numbered on a host before the work it depends on; a submission reading a
   buffer that queued work on another island touches waits, before its own queue, for that
-  work's admission.
+  work's admission ("parked"). A parked submission waits only for work submitted before
+  it: for what other islands' queues hold, and for earlier parked submissions touching its
+  buffers (which a later submission of any island waits for too, so none overtakes one).
+  Its own touches count for reads and deletes, never for another parked one's wait, so no
+  two can wait for each other.
 - All of it runs on the server's one event loop: admission and numbering are never
   interleaved with another submission's.
 - The policy is FIFO or proportional share by client weight; the window is how many
@@ -54,6 +58,16 @@ class _Queued:
     reads: tuple[str, ...] = ()  # its inputs: read until it has run (`after_reads`)
     kind: str = ""  # what it runs (`expected`), if it is timed
     admitted: float = 0.0  # when (monotonic)
+    seq: int = 0  # its place in the order of submission
+
+
+@dataclass
+class _Parked:
+    """A submission waiting for other islands' work before it enters its own queue."""
+
+    queued: _Queued
+    sub: Submission
+    task: asyncio.Task[None] | None = None
 
 
 class Gangs:
@@ -75,6 +89,9 @@ class Gangs:
         self.waiting: Counter[str] = Counter()  # client -> its submissions not yet admitted
         self._reading: Counter[str] = Counter()  # buffer -> admitted submissions reading it, not yet run
         self._unread: dict[str, asyncio.Event] = {}
+        self._seq = 0
+        self._parked: dict[str, _Parked] = {}  # submission id -> parked submission
+        self._parked_on: dict[str, dict[int, _Queued]] = {}  # buffer -> seq -> parked touching it
         self._tasks = Tasks()
 
     def add_island(self, island: str) -> None:
@@ -112,26 +129,46 @@ class Gangs:
         enters its own island's queue only once that work is admitted: each island orders
         only its own queue, so the producer's messages must be numbered first.
         """
-        others = [b for b in touches if self._touched(b, besides=island)]
+        self._seq += 1
+        others = [b for b in touches if self._touched(b, besides=island) or b in self._parked_on]
         # Admitted before this returns (nothing queued on the island, room in its window):
         # its touches would be released as soon as held, and nothing can look in between.
         at_once = not others and island not in self._paused and self.schedulers[island].admits_at_once()
         queued = _Queued(island, start, () if at_once else tuple(touches), tuple(held), tuple(outputs),
-                         tuple(reads), kind)
+                         tuple(reads), kind, seq=self._seq)
         self.waiting[sub.client] += 1
-        self._hold(queued)
         if not others:
+            self._hold(queued)
             self._enqueue(sub, queued)
             return
+        parked = self._parked[sub.id] = _Parked(queued, sub)
+        for b in {*queued.touches, *queued.held}:
+            self._parked_on.setdefault(b, {})[queued.seq] = queued
 
         async def after_others() -> None:
-            while any(self._touched(b, besides=island) for b in others):
+            while any(self._touched(b, besides=island) or self._parked_before(b, queued.seq) for b in others):
                 if self._changed is None:
                     self._changed = asyncio.Event()
                 await self._changed.wait()
+            self._unpark(parked)
+            self._hold(queued)
             self._enqueue(sub, queued)
 
-        self._tasks.spawn(after_others())
+        parked.task = self._tasks.spawn(after_others())
+
+    def _parked_before(self, buffer_id: str, seq: int) -> bool:
+        """Whether a submission parked before `seq` touches the buffer."""
+        return any(s < seq for s in self._parked_on.get(buffer_id, ()))
+
+    def _unpark(self, parked: _Parked) -> None:
+        queued = parked.queued
+        del self._parked[parked.sub.id]
+        for b in {*queued.touches, *queued.held}:
+            on = self._parked_on[b]
+            del on[queued.seq]
+            if not on:
+                del self._parked_on[b]
+        self._wake()
 
     def _hold(self, queued: _Queued) -> None:
         buffers = [*queued.touches, *queued.held]
@@ -216,11 +253,16 @@ class Gangs:
                     self._unread.pop(b).set()
 
     def cancel_client(self, client: str) -> None:
-        """Drop a closing client's queued submissions (its records go with it)."""
+        """Drop a closing client's queued and parked submissions (its records go with it)."""
         for scheduler in self.schedulers.values():
             for sub in scheduler.cancel_client(client):
                 queued = self._queued.pop(sub.id)
                 self._release(queued.island, [*queued.touches, *queued.held])
+        for parked in [p for p in self._parked.values() if p.sub.client == client]:
+            if parked.task is not None:
+                parked.task.cancel()
+            self._unpark(parked)
+            self._signal_cleared([*parked.queued.touches, *parked.queued.held])
         for counts in self.admitted.values():
             counts.pop(client, None)
         self.waiting.pop(client, None)
@@ -237,35 +279,47 @@ class Gangs:
         counts, everywhere = self._by_island[island], self._all
         counts.subtract(buffers)  # a buffer may appear more than once
         everywhere.subtract(buffers)
-        if self._changed is not None:  # someone waits for a release
-            self._changed.set()
-            self._changed = None
+        self._wake()
         for b in set(buffers):
             if counts[b] <= 0:
                 counts.pop(b, None)
             if everywhere[b] <= 0:
                 everywhere.pop(b, None)
+        self._signal_cleared(buffers)
+
+    def _wake(self) -> None:
+        """Parked submissions look again."""
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    def _signal_cleared(self, buffers: Sequence[str]) -> None:
+        for b in set(buffers):
             if b in self._cleared and not self._touched(b):
                 self._cleared.pop(b).set()
 
     # -- buffers of queued submissions -----------------------------------------------------
 
+    def _waiting(self) -> list[_Queued]:
+        return [*self._queued.values(), *(p.queued for p in self._parked.values())]
+
     def queued_outputs(self, island: str) -> set[str]:
-        """What the island's queued submissions will produce (nothing of it exists yet)."""
-        return {b for q in self._queued.values() if q.island == island for b in q.outputs}
+        """What the island's queued (or parked) submissions will produce (nothing of it exists yet)."""
+        return {b for q in self._waiting() if q.island == island for b in q.outputs}
 
     def queued_reads(self, island: str) -> set[str]:
-        """What the island's queued submissions read."""
-        return {b for q in self._queued.values() if q.island == island for b in q.reads}
+        """What the island's queued (or parked) submissions read."""
+        return {b for q in self._waiting() if q.island == island for b in q.reads}
 
     def queued_for(self, buffer_id: str) -> bool:
         """True while a queued submission reads or writes the buffer."""
         return self._touched(buffer_id)
 
     def _touched(self, buffer_id: str, besides: str | None = None) -> bool:
-        """Whether queued work (of islands other than `besides`) touches the buffer."""
+        """Whether queued or parked work touches the buffer; with `besides`, whether work in
+        the queues of islands other than that one does (parked work aside)."""
         if besides is None:
-            return buffer_id in self._all
+            return buffer_id in self._all or buffer_id in self._parked_on
         return self._all[buffer_id] > self._by_island[besides][buffer_id]
 
     async def cleared(self, buffer_ids: Sequence[str]) -> None:
@@ -277,7 +331,7 @@ class Gangs:
     def after_reads(self, buffer_ids: Sequence[str], act: Callable[[], None]) -> None:
         """Run `act` once no submission, queued or admitted, still reads or writes these
         buffers (at once if none does): their hosts have let go of them by then."""
-        if not any(b in self._all or b in self._reading for b in buffer_ids):
+        if not any(self._touched(b) or b in self._reading for b in buffer_ids):
             act()
             return
 
@@ -293,7 +347,7 @@ class Gangs:
 
     def later(self, buffer_ids: Sequence[str], act: Callable[[], None]) -> None:
         """Run `act` once no queued submission touches these buffers (at once if none does)."""
-        if not any(b in self._all for b in buffer_ids):
+        if not any(self._touched(b) for b in buffer_ids):
             act()
             return
 
@@ -306,9 +360,10 @@ class Gangs:
     # -- status ------------------------------------------------------------------------------
 
     def stats(self, island: str) -> tuple[int, int]:
-        """(queued, in flight) of the island."""
+        """(queued, in flight) of the island; queued counts what is parked for it."""
         s = self.schedulers[island]
-        return len(s.queued), len(s.in_flight)
+        parked = sum(1 for p in self._parked.values() if p.queued.island == island)
+        return len(s.queued) + parked, len(s.in_flight)
 
     def close(self) -> None:
         self._tasks.cancel()

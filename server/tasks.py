@@ -12,10 +12,11 @@ class Tasks:
     def __init__(self) -> None:
         self._running: set[asyncio.Task[Any]] = set()
 
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self._running.add(task)
         task.add_done_callback(self._running.discard)
+        return task
 
     def cancel(self) -> None:
         for task in self._running:
