@@ -28,6 +28,7 @@ import hashlib
 import itertools
 import json
 import logging
+import re
 import secrets
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
@@ -391,7 +392,8 @@ class Programs:
             gone = next((b for b in inputs if b in lost or b in released), None)
             if gone is None:
                 return start()
-            why = f"its input {gone} was lost before it ran ({lost.get(gone) or released[gone]})"
+            first = _first_cause(lost.get(gone) or released[gone])
+            why = f"its input {gone} was lost before it ran ({first})"
             live = [b for b in outputs if b in self.service.buffers]
             self.service.registry.lose(live, why)
             self.service.settling.forget(live)
@@ -596,3 +598,14 @@ def _check_artifacts(program: Program, infos: dict[tuple[str, str], ArtifactInfo
 
 def _show(avals: Sequence[Any]) -> str:
     return "(" + ", ".join(map(str, avals)) + ")"
+
+
+_LOST_BEFORE = re.compile(r"its input \S+ was lost before it ran \((.*)\)", re.DOTALL)
+
+
+def _first_cause(why: str) -> str:
+    """The cause a chain of runs lost one after another started from: each says which of its
+    inputs went and that first cause, not the whole chain (which grew with every link)."""
+    while (m := _LOST_BEFORE.fullmatch(why)) is not None:
+        why = m.group(1)
+    return why
