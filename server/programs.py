@@ -287,13 +287,17 @@ class Programs:
         self.service.caches.drop(*of_plans(lowered[1]))
 
     def compile_again(self, hosts: set[str]) -> None:
-        """Restarted hosts have none of the programs' executables: compile again whatever
-        was lowered onto them (plans travel again with the next run messages)."""
+        """Restarted hosts have none of the programs' executables: compile again, on them,
+        whatever was lowered onto them (plans travel again with the next run messages).
+        Only on them: the other hosts of a program across islands keep theirs, and one of
+        another island restarting meanwhile would fail the compile, and the program with
+        it, until that island's own compile came."""
         calls = [rec for by_types in self.calls.values() for rec in by_types.values()]
         for rec in [*self.records.values(), *calls, *self._retired.values()]:
             for lowered, plans in rec.lowered.values():
                 if hosts & set(plans):
-                    self._tasks.spawn(self._compile(rec, lowered, plans))
+                    restarted = {h: plan for h, plan in plans.items() if h in hosts}
+                    self._tasks.spawn(self._compile(rec, lowered, restarted))
 
     # -- runs --------------------------------------------------------------------------------
 

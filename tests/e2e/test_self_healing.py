@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -247,3 +248,27 @@ def test_a_loop_across_islands_ends_when_one_of_its_hosts_is_lost(server):
         x0 = np.arange(4, dtype=np.float32)
         np.testing.assert_allclose(loop(x0, np.int32(3)).numpy(),
                                    np.tanh(np.tanh(np.tanh(x0 * 0.5) * 0.5) * 0.5), rtol=1e-6)
+
+
+def test_both_islands_restarted_at_once_know_each_other_s_new_executors(server):
+    """Islands a and b restarted at the same time: the first one back compiled the programs
+    across both islands on the other island's hosts too, one of them being replaced; that
+    compile failed, and the program was refused (Conflict) until the second island's own
+    compile came. A program across both islands now runs at once afterwards."""
+    address, token = server
+    with isthmus.connect(address, token=token, name="healing-both") as c:
+        a, b = c.slice({"x": 1}, island="a"), c.slice({"y": 1}, island="b")
+        inc, incb = c.jit(lambda v: v + 1, slice=a), c.jit(lambda v: v + 1, slice=b)
+        there_and_back = c.program(lambda v: inc(incb(inc(v))))
+        x0 = np.zeros(16, np.float32)
+        np.testing.assert_array_equal(there_and_back(c.put(x0, a)).numpy(), x0 + 3)
+
+        def restart(island: str) -> int:
+            return httpx.post(f"{address}/v1/islands/{island}/restart", timeout=240,
+                              headers={"Authorization": f"Bearer {token}"}).status_code
+
+        with ThreadPoolExecutor(2) as both:
+            assert list(both.map(restart, ("a", "b"))) == [200, 200]
+        started = time.monotonic()
+        np.testing.assert_array_equal(there_and_back(c.put(x0, a)).numpy(), x0 + 3)
+        assert time.monotonic() - started < 60
