@@ -44,6 +44,7 @@ class IslandLifecycle:
     _plans: set[tuple[str, str]]
     _lock: threading.Lock
     _generation: int
+    _restarts: asyncio.Lock | None = None  # held while an island's executors are replaced
     _options: Any  # RayOptions
     islands: dict[str, tuple[str, ...]]
     groups: dict[str, tuple[str, ...]]
@@ -90,38 +91,44 @@ class IslandLifecycle:
                               f"{', '.join(gone)} are gone")
         if not hosts:
             return (), dropped
-        self._generation += 1
-        for h in hosts:
-            self._retire(h)
-        fresh = {h: self._new_actor(self._specs[h], self._generation) for h in hosts}
-        try:
-            if island in self.groups:
-                await self._form_group(fresh, hosts)
-            await asyncio.gather(*(self._await(fresh[h].info.remote(), h, self._options.group_timeout_s,
-                                               "start") for h in hosts))
-            everyone = {**self._handles, **fresh}
-            told = await asyncio.gather(
-                *(self._await(a.set_peers.remote(everyone), h, 30, "take the new peers")
-                  for h, a in everyone.items()), return_exceptions=True)
-            for h, outcome in zip(everyone, told, strict=True):
-                if isinstance(outcome, BaseException):
-                    if h in hosts:
-                        raise outcome
-                    log.warning("host %s did not take island %s's new executors: %s", h, island, outcome)
-            channels = await self._open_channels(fresh)
-            await self._tell_addresses({**self._handles, **fresh})
-        except BaseException:
-            for a in fresh.values():
-                ray.kill(a)
-            raise
-        with self._lock:
-            self.outbox.drop(hosts, Unavailable(f"island {island} was restarted before this was sent"))
-            self.deletes.drop(hosts)
-            self._handles.update(fresh)
-            self._channels.update(channels)
+        # One island's executors are replaced at a time: each new one is told every host's
+        # actor and address as they are once the replacements before it are done, not the
+        # dead ones of an island restarting beside it (whose sends then went nowhere).
+        if self._restarts is None:
+            self._restarts = asyncio.Lock()
+        async with self._restarts:
+            self._generation += 1
             for h in hosts:
-                self._seq[h] = itertools.count()
-            self._plans = {(h, k) for h, k in self._plans if h not in hosts}
+                self._retire(h)
+            fresh = {h: self._new_actor(self._specs[h], self._generation) for h in hosts}
+            try:
+                if island in self.groups:
+                    await self._form_group(fresh, hosts)
+                await asyncio.gather(*(self._await(fresh[h].info.remote(), h, self._options.group_timeout_s,
+                                                   "start") for h in hosts))
+                everyone = {**self._handles, **fresh}
+                told = await asyncio.gather(
+                    *(self._await(a.set_peers.remote(everyone), h, 30, "take the new peers")
+                      for h, a in everyone.items()), return_exceptions=True)
+                for h, outcome in zip(everyone, told, strict=True):
+                    if isinstance(outcome, BaseException):
+                        if h in hosts:
+                            raise outcome
+                        log.warning("host %s did not take island %s's new executors: %s", h, island, outcome)
+                channels = await self._open_channels(fresh)
+                await self._tell_addresses({**self._handles, **fresh})
+            except BaseException:
+                for a in fresh.values():
+                    ray.kill(a)
+                raise
+            with self._lock:
+                self.outbox.drop(hosts, Unavailable(f"island {island} was restarted before this was sent"))
+                self.deletes.drop(hosts)
+                self._handles.update(fresh)
+                self._channels.update(channels)
+                for h in hosts:
+                    self._seq[h] = itertools.count()
+                self._plans = {(h, k) for h, k in self._plans if h not in hosts}
         return hosts, dropped
 
     def _tell_gone(self, gone: Sequence[str], cause: str) -> None:
