@@ -102,7 +102,7 @@ def as_array(x: Any) -> tuple[np.ndarray, View]:
         if not np.iinfo(wanted).min <= x <= np.iinfo(wanted).max:
             raise OverflowError(f"Python int {x} too large to convert to {wanted.name}")
     array = np.asarray(x)
-    if array.dtype.kind in "OSUV":  # (str, bytes, objects, records, float0)
+    if array.dtype.kind in "OSU" or array.dtype == jax.dtypes.float0:  # (ml_dtypes' are kind V too)
         raise NotAnArray(_not_an_array(x, array))
     return array.astype(jax.dtypes.canonicalize_dtype(array.dtype), copy=False), WEAK if weak else PLAIN
 

@@ -113,3 +113,5 @@ def test_a_leaf_that_is_no_array_is_named_and_told_to_be_static():
     with pytest.raises(InvalidArgument, match=r"float0 array .* holds no data"):
         as_array(np.zeros(3, jax.dtypes.float0))
     assert leaf_array(np.ones(2), tree, 0, "f")[0].dtype == np.float32
+    for narrow in (jax.numpy.bfloat16, jax.numpy.float8_e4m3fn):  # numpy's kind V, as float0's
+        assert as_array(np.ones(2, narrow))[0].dtype == narrow
