@@ -28,7 +28,6 @@ import hashlib
 import itertools
 import json
 import logging
-import re
 import secrets
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
@@ -56,7 +55,7 @@ from server.caches import of_plans
 from server.calls import InputType, call_program
 from server.lineage import Origin
 from server.records import BufferRecord, ClientRecord, ComputationRecord, new_id
-from server.remake import usable
+from server.remake import unless_lost, usable
 from server.tasks import Tasks
 
 if TYPE_CHECKING:
@@ -377,7 +376,7 @@ class Programs:
         if looping:
             start = self._tracked(run_id, owner.id, tuple(sorted(plans)), start,
                                   frozenset(d.name for d in rec.program.slices))
-        start = self._unless_lost(inputs, list(outputs), start)
+        start = unless_lost(self.service, inputs, list(outputs), start)
         # Sequential dispatch writes the results with its closing messages: they wait until then.
         outputs = list(outputs)
         # Held until it has run: its record's executables and plans stay on the hosts until then.
@@ -385,27 +384,6 @@ class Programs:
         self.service.gangs.submit(island, sub, start, [*inputs, *([] if sequential else outputs)],
                                   [*(outputs if sequential else []), record], outputs=outputs, reads=inputs,
                                   kind=kind)
-
-    def _unless_lost(self, inputs: Sequence[str], outputs: list[str],
-                     start: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
-        """`start`, unless an input was lost while the run waited for admission (its island
-        restarted): then nothing is sent, and its outputs are lost too, made again from
-        their lineage (this run, repeated after what it reads) when read."""
-        def started() -> Awaitable[None]:
-            lost, released = self.service.lost, self.service.lost_released
-            gone = next((b for b in inputs if b in lost or b in released), None)
-            if gone is None:
-                return start()
-            first = _first_cause(lost.get(gone) or released[gone])
-            why = f"its input {gone} was lost before it ran ({first})"
-            live = [b for b in outputs if b in self.service.buffers]
-            self.service.registry.lose(live, why)
-            self.service.settling.forget(live)
-            self.service.lose_released(set(outputs).difference(live), why)  # released already
-            self.service.lineage.unstarted(outputs)
-            return asyncio.sleep(0)
-
-        return started
 
     def _tracked(self, run_id: str, owner_id: str, hosts: tuple[str, ...],
                  start: Callable[[], Awaitable[None]], slices: frozenset[str]
@@ -603,13 +581,3 @@ def _check_artifacts(program: Program, infos: dict[tuple[str, str], ArtifactInfo
 def _show(avals: Sequence[Any]) -> str:
     return "(" + ", ".join(map(str, avals)) + ")"
 
-
-_LOST_BEFORE = re.compile(r"its input \S+ was lost before it ran \((.*)\)", re.DOTALL)
-
-
-def _first_cause(why: str) -> str:
-    """The cause a chain of runs lost one after another started from: each says which of its
-    inputs went and that first cause, not the whole chain (which grew with every link)."""
-    while (m := _LOST_BEFORE.fullmatch(why)) is not None:
-        why = m.group(1)
-    return why

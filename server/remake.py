@@ -13,12 +13,17 @@ Contract:
   since runs again all the same (its record lives as long as some lineage names it, and
   what its hosts compile for that goes once it has run); one on a slice deleted since
   does not.
+- `unless_lost(service, inputs, outputs, start)` is a run's `start`, unless an input was
+  lost while the run waited for admission: then nothing is sent, and its outputs are lost
+  too (made again from lineage when read), naming the input and the first cause.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Awaitable
+import re
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ir import DataLoss, NotFound, Unavailable
@@ -117,3 +122,35 @@ def _slice(service: Service, owner: ClientRecord, slice_id: str, buffer_id: str)
         return service.slice(owner, slice_id)
     except NotFound:
         raise DataLoss(f"buffer {buffer_id}: its slice {slice_id} was deleted") from None
+
+
+def unless_lost(service: Service, inputs: Sequence[str], outputs: list[str],
+                start: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+    """`start`, unless an input was lost while the run waited for admission (its island
+    restarted): then nothing is sent, and its outputs are lost too, made again from
+    their lineage (this run, repeated after what it reads) when read."""
+    def started() -> Awaitable[None]:
+        lost, released = service.lost, service.lost_released
+        gone = next((b for b in inputs if b in lost or b in released), None)
+        if gone is None:
+            return start()
+        why = f"its input {gone} was lost before it ran ({_first_cause(lost.get(gone) or released[gone])})"
+        live = [b for b in outputs if b in service.buffers]
+        service.registry.lose(live, why)
+        service.settling.forget(live)
+        service.lose_released(set(outputs).difference(live), why)  # released already
+        service.lineage.unstarted(outputs)
+        return asyncio.sleep(0)
+
+    return started
+
+
+_LOST_BEFORE = re.compile(r"its input \S+ was lost before it ran \((.*)\)", re.DOTALL)
+
+
+def _first_cause(why: str) -> str:
+    """The cause a chain of runs lost one after another started from: each says which of its
+    inputs went and that first cause, not the whole chain (which grew with every link)."""
+    while (m := _LOST_BEFORE.fullmatch(why)) is not None:
+        why = m.group(1)
+    return why

@@ -184,6 +184,13 @@ def test_a_host_waiting_for_a_killed_sender_fails_at_once_and_serves_on(server):
         assert time.monotonic() - killed < 30
 
 
+def across_islands(c):
+    """Slices on islands a and b, a program adding 1 on a, b, then a again, and a's `+ 1`."""
+    a, b = c.slice({"x": 1}, island="a"), c.slice({"y": 1}, island="b")
+    inc, incb = c.jit(lambda v: v + 1, slice=a), c.jit(lambda v: v + 1, slice=b)
+    return a, b, c.program(lambda v: inc(incb(inc(v)))), inc
+
+
 def test_a_run_sent_to_a_dead_peer_fails_at_once_and_its_other_hosts_serve_on(server):
     """A program over islands a and b submitted while b's killed executor is replaced: its
     part for b never reaches a live executor, so a's part is told, and fails what it waits
@@ -191,9 +198,7 @@ def test_a_run_sent_to_a_dead_peer_fails_at_once_and_its_other_hosts_serve_on(se
     once b is back, the same program runs."""
     address, token = server
     with isthmus.connect(address, token=token, name="healing-unsent") as c:
-        a, b = c.slice({"x": 1}, island="a"), c.slice({"y": 1}, island="b")
-        inc, incb = c.jit(lambda v: v + 1, slice=a), c.jit(lambda v: v + 1, slice=b)
-        there_and_back = c.program(lambda v: inc(incb(inc(v))))
+        a, b, there_and_back, inc = across_islands(c)
         x0 = np.zeros(16, np.float32)
         x = c.put(x0, a)
         np.testing.assert_array_equal(there_and_back(x).numpy(), x0 + 3)
@@ -257,9 +262,7 @@ def test_both_islands_restarted_at_once_know_each_other_s_new_executors(server):
     compile came. A program across both islands now runs at once afterwards."""
     address, token = server
     with isthmus.connect(address, token=token, name="healing-both") as c:
-        a, b = c.slice({"x": 1}, island="a"), c.slice({"y": 1}, island="b")
-        inc, incb = c.jit(lambda v: v + 1, slice=a), c.jit(lambda v: v + 1, slice=b)
-        there_and_back = c.program(lambda v: inc(incb(inc(v))))
+        a, _, there_and_back, _ = across_islands(c)
         x0 = np.zeros(16, np.float32)
         np.testing.assert_array_equal(there_and_back(c.put(x0, a)).numpy(), x0 + 3)
 

@@ -124,7 +124,7 @@ def test_a_run_with_many_outputs_is_let_go_once_all_are_released() -> None:
 def test_a_chain_lost_link_by_link_names_only_its_first_cause():
     """Each run whose input was lost before it ran says which, and the first cause: the
     message does not nest once per link of the chain (it grew with every one)."""
-    from server.programs import _first_cause
+    from server.remake import _first_cause
 
     why = "island b was restarted (host b0 was lost (its executor's channel was lost)), and the values"
     for i in range(50):
