@@ -34,7 +34,7 @@ import logging
 import math
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from scheduler import FifoPolicy, GangScheduler, Policy, ProportionalShare, Submission
@@ -48,6 +48,14 @@ Start = Callable[[], Awaitable[None]]
 KINDS_KEPT = 1 << 16  # kinds of submission whose time is remembered (newest kept)
 
 
+def _soon(act: Callable[[], None]) -> None:
+    """`act` in the loop's next turn (at once where no loop runs: the tests of pure logic)."""
+    try:
+        asyncio.get_running_loop().call_soon(act)
+    except RuntimeError:
+        act()
+
+
 @dataclass
 class _Queued:
     island: str
@@ -59,6 +67,15 @@ class _Queued:
     kind: str = ""  # what it runs (`expected`), if it is timed
     admitted: float = 0.0  # when (monotonic)
     seq: int = 0  # its place in the order of submission
+
+
+@dataclass
+class _Watch:
+    """An action waiting for buffers to be free (`Gangs.after_reads`, `Gangs.later`)."""
+
+    busy: set[str]  # those not yet seen free
+    act: Callable[[], None]
+    reads: bool  # admitted submissions still reading a buffer keep it busy too
 
 
 @dataclass
@@ -88,7 +105,7 @@ class Gangs:
         self._paused: set[str] = set()  # islands admitting nothing (their executors are being replaced)
         self.waiting: Counter[str] = Counter()  # client -> its submissions not yet admitted
         self._reading: Counter[str] = Counter()  # buffer -> admitted submissions reading it, not yet run
-        self._unread: dict[str, asyncio.Event] = {}
+        self._watches: dict[str, list[_Watch]] = {}  # buffer -> actions waiting for it to be free
         self._seq = 0
         self._parked: dict[str, _Parked] = {}  # submission id -> parked submission
         self._parked_on: dict[str, dict[int, _Queued]] = {}  # buffer -> seq -> parked touching it
@@ -249,8 +266,7 @@ class Gangs:
         for b in set(buffers):
             if self._reading[b] <= 0:
                 self._reading.pop(b, None)
-                if b in self._unread:  # (its waiter looks again: queued work may read it still)
-                    self._unread.pop(b).set()
+                self._look((b,))  # (queued work may read it still: the watch looks again)
 
     def cancel_client(self, client: str) -> None:
         """Drop a closing client's queued and parked submissions (its records go with it)."""
@@ -294,9 +310,11 @@ class Gangs:
             self._changed = None
 
     def _signal_cleared(self, buffers: Sequence[str]) -> None:
-        for b in set(buffers):
+        distinct = set(buffers)
+        for b in distinct:
             if b in self._cleared and not self._touched(b):
                 self._cleared.pop(b).set()
+        self._look(distinct)
 
     # -- buffers of queued submissions -----------------------------------------------------
 
@@ -331,31 +349,47 @@ class Gangs:
     def after_reads(self, buffer_ids: Sequence[str], act: Callable[[], None]) -> None:
         """Run `act` once no submission, queued or admitted, still reads or writes these
         buffers (at once if none does): their hosts have let go of them by then."""
-        if not any(self._touched(b) or b in self._reading for b in buffer_ids):
-            act()
-            return
-
-        async def wait_then_act() -> None:
-            for b in buffer_ids:
-                while self._touched(b) or b in self._reading:
-                    await self.cleared([b])
-                    if b in self._reading:
-                        await self._unread.setdefault(b, asyncio.Event()).wait()
-            act()
-
-        self._tasks.spawn(wait_then_act())
+        self._after(buffer_ids, act, reads=True)
 
     def later(self, buffer_ids: Sequence[str], act: Callable[[], None]) -> None:
         """Run `act` once no queued submission touches these buffers (at once if none does)."""
-        if not any(self._touched(b) for b in buffer_ids):
+        self._after(buffer_ids, act, reads=False)
+
+    def _after(self, buffer_ids: Sequence[str], act: Callable[[], None], reads: bool) -> None:
+        """`act` at once, or (in a later turn of the loop, as the gang's own bookkeeping is
+        never interrupted) once each buffer has been free once since: a watch per buffer
+        still busy, looked at where a buffer may become free (`_look`), not a task each: a
+        release in a stream of pipelined calls waits like this nearly every time."""
+        busy = {b for b in buffer_ids if self._busy(b, reads)}
+        if not busy:
             act()
             return
+        watch = _Watch(busy, act, reads)
+        for b in busy:
+            self._watches.setdefault(b, []).append(watch)
 
-        async def wait_then_act() -> None:
-            await self.cleared(buffer_ids)
-            act()
+    def _busy(self, buffer_id: str, reads: bool) -> bool:
+        return self._touched(buffer_id) or (reads and buffer_id in self._reading)
 
-        self._tasks.spawn(wait_then_act())
+    def _look(self, buffers: Iterable[str]) -> None:
+        """The watches on these buffers see whether they are free now; one with none left
+        busy acts in the loop's next turn."""
+        for b in buffers:
+            watches = self._watches.get(b)
+            if watches is None:
+                continue
+            still = []
+            for w in watches:
+                if self._busy(b, w.reads):
+                    still.append(w)
+                    continue
+                w.busy.discard(b)
+                if not w.busy:
+                    _soon(w.act)
+            if still:
+                self._watches[b] = still
+            else:
+                del self._watches[b]
 
     # -- status ------------------------------------------------------------------------------
 

@@ -242,3 +242,23 @@ async def test_after_reads_fires_when_the_only_reader_is_cancelled(gangs):
     g.cancel_client("d")
     await settle()
     assert freed == ["x"]
+
+
+async def test_waiting_releases_make_no_tasks(gangs):
+    """A release behind queued work waits as a watch on its buffers, not as a task each: a
+    stream of pipelined calls releases nearly every input that way (`Gangs._after`)."""
+    g, host = gangs("fifo", 1), Host()
+    g.submit("a", Submission("s0", "c", ("a0",)), host.start("s0"), ["x0"], reads=["x0"])
+    for k in range(1, 200):  # queued behind s0, each reading the one before
+        g.submit("a", Submission(f"s{k}", "c", ("a0",)), host.start(f"s{k}"), [f"x{k}"],
+                 reads=[f"x{k - 1}"])
+    tasks = len(asyncio.all_tasks())
+    freed: list[str] = []
+    for k in range(199):
+        g.after_reads([f"x{k}"], lambda k=k: freed.append(f"x{k}"))
+        g.later([f"x{k + 1}"], lambda k=k: freed.append(f"later x{k + 1}"))
+    assert len(asyncio.all_tasks()) == tasks and freed == []
+    for k in range(200):
+        host.gates[f"s{k}"].set()
+        await settle()
+    assert sorted(freed) == sorted([f"x{k}" for k in range(199)] + [f"later x{k}" for k in range(1, 200)])
