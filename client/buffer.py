@@ -51,6 +51,9 @@ def _refused(op: str) -> Callable[..., Any]:
 class Futures(Protocol):
     """What a `Buffer` asks of the session that made it."""
 
+    client_id: str  # the client it is a session of (a client may have several)
+    deleted_slices: dict[str, None]  # the newest slices the client deleted, with their buffers
+
     def release(self, buffer_id: str) -> None: ...
     def wait(self, buffer: Buffer) -> None: ...
     def ready(self, buffer: Buffer) -> bool: ...
@@ -139,18 +142,29 @@ class Buffer(Shaped):
         self._deleted = False
 
     def is_deleted(self) -> bool:
-        return self._deleted
+        """Whether it was deleted, donated, or freed with its slice (`Slice.delete`)."""
+        return self._deleted or self._freed_with_slice()
+
+    def _freed_with_slice(self) -> bool:
+        return self.slice_id in getattr(self._futures, "deleted_slices", ())
 
     def live(self, reader: Futures | None = None) -> Buffer:
-        """This buffer, to be read by a call (of the client whose session is `reader`);
-        `NotFound` if it was deleted, `InvalidArgument` if it is another client's."""
+        """This buffer, to be read by a call (of the session `reader`); `NotFound` if it was
+        deleted, `InvalidArgument` if another session made it (one freed with its slice is
+        the server's to refuse, on the call's futures). Each session orders its own calls
+        and releases; another's (of this client, or another) may release it, or not yet
+        have sent the call that makes it, before this one's call arrives."""
         if self._deleted:
             raise NotFound(f"buffer {self.id} ({self.aval}) has been deleted (donated to a call, "
                            "or .delete()): as in JAX, a donated argument cannot be used again")
         if reader is not None and reader is not self._futures:
+            owner = getattr(self._futures, "client_id", None)
+            same = owner is not None and owner == getattr(reader, "client_id", None)
+            whose = ("another session's of the same client (another connect() with its secret)" if same
+                     else "another client's")
             raise InvalidArgument(
-                f"buffer {self.id} ({self.aval}) is another client's: a client's functions read its "
-                "own buffers only. Fetch it (.numpy()) and pass the array, or make it with this client")
+                f"buffer {self.id} ({self.aval}) is {whose}: a session's functions read the buffers it "
+                "made only. Fetch it (.numpy()) and pass the array, or make it with this session")
         return self
 
     @property
@@ -192,6 +206,9 @@ class Buffer(Shaped):
 
     def __float__(self) -> float:
         return float(self.numpy())
+
+    def __complex__(self) -> complex:
+        return complex(self.numpy())
 
     def __int__(self) -> int:
         return int(self.numpy())
@@ -235,6 +252,8 @@ class Buffer(Shaped):
         if (error := _closed_over(self)) is not None:  # (not fetched: JAX formats it in its errors)
             raise error
         live = self.live()
+        if self._freed_with_slice():  # (its value may have been fetched before)
+            raise NotFound(f"buffer {self.id!r} was freed with its slice {self.slice_id}, deleted")
         if self._value is None:
             value = np.frombuffer(self._futures.fetch(live), dtype=parse_dtype(self.aval.dtype))
             value = value.reshape(self.aval.shape)

@@ -78,6 +78,7 @@ def test_what_a_client_cannot_use_says_why(connect):
     fa = a.jit(lambda v: v + 1, slice=sa)
     with pytest.raises(isthmus.NotFound, match=f"buffer freed with its slice {doomed.id}, deleted"):
         a.program(lambda v: fa(v))(y)  # not "a slice this client did not create"
+    assert y.is_deleted()
     z, fetched = a.put(np.ones(2), sa), a.put(np.ones(3), sa)
     fetched.numpy()  # its value is held in the client too: refused all the same once closed
     a.close()
