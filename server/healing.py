@@ -76,8 +76,13 @@ class Healer:
             return None
         stopped = self._stopped.get(run.partition("/")[0])  # a run's id begins with its record's
         if stopped is not None and self._clock() - stopped[1] > STOP_GRACE_S:
-            return (f"run {run} was still running after {stopped[0]} ({busy_s:.0f}s on it): a "
-                    "computation XLA has started stops only with its executor")
+            # Said to every client with values on the host: neither the run nor its client
+            # is named (the log names them).
+            log.warning("host busy with run %s after %s (%.0fs on it): its executor is replaced",
+                        run, stopped[0], busy_s)
+            return (f"a run was still running {STOP_GRACE_S:g}s after it was told to stop (its client "
+                    f"closed, or its slice deleted; {busy_s:.0f}s on it): a computation XLA has started "
+                    "stops only with its executor")
         limit = self.service.settings.max_run_s
         if busy_s > limit + STOP_GRACE_S:
             return (f"run {run} kept its host busy {busy_s:.0f}s, past max_run_s ({limit:g}s): a "

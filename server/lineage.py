@@ -1,14 +1,17 @@
 """What made each buffer, kept so that a lost buffer can be made again (lineage recovery).
 
 Contract:
-- An upload's bytes are kept, up to `max_bytes` in all (the oldest dropped first). A run's
+- An upload's bytes are kept, up to `max_bytes` in all. Past it, the client keeping the most
+  loses its oldest first: one tenant's uploads never push out another's that keeps less
+  (a flood of them only pushes out the flooder's own). A run's
   outputs remember their `Origin`: the program run, its inputs and all its outputs. An
   origin can be repeated once its run has settled with every output computed (`done`), or
   once it is known never to have started (`unstarted`); a run that failed, or was in
   flight when its host died, has nothing to repeat.
 - The lineage of a live buffer outlives the client's release of its inputs: a released
   buffer that some kept origin reads stays (without its value) as long as that origin
-  does, up to `max_released` such buffers, the oldest dropped first. A buffer whose
+  does, up to `max_released` such buffers: past it, the oldest of the client keeping the
+  most is dropped first, as for uploads. A buffer whose
   lineage has a gap is not recoverable any more, and `recipe` says so by name.
 - Ids are the clients' choice, and a released id may be taken again (by its client or
   another). A new buffer under an id that a kept origin read makes that origin's lineage
@@ -71,24 +74,31 @@ class Lineage:
         self.max_bytes = max_bytes
         self.max_released = max_released
         self.origins: dict[str, Origin] = {}  # buffer id -> the run that made it
-        self.uploads: OrderedDict[str, Upload] = OrderedDict()
+        self.uploads: dict[str, Upload] = {}
         self.upload_bytes = 0
+        self._uploads = _Shares()  # the uploads kept, by client: bytes each
         self._refs: Counter[str] = Counter()  # buffer id -> kept origins that read it
-        self._released: OrderedDict[str, None] = OrderedDict()  # kept only for lineage
+        self._released = _Shares()  # released buffers kept only for lineage, by client: 1 each
         # id -> how many times a new buffer took it while kept origins read it (absent: 0)
         self._gen: dict[str, int] = {}
 
     # -- what happens ------------------------------------------------------------------------
 
-    def uploaded(self, buffer_id: str, upload: Upload) -> None:
+    def uploaded(self, buffer_id: str, upload: Upload, owner: str = "") -> None:
         self._created(buffer_id)
         if len(upload.data) > self.max_bytes:
             return
         self.uploads[buffer_id] = upload
         self.upload_bytes += len(upload.data)
+        self._uploads.add(owner, buffer_id, len(upload.data))
         while self.upload_bytes > self.max_bytes:
-            _, oldest = self.uploads.popitem(last=False)
-            self.upload_bytes -= len(oldest.data)
+            self._forget_upload(self._uploads.oldest_of_largest())
+
+    def _forget_upload(self, buffer_id: str) -> None:
+        upload = self.uploads.pop(buffer_id, None)
+        if upload is not None:
+            self.upload_bytes -= len(upload.data)
+            self._uploads.remove(buffer_id)
 
     def ran(self, origin: Origin) -> None:
         for b in origin.outputs:
@@ -115,12 +125,12 @@ class Lineage:
             if origin is not None:
                 origin.done = True
 
-    def release(self, buffer_id: str) -> None:
+    def release(self, buffer_id: str, owner: str = "") -> None:
         """The client freed the buffer: keep what a kept origin still reads, else drop it."""
         if self._refs[buffer_id] > 0:
-            self._released[buffer_id] = None
+            self._released.add(owner, buffer_id, 1)
             while len(self._released) > self.max_released:
-                self._drop(next(iter(self._released)))
+                self._drop(self._released.oldest_of_largest())
         else:
             self._drop(buffer_id)
 
@@ -139,10 +149,8 @@ class Lineage:
         todo = [first]
         while todo:
             b = todo.pop()
-            self._released.pop(b, None)
-            upload = self.uploads.pop(b, None)
-            if upload is not None:
-                self.upload_bytes -= len(upload.data)
+            self._released.remove(b)
+            self._forget_upload(b)
             origin = self.origins.pop(b, None)
             if origin is None:
                 continue
@@ -196,3 +204,38 @@ class Lineage:
             stack.append((b, True))
             stack.extend((i, False) for i in reversed(origin.inputs) if i not in made)
         return steps
+
+
+class _Shares:
+    """Kept entries by client, each with its size, oldest first within a client: what goes
+    first past a bound is the oldest of the client keeping the most."""
+
+    def __init__(self) -> None:
+        self._by_owner: dict[str, OrderedDict[str, int]] = {}
+        self._owner: dict[str, str] = {}  # entry -> its client
+        self._sizes: Counter[str] = Counter()  # client -> the sizes of its entries, summed
+
+    def add(self, owner: str, key: str, size: int) -> None:
+        self.remove(key)
+        self._by_owner.setdefault(owner, OrderedDict())[key] = size
+        self._owner[key] = owner
+        self._sizes[owner] += size
+
+    def remove(self, key: str) -> None:
+        owner = self._owner.pop(key, None)
+        if owner is None:
+            return
+        entries = self._by_owner[owner]
+        self._sizes[owner] -= entries.pop(key)
+        if not entries:
+            del self._by_owner[owner], self._sizes[owner]
+
+    def oldest_of_largest(self) -> str:
+        largest = max(self._sizes, key=self._sizes.__getitem__)
+        return next(iter(self._by_owner[largest]))
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._owner
+
+    def __len__(self) -> int:
+        return len(self._owner)

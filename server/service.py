@@ -345,7 +345,7 @@ class Service:
         else:
             self.pool.put(rec.hosts, rec.id, data, aval.dtype, aval.shape, self.mesh(s), spec.to_json())
         self.add_buffers(owner, [rec], [footprint])
-        self.lineage.uploaded(rec.id, upload)
+        self.lineage.uploaded(rec.id, upload, owner.id)
         return rec
 
     def check_room(self, owner: ClientRecord, outputs: Sequence[tuple[Slice, Aval, Spec]], submits: int = 0,
@@ -421,7 +421,7 @@ class Service:
         self.registry.remove_buffers(owner, buffer_ids)
         self.gangs.after_reads(buffer_ids, self.memory.release(buffer_ids))  # counted until freed
         for b in buffer_ids:
-            self.lineage.release(b)
+            self.lineage.release(b, owner.id)
         self.settling.forget(buffer_ids)
 
     def not_lost(self, rec: BufferRecord, what: str = "") -> BufferRecord:

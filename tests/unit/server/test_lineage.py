@@ -131,3 +131,24 @@ def test_a_chain_lost_link_by_link_names_only_its_first_cause():
         why = f"its input x{i} was lost before it ran ({_first_cause(why)})"
     assert why == ("its input x49 was lost before it ran (island b was restarted (host b0 was lost (its "
                    "executor's channel was lost)), and the values)")
+
+
+def test_past_the_bounds_the_client_keeping_the_most_loses_its_oldest_first() -> None:
+    """One tenant's flood of uploads (or of released buffers kept for lineage) never pushes
+    out another's that keeps less: the flooder's own go."""
+    lin = Lineage(max_bytes=64, max_released=2)
+    lin.uploaded("v0", upload(8), "victim")
+    lin.uploaded("v1", upload(8), "victim")
+    for k in range(20):
+        lin.uploaded(f"a{k}", upload(8), "attacker")
+    assert {"v0", "v1"} <= set(lin.uploads) and lin.upload_bytes <= 64
+    assert [b for b in lin.uploads if b.startswith("a")] == [f"a{k}" for k in range(14, 20)]
+    assert [type(s) for s in lin.recipe("v0", lambda b: False)] == [Put]
+    lin.ran(Origin("g", "victim", ("v0",), ("y",)))
+    lin.settled(["y"])
+    lin.release("v0", "victim")  # kept: y's lineage reads it
+    for k in range(14, 20):
+        lin.ran(Origin("g", "attacker", (f"a{k}",), (f"z{k}",)))
+        lin.settled([f"z{k}"])
+        lin.release(f"a{k}", "attacker")
+    assert [type(s) for s in lin.recipe("y", lambda b: False)] == [Put, Repeat]
