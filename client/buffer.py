@@ -58,6 +58,7 @@ class Futures(Protocol):
     def wait(self, buffer: Buffer) -> None: ...
     def ready(self, buffer: Buffer) -> bool: ...
     def fetch(self, buffer: Buffer) -> bytes: ...
+    def prefetch(self, buffer: Buffer) -> None: ...
     def check_open(self) -> None: ...
     def put(self, array: np.ndarray, slice_id: str, spec: Spec, view: View = PLAIN) -> Buffer: ...
 
@@ -98,8 +99,8 @@ class Shaped:
 
 
 class Buffer(Shaped):
-    __slots__ = ("__weakref__", "_deleted", "_futures", "_value", "_view", "aval", "error", "id", "slice_id",
-                 "spec")
+    __slots__ = ("__weakref__", "_deleted", "_futures", "_value", "_view", "aval", "error", "id",
+                 "known_ready", "slice_id", "spec")
 
     def __init__(self, futures: Futures, buffer_id: str, slice_id: str, aval: Aval, spec: Spec,
                  view: View = PLAIN) -> None:
@@ -113,6 +114,7 @@ class Buffer(Shaped):
         self._deleted = False
         # Set when the server refused the submission that makes it (or it could not be sent).
         self.error: IsthmusError | None = None
+        self.known_ready = False  # the server said it exists (waiting for it needs no request)
 
     def __del__(self) -> None:
         # A plain method, not weakref.finalize: this runs once per call on the hot path.
@@ -184,18 +186,26 @@ class Buffer(Shaped):
     def ready(self) -> bool:
         """True once the value exists or has failed; never waits for the computation."""
         live = self.live()
-        return self._futures.ready(live)
+        return self.known_ready or self._futures.ready(live)
 
     def result(self) -> Buffer:
         """Block until the value exists; raise the error (`RemoteError` with the remote cause,
         or the server's refusal of the call that makes it) if it failed."""
         live = self.live()
-        self._futures.wait(live)
+        if not self.known_ready:
+            self._futures.wait(live)
         return self
 
     def block_until_ready(self) -> Buffer:
         """`result()` by JAX's name for it, so `jax.block_until_ready(tree)` waits for buffers."""
         return self.result()
+
+    def copy_to_host_async(self) -> None:
+        """Ask for the value to be fetched with others asked for likewise, as
+        `jax.device_get(tree)` asks of every leaf before it reads them: the session fetches
+        them together, in a few requests, when the first is read."""
+        if self._value is None and not self._deleted:
+            self._futures.prefetch(self)
 
     def item(self) -> Any:
         """The value of a one-element buffer as a Python scalar (fetched)."""
@@ -255,13 +265,23 @@ class Buffer(Shaped):
         if self._freed_with_slice():  # (its value may have been fetched before)
             raise NotFound(f"buffer {self.id!r} was freed with its slice {self.slice_id}, deleted")
         if self._value is None:
-            value = np.frombuffer(self._futures.fetch(live), dtype=parse_dtype(self.aval.dtype))
-            value = value.reshape(self.aval.shape)
-            value.flags.writeable = False
-            self._value = value
+            self.fetched(self._futures.fetch(live))
         else:
             self._futures.check_open()  # a value fetched before the client closed is refused too
         return self._value
+
+    @property
+    def has_value(self) -> bool:
+        """Whether the value was fetched already (and is held here)."""
+        return self._value is not None
+
+    def fetched(self, data: bytes) -> np.ndarray:
+        """Keep the value's bytes, fetched (by the session, with others' maybe)."""
+        value = np.frombuffer(data, dtype=parse_dtype(self.aval.dtype)).reshape(self.aval.shape)
+        value.flags.writeable = False
+        self._value = value
+        self.known_ready = True
+        return value
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         if self.key is not None:

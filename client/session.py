@@ -57,6 +57,10 @@ MAX_RELEASES = 10_000  # ids in one release operation (the server takes up to 10
 MAX_BATCH_IDS = 200_000  # ids in one batch, its operations' together (the server's bound)
 MAX_FORGETS = 20_000  # registrations forgotten in one batch
 INLINE_BYTES = 64 << 10  # arrays up to this size are uploaded inside a batch, base64
+SETTLED_ASKED = 10_000  # buffers a wait asks the state of (the server takes up to 10 000)
+WAITS_BEFORE_ASKING = 2  # waits in a row, nothing queued between, after which a wait asks
+FETCH_IDS = 10_000  # buffers fetched together in one request (the server's bound)
+FETCH_BYTES = 64 << 20  # their bytes in all (the server takes up to 256 MiB)
 DELETED_SLICES_KEPT = 4096  # deleted slice ids remembered, for the error a use of one gets
 # How long the woken sender waits before it takes the queue: a blocking call made just after
 # (`f(x).result()`) then carries the queue and its wait in one request, not two.
@@ -180,6 +184,12 @@ class Session:
         # server, which counts each id's registrations (an id once for each: `_forgets`)
         self._unheld: list[tuple[str, str]] = []
         self._unheld_lock = threading.Lock()  # (a finalizer may let go in any thread)
+        # Buffers made here not yet known to exist, and those asked to be fetched together
+        # (`prefetch`), by id; a release drops its id from both (a dict's pop is atomic, so a
+        # finalizer needs no lock). `_waits`: waits in a row with nothing queued between.
+        self._unsettled: dict[str, weakref.ref[Buffer]] = {}
+        self._prefetch: dict[str, weakref.ref[Buffer]] = {}
+        self._waits = 0
         if background:
             threading.Thread(target=self._send_forever, name="isthmus-sender", daemon=True).start()
 
@@ -197,7 +207,7 @@ class Session:
             body["donate"] = [b.id for b in donated]
             for b in donated:
                 b.donate()
-        self._enqueue(Pending(body, [weakref.ref(b) for b in outs], donors=list(donated),
+        self._enqueue(Pending(body, self._unsettle(outs), donors=list(donated),
                               ids=len(inputs) + len(outs) + len(donated)))
         return outs
 
@@ -208,7 +218,7 @@ class Session:
         outs = [Buffer(self, new_id(self.client_id), s, a, sp, v) for s, a, sp, v in outputs]
         self._enqueue(Pending({"op": "run", "program_id": program_id, "inputs": inputs,
                                "ids": [b.id for b in outs], "dispatch": dispatch},
-                              [weakref.ref(b) for b in outs], ids=len(inputs) + len(outs)))
+                              self._unsettle(outs), ids=len(inputs) + len(outs)))
         return outs
 
     def put(self, array: np.ndarray, slice_id: str, spec: Spec, view: View = PLAIN) -> Buffer:
@@ -219,19 +229,34 @@ class Session:
         buf = Buffer(self, new_id(self.client_id), slice_id, aval, spec, view)
         data = little_endian(array).tobytes()  # C order, whatever the array's layout
         if len(data) <= INLINE_BYTES:
-            self._enqueue(Pending({"op": "put", "id": buf.id, "slice_id": slice_id, "dtype": aval.dtype,
-                                   "shape": list(aval.shape), "spec": spec.to_json(),
-                                   "data": base64.b64encode(data).decode()}, [weakref.ref(buf)], len(data)))
+            body = {"op": "put", "id": buf.id, "slice_id": slice_id, "dtype": aval.dtype,
+                    "shape": list(aval.shape), "spec": spec.to_json(),
+                    "data": base64.b64encode(data).decode()}
+            self._enqueue(Pending(body, self._unsettle([buf]), len(data)))
             return buf
         params = {"slice_id": slice_id, "dtype": aval.dtype, "shape": ",".join(map(str, aval.shape)),
                   "spec": json.dumps(spec.to_json()), "id": buf.id}
         self.request("POST", "/v1/buffers", params=params, content=data,
                      headers={"Content-Type": "application/octet-stream"})
+        self._unsettle([buf])
         return buf
 
     def release(self, buffer_id: str) -> None:
         if not self._stopped:
             self._queue.append(buffer_id)
+        self._unsettled.pop(buffer_id, None)
+        self._prefetch.pop(buffer_id, None)
+
+    def _unsettle(self, buffers: list[Buffer]) -> list[weakref.ref[Buffer]]:
+        """Count the new buffers as not yet known to exist; their weak references."""
+        refs = [weakref.ref(b) for b in buffers]
+        for b, ref in zip(buffers, refs, strict=True):
+            self._unsettled[b.id] = ref
+        return refs
+
+    def prefetch(self, buffer: Buffer) -> None:
+        """Fetch the buffer with the others asked for likewise, when one of them is read."""
+        self._prefetch[buffer.id] = weakref.ref(buffer)
 
     def register(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """Register a computation or program (`POST path`): the server counts the
@@ -260,6 +285,7 @@ class Session:
 
     def _enqueue(self, op: Pending) -> None:
         self._queue.append(op)
+        self._waits = 0
         self._wake.set()
 
     # -- sending ----------------------------------------------------------------------------
@@ -296,15 +322,17 @@ class Session:
             owners.append(None)
         return ops, owners
 
-    def _send(self, wait: Buffer | None = None, releases: bool = True) -> dict[str, Any] | None:
-        """Send what is queued, in batches; `wait` rides on the last one. Returns the answer
-        about `wait` (None: nothing was queued, so nothing waited). `releases` False: a
-        queue of releases only stays queued. Hold `_sending`."""
+    def _send(self, wait: Buffer | None = None, releases: bool = True,
+              asked: Sequence[str] = ()) -> dict[str, Any] | None:
+        """Send what is queued, in batches; `wait` rides on the last one, and `asked` (ids
+        whose state the answer gives). Returns the last answer (None: nothing was queued,
+        so nothing waited). `releases` False: a queue of releases only stays queued. Hold
+        `_sending`."""
         while True:
             # Taken before the operations: each was let go of after every operation that
             # used it had been queued, so those are in this batch or an earlier one.
             unheld = self._take_unheld()
-            ops, owners = self._take(MAX_BATCH_IDS - len(unheld))
+            ops, owners = self._take(MAX_BATCH_IDS - len(unheld) - len(asked))
             last = not self._queue
             # Forgets go last, after whatever may still use what they name, and like releases
             # ride with operations.
@@ -318,7 +346,9 @@ class Session:
                 if not releases and not any(owners):  # they wait for the next batch
                     self._queue.extendleft(reversed([b for op in ops for b in op["ids"]]))
                     return None
-                body = {"ops": ops, "wait": wait.id if wait is not None and last else None}
+                body: dict[str, Any] = {"ops": ops, "wait": wait.id if wait is not None and last else None}
+                if asked and last:
+                    body["settled"] = list(asked)
                 answer = self.transport.json("POST", "/v1/batch", json=body)
                 failed = [(owners[f["index"]], refusal(f["status"], f["error"], f["detail"]))
                           for f in answer["failed"]]
@@ -388,18 +418,48 @@ class Session:
 
     def wait(self, buffer: Buffer) -> None:
         """Block until `buffer` exists; raise why it does not. What is queued is sent with
-        the wait, in one request."""
+        the wait, in one request. The third wait in a row with nothing queued between (a
+        pytree's leaves waited for one by one, as `jax.block_until_ready` does) also asks
+        which of the session's other buffers exist: those need no request of their own."""
         if buffer.error is None:
             self.check_open()
+            self._waits += 1
+            asked = self._asked(buffer) if self._waits > WAITS_BEFORE_ASKING else []
             with self._sending:
-                answer = self._send(wait=buffer)
+                answer = self._send(wait=buffer, asked=asked)
             self._raise_deferred()
             if buffer.error is None and answer is None:
-                self.transport.json("GET", f"/v1/buffers/{buffer.id}", params={"wait": True})
-            elif buffer.error is None and answer["wait"] is not None:
+                if asked:
+                    answer = self.transport.json("POST", "/v1/batch", json={
+                        "ops": [], "wait": buffer.id, "settled": asked})
+                else:
+                    self.transport.json("GET", f"/v1/buffers/{buffer.id}", params={"wait": True})
+            if buffer.error is None and answer is not None and answer["wait"] is not None:
                 raise refusal(**answer["wait"])
+            if buffer.error is None:
+                self._settle([buffer.id, *(answer or {}).get("ready", ())])
         if buffer.error is not None:
             raise buffer.error
+
+    def _asked(self, buffer: Buffer) -> list[str]:
+        """Up to `SETTLED_ASKED` ids of the session's other buffers not known to exist."""
+        for _ in range(8):  # (a finalizer's release may change the dict while it is copied)
+            try:
+                ids = list(self._unsettled)
+                break
+            except RuntimeError:
+                continue
+        else:
+            return []
+        return [b for b in ids[:SETTLED_ASKED + 1] if b != buffer.id][:SETTLED_ASKED]
+
+    def _settle(self, buffer_ids: Iterable[str]) -> None:
+        """These buffers exist (the server said so): waiting for them needs no request."""
+        for b in buffer_ids:
+            ref = self._unsettled.pop(b, None)
+            found = ref() if ref is not None else None
+            if found is not None:
+                found.known_ready = True
 
     def ready(self, buffer: Buffer) -> bool:
         self.flush()
@@ -408,11 +468,49 @@ class Session:
         return self.transport.json("GET", f"/v1/buffers/{buffer.id}")["state"] in ("ready", "failed")
 
     def fetch(self, buffer: Buffer) -> bytes:
+        """The buffer's bytes. One asked to be fetched with others (`prefetch`) comes with
+        those others, up to `FETCH_IDS` of them and `FETCH_BYTES`, in one request; if that
+        is refused, each is fetched alone (and raises its own error)."""
         if buffer.error is None:
             self.flush()
         if buffer.error is not None:
             raise buffer.error
+        group = self._prefetched(buffer)
+        if len(group) > 1:
+            try:
+                data = self.transport.request("POST", "/v1/buffers/data",
+                                              json_body={"ids": [b.id for b in group]}).content
+            except IsthmusError:
+                data = None
+            if data is not None and len(data) == sum(b.aval.nbytes for b in group):
+                at = buffer.aval.nbytes
+                for b in group[1:]:
+                    b.fetched(data[at:at + b.aval.nbytes])
+                    at += b.aval.nbytes
+                return data[:buffer.aval.nbytes]
         return self.transport.request("GET", f"/v1/buffers/{buffer.id}/data").content
+
+    def _prefetched(self, buffer: Buffer) -> list[Buffer]:
+        """`buffer` and, if it was asked to be fetched with others, those of them still
+        unfetched, within the bounds of one request; all taken off the list."""
+        if self._prefetch.pop(buffer.id, None) is None:
+            return [buffer]
+        group, size = [buffer], buffer.aval.nbytes
+        while self._prefetch and len(group) < FETCH_IDS:
+            try:
+                b_id = next(iter(self._prefetch))
+                ref = self._prefetch.pop(b_id)
+            except (StopIteration, KeyError, RuntimeError):  # (a finalizer took it meanwhile)
+                continue
+            b = ref()
+            if b is None or b.error is not None or b.is_deleted() or b.has_value:
+                continue
+            if size + b.aval.nbytes > FETCH_BYTES:
+                self._prefetch[b_id] = ref  # (the next request takes it)
+                break
+            group.append(b)
+            size += b.aval.nbytes
+        return group
 
     def close(self) -> None:
         """Stop the sender; what is still queued is dropped (closing frees it all anyway)."""

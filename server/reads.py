@@ -13,7 +13,8 @@ Contract:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from executors import State
@@ -37,6 +38,40 @@ def known_state(service: Service, rec: BufferRecord) -> str | None:
     if service.settling.known(rec.id):
         return "ready"
     return None
+
+
+async def ready_among(service: Service, owner: ClientRecord, buffer_ids: Sequence[str]) -> list[str]:
+    """Those of these buffers (the owner's: another's, or an unknown id, is skipped) that
+    are ready now, waiting for none: known from the runs' answers, else asked of their hosts
+    at once, one request per host (a host that does not answer makes its buffers not
+    ready). What a client waiting for one of many buffers learns of the rest."""
+    ready: list[str] = []
+    ask: dict[str, BufferRecord] = {}
+    for b in dict.fromkeys(buffer_ids):
+        rec = service.buffers.get(b)
+        if rec is None or rec.owner != owner.id:
+            continue
+        known = known_state(service, rec)
+        if known == "ready":
+            ready.append(b)
+        elif known is None:
+            ask[b] = rec
+    if not ask:
+        return ready
+    by_host: dict[str, list[str]] = {}
+    for rec in ask.values():
+        for h in rec.hosts:
+            by_host.setdefault(h, []).append(rec.id)
+    timeout = service.settings.rpc_timeout_s
+    answers = await asyncio.gather(*(service.pool.states(h, ids, timeout) for h, ids in by_host.items()),
+                                   return_exceptions=True)
+    not_ready = set()
+    for ids, states in zip(by_host.values(), answers, strict=True):
+        if isinstance(states, BaseException):
+            not_ready.update(ids)
+        else:
+            not_ready.update(b for b, st in zip(ids, states, strict=True) if st is not State.READY)
+    return ready + [b for b in ask if b not in not_ready]
 
 
 async def state(service: Service, rec: BufferRecord) -> str:
@@ -70,11 +105,14 @@ async def _made(service: Service, rec: BufferRecord) -> None:
 
 
 async def _wait(service: Service, rec: BufferRecord) -> str:
+    """(Within `fetch_timeout_s` in all: the run's report, then the hosts, take what is left.)"""
+    deadline = time.monotonic() + service.settings.fetch_timeout_s
     await _made(service, rec)
-    if await service.settling.ready(rec.id, service.settings.fetch_timeout_s):
+    if await service.settling.ready(rec.id, max(deadline - time.monotonic(), 0.0)):
         service.not_lost(rec)  # (its island may have restarted meanwhile)
         return "ready"
-    await asyncio.gather(*(service.pool.wait(h, rec.id, service.settings.fetch_timeout_s) for h in rec.hosts))
+    left = max(deadline - time.monotonic(), 1.0)  # (a host that has it answers at once)
+    await asyncio.gather(*(service.pool.wait(h, rec.id, left) for h in rec.hosts))
     return "ready"
 
 

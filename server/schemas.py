@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, StrictInt, model_validator
 
 SpecJSON = list[str | list[str] | None]
 # Bounds on what one body may list: far above real use, low enough that a hostile body fails
@@ -13,6 +13,7 @@ Id = Annotated[str, Field(max_length=128)]
 MAX_IDS = 100_000  # buffer ids in one body
 MAX_ARRAYS = 10_000  # inputs or outputs of one computation
 MAX_OPS = 10_000  # operations in one batch
+MAX_SETTLED = 10_000  # buffers a batch asks the state of (`BatchCreate.settled`)
 MAX_BATCH_IDS = 200_000  # ids in one batch, its operations' together (each costs the server work)
 MAX_INLINE = 1 << 20  # bytes of one array uploaded inside a batch (it travels base64)
 ChosenIds = Annotated[list[Id] | None, Field(
@@ -150,7 +151,7 @@ class IslandRestarted(BaseModel):
 
 
 class SliceCreate(BaseModel):
-    mesh: dict[str, int] = Field(description='named mesh axes in order, e.g. {"data": 2, "model": 2}',
+    mesh: dict[str, StrictInt] = Field(description='named mesh axes in order, e.g. {"data": 2, "model": 2}',
                                  max_length=16)
     island: str | None = Field(None, max_length=128)
     device_kind: str | None = Field(None, max_length=128)
@@ -289,7 +290,7 @@ class PutOp(BaseModel):
     id: Id = Field(description="the new buffer's id, chosen by the client (its id and a dot first)")
     slice_id: Id
     dtype: str = Field(max_length=32, examples=["float32"])
-    shape: list[int] = Field(max_length=64)
+    shape: list[StrictInt] = Field(max_length=64)
     spec: SpecJSON = Field(default_factory=list, max_length=64)
     data: str = Field(max_length=(MAX_INLINE + 2) // 3 * 4,
                       description="the array: raw little-endian bytes in C order, base64")
@@ -314,10 +315,13 @@ class BatchCreate(BaseModel):
     ops: list[BatchOp] = Field(max_length=MAX_OPS, description=(
         f"submitted one after another, in order; at most {MAX_BATCH_IDS} ids in all their lists"))
     wait: Id | None = Field(None, description="a buffer to wait for once the ops are submitted")
+    settled: list[Id] = Field(default_factory=list, max_length=MAX_SETTLED, description=(
+        "buffers to look at once the wait is over (without waiting for them): the answer's "
+        "`ready` lists those of them that are ready then"))
 
     @model_validator(mode="after")
     def _ids_in_all(self) -> BatchCreate:
-        n = sum(_ids(op) for op in self.ops)
+        n = sum(_ids(op) for op in self.ops) + len(self.settled)
         if n > MAX_BATCH_IDS:
             raise ValueError(f"ops: {n} ids in all their lists, more than {MAX_BATCH_IDS} in one batch")
         return self
@@ -349,3 +353,4 @@ class OpFailure(Outcome):
 class BatchPublic(BaseModel):
     failed: list[OpFailure] = Field(description="the operations refused, in order; every other was submitted")
     wait: Outcome | None = Field(None, description="why the buffer waited for failed, if it did")
+    ready: list[str] = Field(default_factory=list, description="those of the `settled` buffers ready")

@@ -10,12 +10,17 @@ queued in order, without waiting for each answer. The contract:
   the status and detail it would have been answered alone, and the ids it named for its
   outputs are remembered as failed with that cause (`ClientRecord.fail`), so every later
   operation that reads one (in this batch or a later one) is refused with the same cause.
+- Between every `YIELD_EVERY` operations (never inside one), other requests get the event
+  loop: a batch of 10 000 uploads held every other client's requests for seconds. If this
+  client was closed meanwhile, the rest are refused (401).
 - `wait` names a buffer to wait for once every operation is submitted, so a client that
-  blocks on a result sends what it queued and waits in one round trip.
+  blocks on a result sends what it queued and waits in one round trip; `settled` names
+  buffers whose state the answer gives once the wait is over (`ready`), waiting for none.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 
@@ -26,7 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ir import Aval, InvalidArgument, IsthmusError, Spec
 from server import errors, reads
 from server.deps import ClientDep, ServiceDep
-from server.errors import shown, status_of
+from server.errors import Unauthorized, shown, status_of
 from server.guard import replay
 from server.records import ClientRecord
 from server.routes.buffers import remembered
@@ -46,6 +51,9 @@ from server.schemas import (
 from server.service import Service
 
 router = APIRouter(prefix="/v1", tags=["batch"], responses=error_responses(403))
+
+
+YIELD_EVERY = 256  # operations submitted before other requests get the loop
 
 
 def _data(op: PutOp) -> bytes:
@@ -85,6 +93,15 @@ async def batch(body: BatchCreate, client: ClientDep, service: ServiceDep) -> Ba
     """Submit the operations in order; answer which were refused, and why (see the module)."""
     failed: list[OpFailure] = []
     for i, op in enumerate(body.ops):
+        if i and i % YIELD_EVERY == 0:
+            # Other requests get the loop between operations (never inside one): a batch of
+            # 10 000 uploads held everyone's for seconds. One that closed this client
+            # meanwhile refuses the rest, which would leave records of a closed client.
+            await asyncio.sleep(0)
+            if service.clients.get(client.id) is not client:
+                why = outcome(Unauthorized(f"client {client.id} was closed while its batch was submitted"))
+                failed += [OpFailure(index=k, **why.model_dump()) for k in range(i, len(body.ops))]
+                return BatchPublic(failed=failed)
         try:
             await submit(op, client, service)
         except IsthmusError as e:
@@ -95,7 +112,8 @@ async def batch(body: BatchCreate, client: ClientDep, service: ServiceDep) -> Ba
             await reads.wait(service, service.buffer(client, body.wait))
         except IsthmusError as e:
             waited = outcome(e)
-    return BatchPublic(failed=failed, wait=waited)
+    ready = await reads.ready_among(service, client, body.settled) if body.settled else []
+    return BatchPublic(failed=failed, wait=waited, ready=ready)
 
 
 async def direct(scope: Scope, receive: Receive, send: Send, client: ClientRecord, app: ASGIApp) -> None:

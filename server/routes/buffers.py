@@ -6,7 +6,9 @@ dtype, shape and partition spec travel beside it, never inside a pickle.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Annotated
@@ -26,6 +28,9 @@ OCTETS = "application/octet-stream"
 CHOSEN = ("the buffer's id, chosen by the client: its own client id, a dot, then letters, digits "
           "or '_.:-' (8 to 64 characters in all); default: the server's")
 MAX_QUERY = 4096  # characters of a shape or spec parameter
+DIMS = re.compile(r"[0-9]+(,[0-9]+)*")  # a shape parameter: ASCII digits and commas only
+MAX_FETCH_IDS = 10_000  # buffers fetched in one request (`download_many`)
+MAX_FETCH_MB = 256  # their bytes in all
 
 
 def public(rec: BufferRecord, state: str | None = None) -> BufferPublic:
@@ -52,7 +57,9 @@ def _shape(text: str) -> tuple[int, ...]:
     if len(text) > MAX_QUERY:
         raise InvalidArgument(f"shape: {len(text)} characters; at most {MAX_QUERY}")
     try:
-        dims = tuple(int(d) for d in text.split(",")) if text.strip() else ()
+        if text and not DIMS.fullmatch(text):  # (int() would take " 16 " and other scripts' digits)
+            raise ValueError(text)
+        dims = tuple(int(d) for d in text.split(",")) if text else ()
     except ValueError:
         raise InvalidArgument(
             f"shape: expected comma-separated ints such as '4,8', got {text[:80]!r}") from None
@@ -124,6 +131,24 @@ async def download(buffer_id: str, client: ClientDep, service: ServiceDep) -> Re
         "X-Isthmus-Dtype": rec.aval.dtype,
         "X-Isthmus-Shape": ",".join(map(str, rec.aval.shape)),
     })
+
+
+@router.post("/data", response_class=Response,
+             responses={200: {"content": {OCTETS: {}}}, **error_responses(404, 410, 424, 503)})
+async def download_many(body: BufferIds, client: ClientDep, service: ServiceDep) -> Response:
+    """Wait for several buffers and return their bytes one after another, in the order of
+    `ids` (each as `GET /v1/buffers/{id}/data` returns it: its size is its shape's times its
+    dtype's); what one read would be refused with refuses the whole. At most `MAX_FETCH_IDS`
+    buffers of at most `MAX_FETCH_MB` in all (one buffer alone may be larger)."""
+    if len(body.ids) > MAX_FETCH_IDS:
+        raise InvalidArgument(f"ids: {len(body.ids)} buffers; at most {MAX_FETCH_IDS} in one request")
+    records = [service.buffer(client, b) for b in body.ids]
+    total = sum(rec.aval.nbytes for rec in records)
+    if len(records) > 1 and total > MAX_FETCH_MB << 20:
+        raise InvalidArgument(f"ids: {total} bytes in all, more than {MAX_FETCH_MB} MiB in one request; "
+                              "fetch fewer at once")
+    parts = await asyncio.gather(*(reads.fetch(service, client, b) for b in body.ids))
+    return Response(content=b"".join(data for _, data in parts), media_type=OCTETS)
 
 
 @router.delete("/{buffer_id}", status_code=204, responses=error_responses(404))

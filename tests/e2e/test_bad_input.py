@@ -127,6 +127,24 @@ def test_uploads_that_are_not_raw_array_bytes(http, stored):
     check(upload(http, s.id, array.tobytes(), dtype="float8"), 400, "dtype", "float8")
     check(upload(http, s.id, array.tobytes(), spec='["y"]'), 400, "spec", "'y'")
     check(upload(http, s.id, array.tobytes(), spec="{"), 400, "spec", "not JSON")
+    for shape in (" 4 ", "\u0664", "-4", "4,"):  # what int() takes, or the sign, is not a shape
+        check(upload(http, s.id, array.tobytes(), shape=shape), 400, "shape")
+
+
+def test_numbers_and_ids_are_taken_as_written(c, http, stored):
+    """A string or a bool where an int goes is refused (not read as 4, or 1), and an id a
+    client chooses has something after its prefix."""
+    s, _, _ = stored
+    for mesh in ({"x": "2"}, {"x": True}):
+        r = http.post("/v1/slices", json={"mesh": mesh})
+        assert r.status_code == 422 and "mesh" in r.text, r.text
+    put = {"op": "put", "slice_id": s.id, "dtype": "float32", "shape": [True], "spec": [],
+           "data": base64.b64encode(np.zeros(1, np.float32).tobytes()).decode()}
+    r = http.post("/v1/batch", json={"ops": [{**put, "id": f"{c.id}.shape"}]})
+    assert r.status_code == 422 and "shape" in r.text, r.text
+    r = http.post("/v1/batch", json={"ops": [{**put, "shape": [1], "id": f"{c.id}."}]})
+    assert r.status_code == 200 and r.json()["failed"][0]["status"] == 400, r.text
+    assert "at least one character" in r.json()["failed"][0]["detail"]
 
 
 def test_the_server_keeps_serving_and_loses_nothing(c, http, stored):

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+import client as isthmus
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
@@ -185,3 +187,35 @@ def test_an_id_released_while_queued_work_reads_it_is_not_chosen_again_until_tha
         assert c._transport.json("POST", "/v1/batch", json={"ops": [put(3.0)], "wait": x})["failed"] == []
         data = c._transport.request("GET", f"/v1/buffers/{x}/data").content
         np.testing.assert_array_equal(np.frombuffer(data, np.float32), np.full(256 * 256, 3.0, np.float32))
+
+
+def test_a_pytree_is_waited_for_and_fetched_in_a_few_requests(c):
+    """`jax.block_until_ready(tree)` waits leaf by leaf, and `jax.device_get(tree)` asks
+    every leaf to copy itself to the host before reading any: the session answers the rest
+    of the leaves from one wait that asks their states, and fetches them together."""
+    s = c.slice({"x": 2})
+    tree = {f"layer{i}": {"w": np.full(3, i, np.float32), "b": np.int32(i)} for i in range(300)}
+    sent = c._transport.requests
+    t = jax.block_until_ready(c.put(tree, s))
+    assert c._transport.requests - sent < 10, c._transport.requests - sent
+    f = c.jit(lambda t: jax.tree.map(lambda v: v * 2 + 1, t), slice=s)
+    jax.block_until_ready(f(t))  # registered and compiled
+    sent = c._transport.requests
+    y = jax.block_until_ready(f(t))
+    got = jax.device_get(y)
+    assert c._transport.requests - sent < 10, c._transport.requests - sent
+    want = jax.device_get(jax.jit(lambda t: jax.tree.map(lambda v: v * 2 + 1, t))(tree))
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(a, b)
+        assert a.dtype == b.dtype
+    # a leaf freed with its slice among those asked for raises its own error; the rest read
+    gone = c.slice({"x": 1})
+    lost, kept = c.put(np.ones(2, np.float32), gone), f(t)
+    gone.delete()
+    jax.block_until_ready(kept)
+    for leaf in [lost, *jax.tree.leaves(kept)]:
+        leaf.copy_to_host_async()
+    with pytest.raises(isthmus.NotFound, match="freed with its slice"):
+        lost.numpy()
+    np.testing.assert_array_equal(jax.device_get(kept)["layer7"]["w"], np.full(3, 15, np.float32))

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from client.arrays import PLAIN
 from client.session import MAX_BATCH, MAX_BATCH_IDS, Session
 from client.transport import OverQuota
 from ir import Aval, Conflict, RemoteError, Spec, Unavailable
@@ -20,6 +21,7 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
 F32 = Aval((4,), "float32")
 OUT = [("s-1", F32, Spec(()), None)]
+SHOWN = [("s-1", F32, Spec(()), PLAIN)]  # (read as arrays)
 
 
 class FakeServer:
@@ -32,6 +34,7 @@ class FakeServer:
         self.failed: dict[str, str] = {}
         self.down = False
         self.sent = threading.Event()  # set at every request
+        self.fetchable: list[str] = []  # ids a fetch answers, by position
 
     def json(self, method: str, path: str, json: Any = None, **_: Any) -> Any:
         self.requests.append((method, path, json))
@@ -55,7 +58,8 @@ class FakeServer:
         waited = None
         if wait in self.failed:
             waited = {"status": 424, "error": "RemoteError", "detail": f"never made: {self.failed[wait]}"}
-        return {"failed": failures, "wait": waited}
+        ready = [b for b in json.get("settled", []) if b in self.live]
+        return {"failed": failures, "wait": waited, "ready": ready}
 
     def _refusal(self, op: dict[str, Any]) -> tuple[int, str] | None:
         for b in op.get("inputs", ()):
@@ -68,10 +72,21 @@ class FakeServer:
         return None
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        if path.endswith("/data"):  # a fetch: each buffer's bytes are its index (float32[4])
+            self.requests.append((method, path, kwargs.get("json_body")))
+            ids = kwargs["json_body"]["ids"] if method == "POST" else [path.split("/")[3]]
+            if any(b in self.failed for b in ids):
+                raise RemoteError(f"buffer {ids[0]}: never made")
+            return Fetched(b"".join(np.full(4, self.fetchable.index(b), np.float32).tobytes() for b in ids))
         return self.json(method, path, **kwargs)
 
     def batches(self) -> list[dict[str, Any]]:
         return [body for _, path, body in self.requests if path == "/v1/batch"]
+
+
+class Fetched:
+    def __init__(self, content: bytes) -> None:
+        self.content = content
 
 
 def quiet_session(server: FakeServer) -> Session:
@@ -290,3 +305,45 @@ def test_forgets_in_a_batch_the_server_refused_whole_are_sent_again_not_if_it_ma
     s.flush()
     sent = [op for b in server.batches() for op in b["ops"] if op.get("computations") == ["c-b"]]
     assert len(sent) == 1  # the attempt the server may have taken, not again
+
+
+def test_waits_in_a_row_ask_which_other_buffers_exist_and_those_need_no_request():
+    server = FakeServer()
+    s = quiet_session(server)
+    leaves = [b for _ in range(50) for b in s.call("c-inc", [], OUT)]
+    for b in leaves[:2]:  # two waits: each one request, nothing more asked
+        s.wait(b)
+    assert [(body or {}).get("settled") for _, _, body in server.requests] == [None, None]
+    s.wait(leaves[2])  # the third in a row asks about the rest, all ready
+    assert sorted(server.requests[-1][2]["settled"]) == sorted(b.id for b in leaves[3:])
+    sent = len(server.requests)
+    for b in leaves:
+        b.result()
+    assert len(server.requests) == sent and all(b.known_ready for b in leaves)
+    [y] = s.call("c-inc", [leaves[0].id], OUT)  # a call between: the next waits start over
+    s.wait(y)
+    assert "settled" not in (server.requests[-1][2] or {})
+
+
+def test_buffers_asked_to_copy_to_the_host_are_fetched_together_or_each_alone_if_refused():
+    server = FakeServer()
+    s = quiet_session(server)
+    leaves = [b for _ in range(6) for b in s.call("c-inc", [], SHOWN)]
+    s.flush()
+    server.fetchable = [b.id for b in leaves]
+    for b in leaves[:4]:
+        b.copy_to_host_async()
+    assert leaves[1].numpy().tolist() == [1.0] * 4  # the four in one request
+    assert [leaves[k].numpy()[0] for k in range(6)] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    fetches = [(m, body) for m, p, body in server.requests if p.endswith("/data")]
+    assert fetches[0] == ("POST", {"ids": [leaves[1].id, leaves[0].id, leaves[2].id, leaves[3].id]})
+    assert [m for m, _ in fetches] == ["POST", "GET", "GET"]  # 4 and 5 were not asked for
+    more = [b for _ in range(3) for b in s.call("c-inc", [], SHOWN)]
+    s.flush()
+    server.fetchable += [b.id for b in more]
+    server.failed[more[2].id] = "no kernel"  # the server refuses a fetch naming it
+    for b in more:
+        b.copy_to_host_async()
+    assert more[0].numpy()[0] == 6.0 and more[1].numpy()[0] == 7.0  # each alone after the refusal
+    with pytest.raises(RemoteError, match="never made"):
+        more[2].numpy()

@@ -39,7 +39,7 @@ async def post(a: Starlette, body: bytes, token: str = "s-alice", kind: str = "a
 async def test_a_valid_batch_is_answered_directly_after_the_commit():
     service, reached = Service(), []
     r = await post(app(service, reached), json.dumps({"ops": [], "wait": None}).encode())
-    assert r.status_code == 200 and r.json() == {"failed": [], "wait": None}
+    assert r.status_code == 200 and r.json() == {"failed": [], "wait": None, "ready": []}
     assert r.headers["content-type"] == "application/json"
     assert reached == [] and service.registry.flushes == 1
     assert service.clients["Bearer s-alice"].in_flight == 0  # counted out as any request
@@ -63,3 +63,30 @@ async def test_the_admin_token_takes_the_app_route():
     body = json.dumps({"ops": []}).encode()
     r = await post(app(service, reached), body, token="admin")
     assert r.json() == {"fallback": True} and reached == [body]
+
+
+async def test_a_long_batch_lets_other_requests_in_and_stops_if_its_client_closes():
+    """Between every YIELD_EVERY operations the loop runs others' requests; one that closed
+    the client meanwhile has the rest refused (never records of a closed client)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from server.schemas import BatchCreate
+
+    released: list[str] = []
+    client = SimpleNamespace(id="cl-1")
+    service = SimpleNamespace(clients={"cl-1": client},
+                              release=lambda c, ids: released.extend(ids))
+    n = batch.YIELD_EVERY * 2 + 5
+    ops = [{"op": "release", "ids": [f"cl-1.b{k:04d}"]} for k in range(n)]
+    body = BatchCreate.model_validate({"ops": ops})
+    others: list[int] = []
+
+    async def another_request() -> None:
+        others.append(len(released))  # runs while the batch is under way, between operations
+        del service.clients["cl-1"]
+
+    answer, _ = await asyncio.gather(batch.batch(body, client, service), another_request())
+    assert others == [batch.YIELD_EVERY] and len(released) == batch.YIELD_EVERY
+    assert [f.index for f in answer.failed] == list(range(batch.YIELD_EVERY, n))
+    assert {f.status for f in answer.failed} == {401}
