@@ -38,7 +38,7 @@ from executors.memory import Budget
 from executors.messages import Adopted, Failed, Ran, Settled, Settlement, State
 from executors.outbox import Outbox
 from executors.ray_host import DIRECT, DIRECT_PUT_BYTES, TOLD, new_actor
-from executors.replies import settled
+from executors.replies import actor_gone, settled
 from executors.runner import IN_FLIGHT, RunMessage
 from ir import DeviceMesh, HostPlan, RemoteError, Unavailable
 from resource_manager import (
@@ -309,7 +309,7 @@ class ExecutorPool(IslandLifecycle):
         except TimeoutError:
             raise Unavailable(f"host {host} did not answer {what} within {timeout:g}s") from None
         except ray.exceptions.RayActorError as e:
-            raise Unavailable(f"host {host} is down: {e}") from None
+            raise Unavailable(actor_gone(host, e)) from None
         except ray.exceptions.RayTaskError as e:
             raise RemoteError(f"{what} on host {host} failed: {e}") from None
 

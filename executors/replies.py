@@ -38,6 +38,15 @@ from executors.messages import Lost, Ran, Settled
 from ir import RemoteError, Unavailable
 
 log = logging.getLogger("isthmus.executors")
+
+
+def actor_gone(host: str, error: BaseException) -> str:
+    """Why a host is down, as every client reading its values is told: Ray's own message
+    (the actor's id, pid, node address) goes to the log only."""
+    log.warning("host %s: its executor is gone: %s", host, error)
+    return f"host {host} is down: its executor ended ({type(error).__name__})"
+
+
 _SAID: dict[str, str] = {}  # host -> the last cause of a lost reply logged for it
 
 
@@ -79,7 +88,7 @@ class _Answers:
         elif isinstance(error, Unavailable | RemoteError):
             self._put(i, Lost(str(error)))
         elif isinstance(error, ray.exceptions.RayActorError):
-            self._put(i, Lost(f"host {self._hosts[i]} is down: {error}"))
+            self._put(i, Lost(actor_gone(self._hosts[i], error)))
         elif isinstance(error, ray.exceptions.RayTaskError):
             self._put(i, Lost(f"settle on host {self._hosts[i]} failed: {error}"))
         elif not self.out.done():

@@ -8,9 +8,10 @@ import threading
 from concurrent.futures import Future
 
 import pytest
+import ray
 
 from executors.messages import Lost, Ran
-from executors.replies import settled
+from executors.replies import actor_gone, settled
 from ir import RemoteError, Unavailable
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
@@ -144,3 +145,11 @@ def test_a_settled_wait_leaves_no_garbage_for_the_collector(late_reported: bool)
         return gc.collect()
 
     assert run(main()) == 0
+
+
+def test_a_dead_executor_is_named_without_ray_s_details():
+    """Every client reading the host's values is told: no actor id, pid or node address."""
+    error = ray.exceptions.RayActorError()
+    error.error_msg = "The actor died unexpectedly.\n\tactor_id: 3250d6\n\tpid: 4640\n\tip: 10.0.0.7"
+    said = actor_gone("b1", error)
+    assert said == "host b1 is down: its executor ended (RayActorError)"
