@@ -122,6 +122,11 @@ class Programs:
                                   " (the program, kept in the state dir)")
         self._check_slices(owner, program)
         targets = {d.name: self.service.slice(owner, d.name) for d in program.slices}
+        executables = {(n.attrs.artifact, n.attrs.slice) for n in program.graph.walk() if n.op is Op.COMPUTE}
+        limit = self.service.settings.max_program_computations
+        if len(executables) > limit:  # each is compiled on its hosts, ahead of their other work
+            raise InvalidArgument(f"program: {len(executables)} distinct computations (artifact and slice "
+                                  f"pairs), more than max_program_computations ({limit})")
         infos = await self._read_artifacts(owner, program, targets)
         self._check_slices(owner, program)
         self.service.quotas.check("programs", len(owner.programs), 1)

@@ -47,9 +47,12 @@ def output_ids(chosen: Sequence[str] | None, count: int, taken: Container[str], 
         if not isinstance(b, str) or not CHOSEN_ID.fullmatch(b):
             raise InvalidArgument(f"{what}[{i}]: expected 8 to 64 letters, digits or '_.:-' "
                                   f"(a letter or digit first), got {str(b)[:80]!r}")
-        if not b.startswith(prefix) or len(b) == len(prefix):
-            raise InvalidArgument(f"{what}[{i}]: an id a client chooses is its client id and a dot, "
-                                  f"{prefix!r}, then at least one character; got {b!r}")
+        if not b.startswith(prefix):
+            raise InvalidArgument(f"{what}[{i}]: an id a client chooses begins with its client id "
+                                  f"and a dot, {prefix!r}; got {b!r}")
+        if len(b) == len(prefix):
+            raise InvalidArgument(f"{what}[{i}]: an id a client chooses has at least one character after "
+                                  f"its client id and a dot, {prefix!r}; got {b!r}")
         if b in taken:
             raise Conflict(f"{what}[{i}]: buffer id {b!r} is already in use")
         if b in freeing:

@@ -129,6 +129,8 @@ class Settings(BaseSettings):
     max_buffers: int = Field(100_000, ge=1)  # live buffers per client
     max_computations: int = Field(1024, ge=1)  # per client
     max_programs: int = Field(256, ge=1)  # per client
+    # distinct (artifact, slice) pairs in one program: each is an executable its hosts compile
+    max_program_computations: int = Field(256, ge=1)
     max_stored_mb: int = Field(1024, ge=1)  # per client: its artifacts and programs kept in the state dir
     max_queued: int = Field(4096, ge=1)  # calls and runs a client has waiting for admission
     # Connections that send no request (docs/security.md): a request's headers must be

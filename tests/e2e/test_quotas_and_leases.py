@@ -29,6 +29,7 @@ ENV = {
     "ISTHMUS_CLIENT_LEASE_S": str(LEASE_S), "ISTHMUS_MAX_SLICES": "2", "ISTHMUS_MAX_BUFFER_MB": "1",
     "ISTHMUS_MAX_COMPUTATIONS": "2", "ISTHMUS_MAX_PROGRAMS": "1", "ISTHMUS_MAX_CLIENTS": "4",
     "ISTHMUS_MAX_ARTIFACT_MB": "1", "ISTHMUS_EXECUTOR_TEMP_MB": "32", "ISTHMUS_MAX_STORED_MB": "1",
+    "ISTHMUS_MAX_PROGRAM_COMPUTATIONS": "2",
 }
 
 
@@ -90,6 +91,19 @@ def test_the_default_budget_refuses_temporaries_no_machine_could_hold(c):
         c.jit(materializing(1_000_000), slice=s)(x).result()
     np.testing.assert_array_equal(c.jit(materializing(8), slice=s)(x).numpy(), np.full(4, 2, np.float32))
     np.testing.assert_array_equal(x.numpy(), np.ones(4, np.float32))
+
+
+def test_a_program_of_more_distinct_computations_than_the_bound_is_refused(small):
+    """Each distinct computation of a program is an executable its hosts compile ahead of
+    their other work: at most max_program_computations of them (2 here), named."""
+    address, token = small
+    with isthmus.connect(address, token=token, name="compiles") as c:
+        s = c.slice({"x": 1})
+        fs = [c.jit(lambda v, k=k: v * k, slice=s) for k in range(3)]
+        x = c.put(np.ones(4, np.float32), s)
+        bound = r"3 distinct computations .*max_program_computations \(2\)"
+        with pytest.raises(isthmus.InvalidArgument, match=bound):
+            c.program(lambda v: fs[2](fs[1](fs[0](fs[0](v)))))(x).result()  # fs[0] twice: one
 
 
 def test_a_program_s_intermediate_values_count_against_the_buffer_quota_while_it_runs(small):
