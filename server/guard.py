@@ -115,6 +115,9 @@ class Guard:
         body: Ticket | None = None
         try:
             try:
+                if sum(k.lower() == b"authorization" for k, _ in scope["headers"]) > 1:
+                    # (which one a proxy or a server takes differs: none is taken)
+                    raise InvalidArgument("authorization: more than one Authorization header; send one")
                 caller = service.caller(headers.get("authorization"))
                 body = self._bodies.ticket("admin" if isinstance(caller, Admin) else caller.id)
                 limit_mb = settings.max_upload_mb if _is_upload(scope) else settings.max_json_mb

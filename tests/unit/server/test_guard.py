@@ -103,6 +103,15 @@ async def test_a_client_is_known_from_its_credential_and_counted_while_in_flight
     assert service.registry.flushes == 2  # what each request changed, stored before its answer
 
 
+async def test_two_authorization_headers_are_refused_whichever_they_name():
+    service = Service()
+    for second in ("Bearer s-alice", "Bearer admin", "Bearer nope"):
+        r = await ask(service, "POST", "/v1/things", content=b"{}",
+                      headers=[("Authorization", "Bearer s-alice"), ("Authorization", second)])
+        assert r.status_code == 400 and "more than one Authorization header" in r.json()["detail"]
+    assert service.bodies_read == 0
+
+
 async def test_a_body_past_its_limit_is_413_from_its_length_alone():
     service = Service()
     h = {"Authorization": "Bearer s-alice"}
