@@ -241,8 +241,12 @@ class Buffer(Shaped):
         return str(self.keys() if self.key is not None else self.numpy())
 
     def __format__(self, spec: str) -> str:
-        """`f"{loss:.4f}"` and `f"{loss}"` format the value, as for a JAX array."""
-        return format(self.numpy(), spec) if spec else str(self)
+        """`f"{loss:.4f}"` and `f"{loss}"` format the value as for a JAX array: a scalar as
+        its numpy scalar (a float32 as the Python float it is), an array as numpy does."""
+        if self.key is not None:
+            return format(str(self), spec)
+        value = self.numpy()
+        return format(value if value.ndim else value[()], spec)
 
     def numpy(self) -> np.ndarray:
         """Fetch the value (once) as a numpy array; raise as `result` does if it failed.

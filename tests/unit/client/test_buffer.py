@@ -61,3 +61,12 @@ def test_another_session_s_buffer_is_refused_by_whose_it_is():
         b.live(Held(np.zeros(2, np.float32)))  # connect(secret=...) again: the same client id
     with pytest.raises(InvalidArgument, match=r"is another client's"):
         b.live(Held(np.zeros(2, np.float32), client_id="cl-2"))
+
+
+def test_format_is_a_jax_array_s():
+    import jax.numpy as jnp
+
+    for value in (np.array(1.23456, np.float32), np.arange(3, dtype=np.float32), np.array(7, np.int32)):
+        b = buffer(Held(value))
+        assert f"{b}" == f"{jnp.asarray(value)}"
+    assert f"{buffer(Held(np.array(2.5, np.float32))):.3f}" == "2.500"
