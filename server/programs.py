@@ -83,6 +83,7 @@ class ProgramRecord:
     lowered: dict[Placements, tuple[Program, dict[str, HostPlan]]] = field(default_factory=dict)
     computation: ComputationRecord | None = None  # the computation a call program runs
     compiles: int = 0  # compiles started for it: only the newest one's answer is its status
+    compiling: asyncio.Task[None] | None = None  # the newest compile on its hosts
     cost: float = field(init=False)  # a run's weight in proportional share: its computations
 
     def __post_init__(self) -> None:
@@ -145,6 +146,7 @@ class Programs:
         self.service.registry.add_program(owner, rec, wire)
         self.records[rec.id] = rec
         self.service.registry.hold(owner, said, rec.id)
+        await compiled(rec)
         return rec
 
     async def _read_artifacts(self, owner: ClientRecord, program: Program,
@@ -209,7 +211,7 @@ class Programs:
             self._drop(rec.lowered.pop(next(iter(rec.lowered))))
         rec.lowered[key] = lowered
         self.service.caches.hold(*of_plans(lowered[1]))
-        self._tasks.spawn(self._compile(rec, *lowered))
+        rec.compiling = self._tasks.spawn(self._compile(rec, *lowered))
 
     async def _compile(self, rec: ProgramRecord, lowered: Program, plans: dict[str, HostPlan]) -> None:
         """Compile a lowering on its hosts; the status is the newest compile's (one started
@@ -426,11 +428,13 @@ class Programs:
 
     # -- calls -------------------------------------------------------------------------------
 
-    def add_computation(self, comp: ComputationRecord) -> None:
+    def add_computation(self, comp: ComputationRecord) -> ProgramRecord:
         """Lower and compile the computation's call program with its inputs where it declares
-        them (the usual case); other input types get theirs at their first call."""
+        them (the usual case); other input types get theirs at their first call. Returns
+        that call program (`compiled` waits for it)."""
         rec = self._call_program(comp, tuple((comp.slice_id, spec) for spec in comp.in_specs))
         self._lowered(self.service.client(comp.owner), rec)
+        return rec
 
     def call(self, owner: ClientRecord, comp: ComputationRecord, inputs: Sequence[str],
              ids: Sequence[str] | None = None) -> list[BufferRecord]:
@@ -566,6 +570,14 @@ def _parse(doc: Any, name: str, fuse: bool) -> tuple[Program, bytes, bytes]:
     text = json.dumps(doc, sort_keys=True)
     said = hashlib.sha256(f'["program", {text}, {json.dumps(name)}, {json.dumps(fuse)}]'.encode()).digest()
     return program, said, text.encode()
+
+
+async def compiled(rec: ProgramRecord) -> None:
+    """Wait for the newest compile of `rec` on its hosts (its status says how it went). A
+    registration answers only then: a run sent before would hold each of its hosts, every
+    client's work queued there behind it, until the compiler is done."""
+    if rec.compiling is not None:
+        await asyncio.shield(rec.compiling)
 
 
 def _check_artifacts(program: Program, infos: dict[tuple[str, str], ArtifactInfo]) -> None:

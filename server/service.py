@@ -40,7 +40,7 @@ from server.healing import Healer
 from server.host_memory import Footprint, HostMemory
 from server.lineage import Lineage, Upload
 from server.membership import watch_nodes
-from server.programs import Programs
+from server.programs import Programs, compiled
 from server.quotas import Quotas
 from server.readers import Readers
 from server.records import BufferRecord, ClientRecord, ComputationRecord, new_id, output_ids
@@ -460,9 +460,10 @@ class Service:
         self.mesh(s)  # its devices can be named (a slice spanning hosts needs their JAX group)
         rec = ComputationRecord(new_id("c"), owner.id, s.id, name or "computation",
                                 info.in_avals, info.out_avals, ins, outs, artifact=artifact)
-        self.programs.add_computation(rec)  # lowered, held on its hosts and compiled there
+        call = self.programs.add_computation(rec)  # lowered, held on its hosts and compiled there
         self.registry.add_computation(owner, rec)
         self.registry.hold(owner, said, rec.id)
+        await compiled(call)  # (answered once compiled: see `server.programs.compiled`)
         return rec
 
     async def inspect(self, owner: ClientRecord, artifact: bytes, s: Slice) -> ArtifactInfo:

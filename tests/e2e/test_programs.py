@@ -298,3 +298,22 @@ def test_a_program_that_calls_no_jitted_function_returns_its_buffers(c):
     assert both[0].numpy().tolist() == [0.0, 1.0, 2.0, 3.0] and int(both[1]) == 3 and float(both[2]) == 1.5
     with pytest.raises(InvalidArgument, match="calls no jitted function and reads no buffer"):
         c.program(lambda u: u)(np.zeros(2, np.float32))
+
+
+def test_a_registration_is_answered_once_its_hosts_have_compiled_it(c):
+    """A call or run sent before the compiler is done would hold each of its hosts, every
+    client's work queued there behind it: computations and programs are answered once
+    compiled, as jax.jit compiles on its first call."""
+    s = c.slice({"x": 2})
+    f = c.jit(lambda v: jnp.tanh(v) @ jnp.tanh(v).T, slice=s)
+    g = c.jit(lambda v: v * 3.0, slice=s)
+    x = np.ones((4, 4), np.float32)
+    y = f(x)  # registered, then queued
+    [cid] = f._registered.values()
+    assert c._transport.json("GET", f"/v1/computations/{cid}")["status"] == "ready"
+    run = c.program(lambda v: g(f(v)))
+    out = run(y)
+    [traced] = run._cache.values()
+    assert c._transport.json("GET", f"/v1/programs/{traced.program_id}")["status"] == "ready"
+    np.testing.assert_allclose(out.numpy(), np.asarray(jax.jit(lambda v: (jnp.tanh(v) @ jnp.tanh(v).T) * 3.0)(
+        jax.jit(lambda v: jnp.tanh(v) @ jnp.tanh(v).T)(x))), rtol=1e-6)
