@@ -70,12 +70,13 @@ def materializing(n: int):
 
 def test_a_computation_whose_temporaries_exceed_its_hosts_budget_fails_to_compile(small):
     """64 MiB of temporaries against the 32 MiB this server's hosts give: refused when
-    compiled, with both figures; the host serves on, one that fits runs."""
+    compiled (the registration waits for it: the call is refused, 409), with both figures;
+    the host serves on, one that fits runs."""
     address, token = small
     with isthmus.connect(address, token=token, name="hungry") as c:
         s = c.slice({"x": 1})
         x = c.put(np.ones(4, np.float32), s)
-        with pytest.raises(isthmus.RemoteError, match=r"compiling failed: MemoryError: it needs 6\d MiB of "
+        with pytest.raises(isthmus.Conflict, match=r"compiling failed: MemoryError: it needs 6\d MiB of "
                            r"working memory on host \w+ .* may take 32 MiB together \(executor_temp_mb\)"):
             c.jit(materializing(4096), slice=s)(x).result()
         fits = c.jit(materializing(512), slice=s)  # 1 MiB
@@ -87,7 +88,7 @@ def test_the_default_budget_refuses_temporaries_no_machine_could_hold(c):
     among its hosts): refused before anything runs; nothing of the client's is lost."""
     s = c.slice({"x": 1})
     x = c.put(np.ones(4, np.float32), s)
-    with pytest.raises(isthmus.RemoteError, match="MiB of working memory on host"):
+    with pytest.raises(isthmus.Conflict, match="failed to compile: .*MiB of working memory on host"):
         c.jit(materializing(1_000_000), slice=s)(x).result()
     np.testing.assert_array_equal(c.jit(materializing(8), slice=s)(x).numpy(), np.full(4, 2, np.float32))
     np.testing.assert_array_equal(x.numpy(), np.ones(4, np.float32))
