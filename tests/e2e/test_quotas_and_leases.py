@@ -88,7 +88,7 @@ def test_the_default_budget_refuses_temporaries_no_machine_could_hold(c):
     among its hosts): refused before anything runs; nothing of the client's is lost."""
     s = c.slice({"x": 1})
     x = c.put(np.ones(4, np.float32), s)
-    with pytest.raises(isthmus.Conflict, match="failed to compile: .*MiB of working memory on host"):
+    with pytest.raises(isthmus.Conflict, match=r"failed to compile: .*MiB of working memory on host"):
         c.jit(materializing(1_000_000), slice=s)(x).result()
     np.testing.assert_array_equal(c.jit(materializing(8), slice=s)(x).numpy(), np.full(4, 2, np.float32))
     np.testing.assert_array_equal(x.numpy(), np.ones(4, np.float32))
