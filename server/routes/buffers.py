@@ -31,6 +31,7 @@ MAX_QUERY = 4096  # characters of a shape or spec parameter
 DIMS = re.compile(r"[0-9]+(,[0-9]+)*")  # a shape parameter: ASCII digits and commas only
 MAX_FETCH_IDS = 10_000  # buffers fetched in one request (`download_many`)
 MAX_FETCH_MB = 256  # their bytes in all
+LIST_YIELD_EVERY = 2000  # buffers listed before other requests get the loop
 
 
 def public(rec: BufferRecord, state: str | None = None) -> BufferPublic:
@@ -109,8 +110,14 @@ async def upload(
 @router.get("", description="The client's buffers, each with the state the server knows without "
                              "asking the hosts (null: GET the buffer for it).")
 async def list_buffers(client: ClientDep, service: ServiceDep) -> list[BufferPublic]:
-    records = [service.buffers[b] for b in sorted(client.buffers)]
-    return [public(rec, reads.known_state(service, rec)) for rec in records]
+    listed = []
+    for k, b in enumerate(sorted(client.buffers)):
+        if k and k % LIST_YIELD_EVERY == 0:  # other requests get the loop: up to 100 000 are listed
+            await asyncio.sleep(0)
+        rec = service.buffers.get(b)
+        if rec is not None and rec.owner == client.id:  # (freed meanwhile: not listed)
+            listed.append(public(rec, reads.known_state(service, rec)))
+    return listed
 
 
 @router.get("/{buffer_id}", responses=error_responses(404, 410, 424, 503))
