@@ -31,8 +31,8 @@ async def gangs():
     """Gangs(...) factories; every one is closed, its tasks cancelled, after the test."""
     made: list[Gangs] = []
 
-    def make(policy: str, window: int) -> Gangs:
-        made.append(Gangs(["a"], policy, window))
+    def make(policy: str, window: int, islands: tuple[str, ...] = ("a",)) -> Gangs:
+        made.append(Gangs(list(islands), policy, window))
         return made[-1]
 
     yield make
@@ -120,86 +120,70 @@ async def test_a_buffer_read_twice_by_one_submission_is_released_once(gangs):
     assert not g.queued_for("x") and not g.queued_for("y") and host.numbered == ["s0", "s1"]
 
 
-async def test_a_reader_on_another_island_waits_for_the_producers_admission():
-    g, host = Gangs(["a", "b"], "fifo", window=1), Host()
-    try:
-        g.submit("a", Submission("blocker", "c", ("a0",)), host.start("blocker"), [])
-        g.submit("a", Submission("producer", "c", ("a0",)), host.start("producer"), ["y"])
-        g.submit("b", Submission("reader", "c", ("b0",)), host.start("reader"), ["y", "z"])
-        await settle()
-        assert host.numbered == ["blocker"]  # island b is free, but y is not produced yet
-        assert g.queued_for("z")  # the reader's output waits too
-        host.gates["blocker"].set()
-        await settle()
-        assert host.numbered == ["blocker", "producer", "reader"]
-    finally:
-        g.close()
-        await settle()
+async def test_a_reader_on_another_island_waits_for_the_producers_admission(gangs):
+    g, host = gangs("fifo", 1, ("a", "b")), Host()
+    g.submit("a", Submission("blocker", "c", ("a0",)), host.start("blocker"), [])
+    g.submit("a", Submission("producer", "c", ("a0",)), host.start("producer"), ["y"])
+    g.submit("b", Submission("reader", "c", ("b0",)), host.start("reader"), ["y", "z"])
+    await settle()
+    assert host.numbered == ["blocker"]  # island b is free, but y is not produced yet
+    assert g.queued_for("z")  # the reader's output waits too
+    host.gates["blocker"].set()
+    await settle()
+    assert host.numbered == ["blocker", "producer", "reader"]
 
 
-async def test_two_islands_readers_of_one_buffer_never_wait_for_each_other():
+async def test_two_islands_readers_of_one_buffer_never_wait_for_each_other(gangs):
     """a (paused) makes q; b's reader of q waits for it; a's later reader of q waits for b's.
     Each waited for the other's count on q: neither ran, and everything after them stayed
     pending for good (found with both islands restarting after a host loss)."""
-    g, host = Gangs(["a", "b"], "fifo", window=256), Host()
-    try:
-        g.pause("a")
-        g.submit("a", Submission("S1", "c", ("a0", "b0")), host.start("S1"), ["va", "p", "q"],
-                 outputs=["p", "q"], reads=["va"])
-        g.submit("b", Submission("S2", "c", ("b0",)), host.start("S2"), ["q", "r"], outputs=["r"],
-                 reads=["q"])
-        g.submit("a", Submission("S3", "c", ("a0", "b0")), host.start("S3"), ["p", "q", "s"],
-                 outputs=["s"], reads=["p", "q"])
-        await settle()
-        assert host.numbered == [] and g.queued_for("r") and g.queued_for("s")
-        assert g.stats("b") == (1, 0) and g.queued_outputs("b") == {"r"}  # parked, and shown
-        g.resume("a")
-        await settle()
-        assert host.numbered == ["S1", "S2", "S3"]
-        assert not any(g.queued_for(b) for b in ("p", "q", "r", "s"))
-    finally:
-        g.close()
-        await settle()
+    g, host = gangs("fifo", 256, ("a", "b")), Host()
+    g.pause("a")
+    g.submit("a", Submission("S1", "c", ("a0", "b0")), host.start("S1"), ["va", "p", "q"],
+             outputs=["p", "q"], reads=["va"])
+    g.submit("b", Submission("S2", "c", ("b0",)), host.start("S2"), ["q", "r"], outputs=["r"],
+             reads=["q"])
+    g.submit("a", Submission("S3", "c", ("a0", "b0")), host.start("S3"), ["p", "q", "s"],
+             outputs=["s"], reads=["p", "q"])
+    await settle()
+    assert host.numbered == [] and g.queued_for("r") and g.queued_for("s")
+    assert g.stats("b") == (1, 0) and g.queued_outputs("b") == {"r"}  # parked, and shown
+    g.resume("a")
+    await settle()
+    assert host.numbered == ["S1", "S2", "S3"]
+    assert not any(g.queued_for(b) for b in ("p", "q", "r", "s"))
 
 
-async def test_a_reader_of_a_parked_submission_s_output_waits_for_it_on_its_own_island():
+async def test_a_reader_of_a_parked_submission_s_output_waits_for_it_on_its_own_island(gangs):
     """S2 on b waits for a's S1 (parked); S4 on b reads S2's output r: it entered b's queue
     at once, ran before S2, and found r not on its host."""
-    g, host = Gangs(["a", "b"], "fifo", window=256), Host()
-    try:
-        g.pause("a")
-        g.submit("a", Submission("S1", "c", ("a0", "b0")), host.start("S1"), ["va", "q"], outputs=["q"])
-        g.submit("b", Submission("S2", "c", ("b0",)), host.start("S2"), ["q", "r"], outputs=["r"],
-                 reads=["q"])
-        g.submit("b", Submission("S4", "c", ("b0",)), host.start("S4"), ["r", "t"], outputs=["t"],
-                 reads=["r"])
-        await settle()
-        assert host.numbered == []
-        g.resume("a")
-        await settle()
-        assert host.numbered == ["S1", "S2", "S4"]
-    finally:
-        g.close()
-        await settle()
+    g, host = gangs("fifo", 256, ("a", "b")), Host()
+    g.pause("a")
+    g.submit("a", Submission("S1", "c", ("a0", "b0")), host.start("S1"), ["va", "q"], outputs=["q"])
+    g.submit("b", Submission("S2", "c", ("b0",)), host.start("S2"), ["q", "r"], outputs=["r"],
+             reads=["q"])
+    g.submit("b", Submission("S4", "c", ("b0",)), host.start("S4"), ["r", "t"], outputs=["t"],
+             reads=["r"])
+    await settle()
+    assert host.numbered == []
+    g.resume("a")
+    await settle()
+    assert host.numbered == ["S1", "S2", "S4"]
 
 
-async def test_a_closing_client_s_parked_work_lets_go_of_its_buffers():
-    g, host = Gangs(["a", "b"], "fifo", window=256), Host()
-    try:
-        g.pause("a")
-        g.submit("a", Submission("S1", "c", ("a0", "b0")), host.start("S1"), ["q"], outputs=["q"])
-        g.submit("b", Submission("S2", "c", ("b0",)), host.start("S2"), ["q", "r"], outputs=["r"])
-        freed: list[str] = []
-        g.after_reads(["r"], lambda: freed.append("r"))
-        g.cancel_client("c")
-        await settle()
-        assert freed == ["r"] and not g.queued_for("r") and g.waiting == {}
-        g.resume("a")
-        await settle()
-        assert host.numbered == []
-    finally:
-        g.close()
-        await settle()
+async def test_a_closing_client_s_parked_work_lets_go_of_its_buffers(gangs):
+    g, host = gangs("fifo", 256, ("a", "b")), Host()
+    g.pause("a")
+    g.submit("a", Submission("S1", "c", ("a0", "b0")), host.start("S1"), ["q"], outputs=["q"])
+    g.submit("b", Submission("S2", "c", ("b0",)), host.start("S2"), ["q", "r"], outputs=["r"])
+    freed: list[str] = []
+    g.after_reads(["r"], lambda: freed.append("r"))
+    g.cancel_client("c")
+    await settle()
+    assert freed == ["r"] and not g.queued_for("r") and g.waiting == {}
+    g.resume("a")
+    await settle()
+    assert host.numbered == []
 
 
 async def test_a_paused_island_queues_and_admits_in_order_once_resumed(gangs):
