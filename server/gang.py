@@ -100,7 +100,6 @@ class Gangs:
         self._by_island: dict[str, Counter[str]] = {i: Counter() for i in islands}
         self._all: Counter[str] = Counter()  # the same, summed over the islands
         self._changed: asyncio.Event | None = None  # set (and dropped) when a buffer is released
-        self._cleared: dict[str, asyncio.Event] = {}
         self.admitted: dict[str, Counter[str]] = {i: Counter() for i in islands}  # island -> client -> cost
         self._paused: set[str] = set()  # islands admitting nothing (their executors are being replaced)
         self.waiting: Counter[str] = Counter()  # client -> its submissions not yet admitted
@@ -278,7 +277,7 @@ class Gangs:
             if parked.task is not None:
                 parked.task.cancel()
             self._unpark(parked)
-            self._signal_cleared([*parked.queued.touches, *parked.queued.held])
+            self._look({*parked.queued.touches, *parked.queued.held})
         for counts in self.admitted.values():
             counts.pop(client, None)
         self.waiting.pop(client, None)
@@ -296,25 +295,19 @@ class Gangs:
         counts.subtract(buffers)  # a buffer may appear more than once
         everywhere.subtract(buffers)
         self._wake()
-        for b in set(buffers):
+        distinct = set(buffers)
+        for b in distinct:
             if counts[b] <= 0:
                 counts.pop(b, None)
             if everywhere[b] <= 0:
                 everywhere.pop(b, None)
-        self._signal_cleared(buffers)
+        self._look(distinct)
 
     def _wake(self) -> None:
         """Parked submissions look again."""
         if self._changed is not None:
             self._changed.set()
             self._changed = None
-
-    def _signal_cleared(self, buffers: Sequence[str]) -> None:
-        distinct = set(buffers)
-        for b in distinct:
-            if b in self._cleared and not self._touched(b):
-                self._cleared.pop(b).set()
-        self._look(distinct)
 
     # -- buffers of queued submissions -----------------------------------------------------
 
@@ -341,10 +334,15 @@ class Gangs:
         return self._all[buffer_id] > self._by_island[besides][buffer_id]
 
     async def cleared(self, buffer_ids: Sequence[str]) -> None:
-        """Wait until no queued submission touches these buffers."""
-        for b in buffer_ids:
-            if self._touched(b):
-                await self._cleared.setdefault(b, asyncio.Event()).wait()
+        """Wait until no queued submission touches these buffers (a watch, as `later`)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def free() -> None:
+            if not done.done():  # (a wait given up has cancelled it)
+                done.set_result(None)
+
+        self.later(buffer_ids, free)
+        await done
 
     def after_reads(self, buffer_ids: Sequence[str], act: Callable[[], None]) -> None:
         """Run `act` once no submission, queued or admitted, still reads or writes these
