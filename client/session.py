@@ -443,14 +443,7 @@ class Session:
 
     def _asked(self, buffer: Buffer) -> list[str]:
         """Up to `SETTLED_ASKED` ids of the session's other buffers not known to exist."""
-        for _ in range(8):  # (a finalizer's release may change the dict while it is copied)
-            try:
-                ids = list(self._unsettled)
-                break
-            except RuntimeError:
-                continue
-        else:
-            return []
+        ids = list(self._unsettled)  # (copied in one step under the GIL: no release cuts in)
         return [b for b in ids[:SETTLED_ASKED + 1] if b != buffer.id][:SETTLED_ASKED]
 
     def _settle(self, buffer_ids: Iterable[str]) -> None:
