@@ -21,8 +21,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import jax
+import jax.numpy as jnp
 import numpy as np
-from jax.sharding import PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from client.arrays import PLAIN, View, key_type
 from ir import Aval, InvalidArgument, IsthmusError, NotFound, Spec, parse_dtype
@@ -52,6 +53,7 @@ class Futures(Protocol):
     """What a `Buffer` asks of the session that made it."""
 
     client_id: str  # the client it is a session of (a client may have several)
+    slices: dict[str, Any]  # the client's slices (`client.session.Slice`), by id
     deleted_slices: dict[str, None]  # the newest slices the client deleted, with their buffers
 
     def release(self, buffer_id: str) -> None: ...
@@ -179,9 +181,15 @@ class Buffer(Shaped):
         return self._view.key
 
     @property
-    def sharding(self) -> PartitionSpec:
-        """The partition spec over the mesh of the buffer's slice."""
-        return PartitionSpec(*self.spec.entries)
+    def sharding(self) -> NamedSharding:
+        """The buffer's sharding, as `jax.Array.sharding`: its spec over its slice's mesh
+        (the slice's `AbstractMesh`: the devices are the server's). `.sharding.spec` is the
+        spec; JAX's functions that make arrays like another (`jnp.zeros_like`) read it."""
+        s = self._futures.slices.get(self.slice_id)
+        if s is None:
+            raise NotFound(f"buffer {self.id}: its slice {self.slice_id} is not one of this client's "
+                           "(deleted, or made by another session)")
+        return NamedSharding(s.abstract_mesh, PartitionSpec(*self.spec.entries))
 
     def ready(self) -> bool:
         """True once the value exists or has failed; never waits for the computation."""
@@ -294,6 +302,20 @@ class Buffer(Shaped):
             return self.keys()  # type: ignore[no-any-return]
         value = self.numpy()
         return value.astype(dtype) if dtype is not None else np.array(value) if copy else value
+
+    @property
+    def __jax_array__(self) -> Callable[[], Any]:
+        """JAX's protocol for array-likes: the value as a local `jax.Array` (fetched), which
+        `jnp.asarray(buffer)`, `jnp.stack(xs)` and a local array's operators compute on, in
+        this process. JAX refuses it where it traces (`jnp.sum`, a local `jax.jit`), naming
+        `jnp.array`. Asked for while a jitted function is traced, it raises that a buffer is
+        read there only as an argument."""
+        if (error := _closed_over(self)) is not None:
+            raise error
+        return self._local
+
+    def _local(self) -> Any:
+        return self.keys() if self.key is not None else jnp.asarray(self.numpy())
 
     def __copy__(self) -> Buffer:
         """The buffer itself: its value never changes, so a copy may share it (as JAX's

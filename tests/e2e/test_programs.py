@@ -49,7 +49,7 @@ def test_three_computations_over_islands_a_and_b_equal_local_jit_bit_for_bit(c):
 
     x = np.random.default_rng(0).standard_normal(16, dtype=np.float32)
     out = step(x)
-    assert out.shape == (16,) and out.sharding == P("y")
+    assert out.shape == (16,) and out.sharding.spec == P("y")
     lf = local_jit(f, 4, "x", P("x"), P("x"))
     lg = local_jit(g, 4, "x", P(), P())
     lh = local_jit(h, 2, "y", (P("y"), P("y")), P("y"))
