@@ -13,6 +13,10 @@ Contract (`guarded_http(header_timeout_s, max_idle)` gives the protocol class):
   until it is complete; else the connection is closed (the request sees a disconnect, and
   what its body reserved of the body budgets is given back). A client that sends a large
   upload's headers and then stalls holds that reservation no longer.
+- A request line and headers take at most `MAX_HEAD_BYTES`: past that, before they are
+  complete, the connection is answered 431 and closed `REFUSED_LINGER_S` later (uvicorn's
+  httptools protocol keeps every header it is sent: 100 MB of them on two connections took
+  the server's memory from 0.4 to 2 GB).
 - A connection is idle from when it opens, or its last response is complete, until the
   next request's headers are complete. At most `max_idle` are idle at once: a new
   connection past that closes the one idle the longest. A request in progress is never
@@ -30,6 +34,13 @@ from weakref import WeakKeyDictionary
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 MIN_BODY_BYTES = 1 << 20  # a body's least progress per `header_timeout_s` (about 100 KiB/s)
+MAX_HEAD_BYTES = 64 << 10  # a request line and its headers (nginx takes 8 to 32 KiB, h11 16 KiB)
+REFUSED_LINGER_S = 1.0  # a connection answered 431 closes this long after
+_TOO_LARGE = (b'{"error":"InvalidArgument","detail":"headers: the request line and headers take more than '
+              + str(MAX_HEAD_BYTES).encode() + b' bytes; send fewer or shorter headers"}')
+TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+             b"content-length: " + str(len(_TOO_LARGE)).encode() + b"\r\nconnection: close\r\n\r\n"
+             + _TOO_LARGE)
 
 Idle = OrderedDict[HttpToolsProtocol, None]  # oldest first
 _IDLE: WeakKeyDictionary[Any, Idle] = WeakKeyDictionary()  # per uvicorn server (its state)
@@ -54,6 +65,9 @@ class _Guarded(HttpToolsProtocol):
         self._headers_due: asyncio.TimerHandle | None = None
         self._body_due: asyncio.TimerHandle | None = None
         self._body_bytes = 0  # of the body read since the last check
+        self._in_head = True  # what comes now is a request line or headers
+        self._refused = False  # its headers ran past `MAX_HEAD_BYTES`: answered, closing
+        self._head_bytes = 0  # of them, read so far
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -69,12 +83,36 @@ class _Guarded(HttpToolsProtocol):
         self._idle.pop(self, None)
         super().connection_lost(exc)
 
+    def data_received(self, data: bytes) -> None:
+        if self._refused:  # answered 431: what still comes is read and dropped until it closes
+            return
+        if self._in_head:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        # (a chunk that completed the headers has started the count again)
+        if self._in_head and self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
+            self._refuse_head()
+
+    def _refuse_head(self) -> None:
+        """Answer 431 and end the connection: the answer is sent, then the end of this side
+        (closing with the client's bytes still unread would reset the connection, and the
+        client might lose the answer); what the client still sends is dropped, and the
+        connection closes `REFUSED_LINGER_S` later."""
+        self._refused = True
+        self._disarm()
+        if self.cycle is None or self.cycle.response_complete:  # (not inside another's answer)
+            self.transport.write(TOO_LARGE)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(REFUSED_LINGER_S, self.transport.close)
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
         if self._headers_due is None:
             self._arm()
 
     def on_headers_complete(self) -> None:
+        self._in_head, self._head_bytes = False, 0
         self._disarm()
         self._idle.pop(self, None)
         super().on_headers_complete()
@@ -86,6 +124,7 @@ class _Guarded(HttpToolsProtocol):
         super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._in_head, self._head_bytes = True, 0
         self._body_done()
         super().on_message_complete()
 

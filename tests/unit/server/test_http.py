@@ -17,7 +17,7 @@ import httpx
 import pytest
 import uvicorn
 
-from server.http import MIN_BODY_BYTES, guarded_http
+from server.http import MAX_HEAD_BYTES, MIN_BODY_BYTES, guarded_http
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -137,4 +137,24 @@ def test_a_body_that_stops_coming_is_cut_off_and_one_that_keeps_coming_is_read(s
     assert time.monotonic() - start < 2 * HEADER_TIMEOUT_S + 5
     s.close()
     body = b"1" * (4 * MIN_BODY_BYTES)
+    assert httpx.post(f"http://127.0.0.1:{port}/upload", content=body, timeout=10).text == "ok"
+
+
+def test_headers_past_their_bound_are_answered_431_and_the_connection_closed(served):
+    port, _ = served
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
+    answer = b""
+    try:
+        for i in range(4 * MAX_HEAD_BYTES // 1024):  # headers that never end, fast
+            s.sendall(b"X-H%d: " % i + b"a" * 1000 + b"\r\n")
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # closed by the server while it still came
+    while chunk := s.recv(4096):
+        answer += chunk
+    assert answer.startswith(b"HTTP/1.1 431") and b"headers: the request line and headers" in answer
+    s.close()
+    many = {f"x-h{i}": "a" * 100 for i in range(200)}  # 20 KB of headers: within the bound
+    assert httpx.get(f"http://127.0.0.1:{port}/", headers=many, timeout=10).text == "ok"
+    body = b"1" * (2 * MAX_HEAD_BYTES)  # a body is no header: taken in one go with its headers
     assert httpx.post(f"http://127.0.0.1:{port}/upload", content=body, timeout=10).text == "ok"
