@@ -75,7 +75,7 @@ class ProgramFunction:
                 x.live() if isinstance(x, Buffer)
                 else self._session.put(x[0], t.slice, t.spec, x[1])
                 for x, t in zip(items, traced.arg_types[:len(items)], strict=True)
-            ] + traced.bound
+            ] + [b.live() for b in traced.bound]  # (a closed-over buffer deleted since is named)
             outs = self._session.run(traced.program_id, [b.id for b in inputs], self.dispatch, traced.outputs)
         return with_fixed(traced.out_tree, traced.fixed, outs)
 

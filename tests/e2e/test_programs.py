@@ -266,6 +266,17 @@ def test_a_buffer_on_a_slice_no_computation_uses_is_moved_to_its_consumer(c):
     np.testing.assert_array_equal(out.numpy(), np.arange(4, dtype=np.float32) * 2)
 
 
+def test_a_program_closing_over_a_buffer_deleted_since_names_it(c):
+    s = c.slice({"x": 2})
+    f = c.jit(lambda v, w: v * w, slice=s)
+    w = c.put(np.arange(4, dtype=np.float32), s)
+    scaled = c.program(lambda v: f(v, w))
+    np.testing.assert_array_equal(scaled(np.ones(4, np.float32)).numpy(), np.arange(4))
+    w.delete()
+    with pytest.raises(isthmus.NotFound, match=f"buffer {w.id} .* has been deleted"):
+        scaled(np.ones(4, np.float32))
+
+
 def test_a_program_returns_constants_as_jax_jit_does(c):
     """Arrays and Python scalars among a program's results come back as buffers of their
     values (a Python scalar weakly typed), as `jax.jit` returns them; other objects are
