@@ -79,6 +79,10 @@ class Statics:
         positional = tuple((i, args[i]) for i in sorted(nums) if 0 <= i < len(args))
         named = tuple(sorted((k, v) for k, v in kwargs.items() if k in self.argnames))
         for where, value in (*positional, *named):
+            if hasattr(type(value), "__jax_array__"):  # a `Buffer`: hashed by identity, yet an array
+                raise InvalidArgument(f"static argument {where!r}: a {type(value).__name__} is an array, "
+                                      "which is no static value (jax.jit refuses an array there as "
+                                      "unhashable); pass it as a dynamic argument")
             try:
                 hash(value)
             except TypeError:

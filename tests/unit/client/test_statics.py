@@ -42,6 +42,14 @@ def test_an_unhashable_static_value_is_refused_by_position():
         Statics((1,), ()).split(("x", [1, 2]), {})
 
 
+def test_an_array_like_static_value_is_refused_though_it_hashes():
+    class Remote:  # as a `Buffer`: hashed by identity, an array to JAX
+        __jax_array__ = property(lambda self: None)
+
+    with pytest.raises(InvalidArgument, match=r"static argument 'n': a Remote is an array.*dynamic"):
+        Statics((), ("n",)).split(("x",), {"n": Remote()})
+
+
 @pytest.mark.parametrize("kind", ["static", "donate"])
 def test_argnums_past_the_positional_arguments_are_refused_as_jax_jit_refuses_them(kind):
     def g(x, y=1):
