@@ -49,6 +49,21 @@ def _refused(op: str) -> Callable[..., Any]:
     return refused
 
 
+# dunder name -> (symbol, the operation on JAX arrays): the operators a buffer runs
+BINARY: dict[str, tuple[str, Callable[[Any, Any], Any]]] = {
+    "add": ("+", operator.add), "sub": ("-", operator.sub), "mul": ("*", operator.mul),
+    "truediv": ("/", operator.truediv), "floordiv": ("//", operator.floordiv), "mod": ("%", operator.mod),
+    "pow": ("**", operator.pow), "matmul": ("@", operator.matmul), "and": ("&", operator.and_),
+    "or": ("|", operator.or_), "xor": ("^", operator.xor), "lshift": ("<<", operator.lshift),
+    "rshift": (">>", operator.rshift), "eq": ("==", operator.eq), "ne": ("!=", operator.ne),
+    "lt": ("<", operator.lt), "le": ("<=", operator.le), "gt": (">", operator.gt), "ge": (">=", operator.ge),
+}
+UNARY: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "neg": ("unary -", operator.neg), "pos": ("unary +", operator.pos), "abs": ("abs", operator.abs),
+    "invert": ("~", operator.invert),
+}
+
+
 class Futures(Protocol):
     """What a `Buffer` asks of the session that made it."""
 
@@ -63,6 +78,7 @@ class Futures(Protocol):
     def prefetch(self, buffer: Buffer) -> None: ...
     def check_open(self) -> None: ...
     def put(self, array: np.ndarray, slice_id: str, spec: Spec, view: View = PLAIN) -> Buffer: ...
+    def operate(self, symbol: str, op: Callable[..., Any], operands: tuple[Any, ...]) -> Any: ...
 
 
 class Shaped:
@@ -103,6 +119,7 @@ class Shaped:
 class Buffer(Shaped):
     __slots__ = ("__weakref__", "_deleted", "_futures", "_value", "_view", "aval", "error", "id",
                  "known_ready", "slice_id", "spec")
+    __array_priority__ = 100  # numpy defers its operators to a buffer's (`np.ones(4) + b`), as to JAX's
 
     def __init__(self, futures: Futures, buffer_id: str, slice_id: str, aval: Aval, spec: Spec,
                  view: View = PLAIN) -> None:
@@ -341,17 +358,32 @@ class Buffer(Shaped):
         return f"Buffer({self.id}, {keys} keys={self.key} as {self.aval}, {self.spec}, slice={self.slice_id})"
 
 
-# Arithmetic, comparison and indexing are refused by name: a buffer's value is on the
-# executors, not here (a JAX array computes them; identity would answer `loss != loss` wrong).
-_OPERATORS = {"+": "add", "-": "sub", "*": "mul", "/": "truediv", "//": "floordiv", "%": "mod", "**": "pow",
-              "@": "matmul", "&": "and", "|": "or", "^": "xor", "<<": "lshift", ">>": "rshift"}
-for _symbol, _name in _OPERATORS.items():
+def _operator(symbol: str, op: Callable[..., Any], reflected: bool = False) -> Callable[..., Any]:
+    """An operator run on the executors, on the buffer's slice (`client.eager`)."""
+    def apply(self: Buffer, *other: Any) -> Any:
+        if (error := _closed_over(self)) is not None:
+            raise error
+        from client.trace import current_trace
+
+        if current_trace() is not None:
+            raise InvalidArgument(f"buffer {self.id}: {symbol} on a buffer inside @program would run "
+                                  "outside it, as it is traced; do it inside a jitted function (c.jit)")
+        operands = (other[0], self) if reflected else (self, *other)
+        return self._futures.operate(symbol, op, operands)
+    return apply
+
+
+# Operators run on the executors (`client.eager`), as JAX runs them op by op on an array
+# (set after the class: a buffer is hashed by identity still). Indexing and iteration are
+# refused by name: a buffer's value is on the executors, not here.
+for _name, (_symbol, _op) in BINARY.items():
+    setattr(Buffer, f"__{_name}__", _operator(_symbol, _op))
+    if _name not in ("eq", "ne", "lt", "le", "gt", "ge"):  # (Python reflects those itself)
+        setattr(Buffer, f"__r{_name}__", _operator(_symbol, _op, reflected=True))
+for _name, (_symbol, _op) in UNARY.items():
+    setattr(Buffer, f"__{_name}__", _operator(_symbol, _op))
+for _symbol, _name in (("indexing", "getitem"), ("item assignment", "setitem"), ("iteration", "iter")):
     setattr(Buffer, f"__{_name}__", _refused(_symbol))
-    setattr(Buffer, f"__r{_name}__", _refused(_symbol))
-for _symbol, _name in (("unary -", "neg"), ("unary +", "pos"), ("abs", "abs"), ("~", "invert"),
-                       ("==", "eq"), ("!=", "ne"), ("<", "lt"), ("<=", "le"), (">", "gt"), (">=", "ge"),
-                       ("indexing", "getitem"), ("item assignment", "setitem"), ("iteration", "iter")):
-    setattr(Buffer, f"__{_name}__", _refused(_symbol))  # (set after the class: hashed by identity still)
 
 
 def _keys(data: np.ndarray, impl: str) -> Any:

@@ -39,7 +39,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -48,6 +48,7 @@ from jax.sharding import AbstractMesh, AxisType
 
 from client.arrays import PLAIN, View
 from client.buffer import Buffer
+from client.eager import Operators
 from client.transport import ERRORS, Transport, Unauthorized
 from ir import Aval, InvalidArgument, IsthmusError, MeshAxes, Spec, Unavailable, dtype_name
 
@@ -190,6 +191,7 @@ class Session:
         self._unsettled: dict[str, weakref.ref[Buffer]] = {}
         self._prefetch: dict[str, weakref.ref[Buffer]] = {}
         self._waits = 0
+        self._operators = Operators(self)  # a buffer's operators, run on its slice
         if background:
             threading.Thread(target=self._send_forever, name="isthmus-sender", daemon=True).start()
 
@@ -240,6 +242,10 @@ class Session:
                      headers={"Content-Type": "application/octet-stream"})
         self._unsettle([buf])
         return buf
+
+    def operate(self, symbol: str, op: Callable[..., Any], operands: tuple[Any, ...]) -> Any:
+        """An operator on buffers, run on their slice (`client.eager`)."""
+        return self._operators.apply(symbol, op, operands)
 
     def release(self, buffer_id: str) -> None:
         if not self._stopped:

@@ -1,0 +1,95 @@
+"""Operators on buffers, outside programs: each runs on the executors as a computation of
+one operation on the buffer's slice, as JAX runs an operator on an array op by op, and
+returns a `Buffer` there (`loss < best`, `total + loss`, `-x`, `x * 2`).
+
+Contract:
+- The operands are the buffer and the other side: another buffer of the same slice, or a
+  local value JAX takes as an operand (a Python number, weakly typed as in JAX; a numpy
+  array or scalar; a `jax.Array`), uploaded with the call. A buffer of another slice is
+  refused, naming both (JAX refuses arrays committed to different devices). Anything else
+  gets `NotImplemented`, so Python asks the other side, or raises its `TypeError`.
+- Each operator is a `client.jit.Function` of the slice, kept per (operator, slice, specs):
+  its signatures are exported, registered and cached as any jitted function's. A buffer
+  keeps its spec; the result takes the spec of a buffer operand of its shape (an
+  elementwise operation keeps the layout), else it is replicated. On a slice with Explicit
+  axes the result's type decides, as in `c.jit`.
+- The newest `KEPT` operators' functions are kept; an older one is let go of (its
+  computations with it) and made again when used again.
+- Inside `@c.program` an operation on a buffer is refused as on any of its values: it would
+  run outside the program, at trace time.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from client.buffer import Buffer
+from client.jit import Function
+from ir import InvalidArgument
+
+if TYPE_CHECKING:
+    from client.session import Session
+
+KEPT = 64
+LOCAL = (int, float, complex, np.ndarray, np.generic, jax.Array)  # what JAX takes beside an array
+
+class Operators:
+    """One session's operators on buffers."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+        self._kept: OrderedDict[tuple[Any, ...], Function] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def apply(self, symbol: str, op: Callable[..., Any], operands: tuple[Any, ...]) -> Any:
+        """`op` of the operands (one of them a buffer) on the executors, or `NotImplemented`
+        for an operand JAX would not take."""
+        if not all(isinstance(x, (Buffer, *LOCAL)) for x in operands):
+            return NotImplemented
+        buffers = [x for x in operands if isinstance(x, Buffer)]
+        slice_ids = {b.slice_id for b in buffers}
+        if len(slice_ids) > 1:
+            a, b = buffers[0], next(b for b in buffers if b.slice_id != buffers[0].slice_id)
+            raise InvalidArgument(
+                f"{symbol}: buffer {a.id} is on slice {a.slice_id} and buffer {b.id} on slice "
+                f"{b.slice_id}; an operator runs on one slice: put one on the other's (c.put), or "
+                "do it in a jitted function of one slice")
+        s = self._session.slices.get(buffers[0].slice_id)
+        if s is None:
+            raise InvalidArgument(f"{symbol}: buffer {buffers[0].id} is on slice {buffers[0].slice_id}, "
+                                  "which is not one of this client's (deleted)")
+        in_specs = tuple(PartitionSpec(*x.spec.entries) if isinstance(x, Buffer) else PartitionSpec()
+                         for x in operands)
+        out_spec = None if s.explicit else _result_spec(symbol, operands, in_specs)
+        key = (symbol, s.id, in_specs, out_spec)
+        with self._lock:
+            fn = self._kept.get(key)
+            if fn is None:
+                fn = self._kept[key] = Function(self._session, lambda *xs: op(*xs), s, in_specs, out_spec,
+                                                name=f"operator {symbol}")
+                if len(self._kept) > KEPT:
+                    self._kept.popitem(last=False)
+            else:
+                self._kept.move_to_end(key)
+        return fn(*operands)
+
+
+def _result_spec(symbol: str, operands: tuple[Any, ...], specs: tuple[PartitionSpec, ...]) -> PartitionSpec:
+    """The spec of a buffer operand whose shape the result has (elementwise), else replicated."""
+    if symbol == "@":
+        return PartitionSpec()
+    try:
+        shape = np.broadcast_shapes(*(np.shape(x) for x in operands))
+    except ValueError:  # JAX says why, when the operation is traced
+        return PartitionSpec()
+    for x, spec in zip(operands, specs, strict=True):
+        if isinstance(x, Buffer) and tuple(x.shape) == shape:
+            return spec
+    return PartitionSpec()
