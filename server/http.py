@@ -13,6 +13,11 @@ Contract (`guarded_http(header_timeout_s, max_idle)` gives the protocol class):
   until it is complete; else the connection is closed (the request sees a disconnect, and
   what its body reserved of the body budgets is given back). A client that sends a large
   upload's headers and then stalls holds that reservation no longer.
+- An answer must keep being read: while more of it waits in the connection's buffer than
+  the transport holds before it pauses the writer, at least `MIN_BODY_BYTES` of it must
+  go every `header_timeout_s`; else the connection is aborted, and what it buffered is
+  freed (a client asking for a 128 MiB buffer on ten connections and reading none held
+  1.3 GB of the server's memory for as long as it kept the sockets).
 - A request line and headers take at most `MAX_HEAD_BYTES`: past that, before they are
   complete, the connection is answered 431 and closed `REFUSED_LINGER_S` later (uvicorn's
   httptools protocol keeps every header it is sent: 100 MB of them on two connections took
@@ -67,6 +72,8 @@ class _Guarded(HttpToolsProtocol):
         self._body_bytes = 0  # of the body read since the last check
         self._in_head = True  # what comes now is a request line or headers
         self._refused = False  # its headers ran past `MAX_HEAD_BYTES`: answered, closing
+        self._drain_due: asyncio.TimerHandle | None = None  # while writing is paused
+        self._drain_left = 0  # bytes buffered at the last check
         self._head_bytes = 0  # of them, read so far
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -78,6 +85,7 @@ class _Guarded(HttpToolsProtocol):
             oldest.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._drain_off()
         self._disarm()
         self._body_done()
         self._idle.pop(self, None)
@@ -129,9 +137,7 @@ class _Guarded(HttpToolsProtocol):
         super().on_message_complete()
 
     def _body_done(self) -> None:
-        if self._body_due is not None:
-            self._body_due.cancel()
-            self._body_due = None
+        self._body_due = _cancelled(self._body_due)
 
     def _body_check(self) -> None:
         """Every `header_timeout_s` while a body is read: too little came, the connection closes."""
@@ -142,6 +148,31 @@ class _Guarded(HttpToolsProtocol):
         self._body_due = None
         if not self.transport.is_closing():
             self.transport.close()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._drain_due is None:
+            self._drain_left = self.transport.get_write_buffer_size()
+            self._drain_due = self.loop.call_later(self.header_timeout_s, self._drain_check)
+
+    def resume_writing(self) -> None:
+        self._drain_off()
+        super().resume_writing()
+
+    def _drain_off(self) -> None:
+        self._drain_due = _cancelled(self._drain_due)
+
+    def _drain_check(self) -> None:
+        """Every `header_timeout_s` while writing is paused: too little of the answer was
+        read, the connection is aborted. (A transport closing already, after its keep-alive
+        time, say, still waits for its buffer to be sent: it is aborted all the same.)"""
+        self._drain_due = None
+        left = self.transport.get_write_buffer_size()
+        if left > max(0, self._drain_left - MIN_BODY_BYTES):
+            self.transport.abort()
+            return
+        self._drain_left = left
+        self._drain_due = self.loop.call_later(self.header_timeout_s, self._drain_check)
 
     def on_response_complete(self) -> None:
         busy = bool(self.pipeline)  # a request already read starts now
@@ -157,9 +188,7 @@ class _Guarded(HttpToolsProtocol):
         self._headers_due = self.loop.call_later(self.header_timeout_s, self._headers_late)
 
     def _disarm(self) -> None:
-        if self._headers_due is not None:
-            self._headers_due.cancel()
-            self._headers_due = None
+        self._headers_due = _cancelled(self._headers_due)
 
     def _headers_late(self) -> None:
         self._headers_due = None
@@ -167,3 +196,9 @@ class _Guarded(HttpToolsProtocol):
             self.cycle.keep_alive = False  # (a request pipelined behind one in progress)
         elif not self.transport.is_closing():
             self.transport.close()
+
+
+def _cancelled(timer: asyncio.TimerHandle | None) -> None:
+    """Cancel the timer, if any; None, for its attribute."""
+    if timer is not None:
+        timer.cancel()

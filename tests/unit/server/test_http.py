@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 HEADER_TIMEOUT_S = 0.5
 MAX_IDLE = 20
 PARTIAL = b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: "  # headers that never end
+BIG = 64 << 20
 
 
 class Served:
@@ -31,6 +32,8 @@ class Served:
         self.entered = threading.Event()  # /slow has begun
         self.release = threading.Event()  # lets /slow answer
         self.disconnected = threading.Event()  # an /upload's body stopped coming
+        self.sent_big = threading.Event()  # /big's send returned
+        self.server: uvicorn.Server | None = None  # serving it
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["path"] == "/upload":  # reads the body: a stalled one ends in a disconnect
@@ -41,6 +44,11 @@ class Served:
                     self.disconnected.set()
                     return
                 more = message.get("more_body", False)
+        if scope["path"] == "/big":  # an answer larger than the socket buffers take
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"b" * BIG})
+            self.sent_big.set()
+            return
         if scope["path"] == "/slow":
             self.entered.set()
             await asyncio.get_running_loop().run_in_executor(None, self.release.wait, 30)
@@ -49,11 +57,11 @@ class Served:
 
 
 @contextmanager
-def serving(header_timeout_s: float) -> Iterator[tuple[int, Served]]:
+def serving(header_timeout_s: float, keep_alive_s: float = 5) -> Iterator[tuple[int, Served]]:
     app = Served()
     config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="warning",
-                            http=guarded_http(header_timeout_s, MAX_IDLE))
-    server = uvicorn.Server(config)
+                            http=guarded_http(header_timeout_s, MAX_IDLE), timeout_keep_alive=keep_alive_s)
+    server = app.server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     end = time.monotonic() + 20
@@ -158,3 +166,37 @@ def test_headers_past_their_bound_are_answered_431_and_the_connection_closed(ser
     assert httpx.get(f"http://127.0.0.1:{port}/", headers=many, timeout=10).text == "ok"
     body = b"1" * (2 * MAX_HEAD_BYTES)  # a body is no header: taken in one go with its headers
     assert httpx.post(f"http://127.0.0.1:{port}/upload", content=body, timeout=10).text == "ok"
+
+
+@pytest.mark.parametrize("keep_alive_s", [5, 0.1])  # closing after its keep-alive time, or not yet
+def test_an_answer_nobody_reads_is_cut_off_and_one_read_slowly_is_sent_whole(keep_alive_s):
+    with serving(HEADER_TIMEOUT_S, keep_alive_s) as (port, app):
+        unread_then_read(port, app)
+
+
+def unread_then_read(port: int, app: Served) -> None:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)  # (before connecting: no autotuning)
+    s.settimeout(10)
+    s.connect(("127.0.0.1", port))
+    s.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")  # and never read
+    assert app.sent_big.wait(10)  # written: the rest of the answer waits in the transport's buffer
+    deadline = time.monotonic() + 3 * HEADER_TIMEOUT_S + 5
+    while app.server.server_state.connections:  # until aborted, its buffer freed
+        assert time.monotonic() < deadline, "the unread answer's connection is still open"
+        time.sleep(0.05)
+    got = 0
+    try:
+        while chunk := s.recv(1 << 20):
+            got += len(chunk)
+    except ConnectionResetError:
+        pass
+    assert got < BIG
+    s.close()
+    app.sent_big.clear()
+    with httpx.stream("GET", f"http://127.0.0.1:{port}/big", timeout=30) as answer:
+        total = 0
+        for chunk in answer.iter_bytes(4 * MIN_BODY_BYTES):  # read steadily, pausing between
+            total += len(chunk)
+            time.sleep(0.01)
+    assert total == BIG
