@@ -6,12 +6,15 @@ Contract:
   in-flight) submissions; finished ids are forgotten, so memory stays bounded by the live
   work and a finished id may be submitted again.
 - `admit` returns the submissions admitted now, in admission order, while fewer than
-  `window` are in flight and, past `MIN_IN_FLIGHT` of them, the seconds they are expected
-  to take together (`Submission.seconds`) are under `window_s`: a client's backlog of long
-  computations then holds few places ahead of another client's work, and one of short
-  ones still fills the window. The policy picks which client goes next; a client's own
-  submissions are admitted in the order it submitted them, so a run that consumes an
-  earlier run's outputs stays behind it.
+  `window` are in flight. The window is also kept per host: a submission fits while each
+  of its hosts runs fewer than `window` of those in flight and, past `MIN_IN_FLIGHT` of
+  them, the seconds they are expected to take together (`Submission.seconds`) are under
+  `window_s`. A client's backlog of long computations then holds few places ahead of
+  another client's work on its hosts, and none on the island's other hosts (an idle host
+  is not kept waiting behind a busy one); a backlog of short ones still fills the window.
+  The policy picks which client goes next among those whose oldest queued submission
+  fits; a client's own submissions are admitted in the order it submitted them, so a run
+  that consumes an earlier run's outputs stays behind it.
 - `done` frees a window slot and returns the submission; nothing is admitted until the
   caller calls `admit` again.
 - `cancel_client` drops a client's queued submissions; its in-flight ones run on and still
@@ -51,7 +54,9 @@ class GangScheduler:
         self.island = island
         self.window = window
         self.window_s = window_s
-        self._in_flight_s = 0.0  # the seconds the submissions in flight are expected to take
+        # per host: the submissions in flight on it, and the seconds they are expected to take
+        self._host_n: dict[str, int] = {}
+        self._host_s: dict[str, float] = {}
         self._policy = _checked_policy(island, policy)
         # client -> its queued (submission seq, submission), oldest first; only backlogged
         # clients have an entry.
@@ -82,11 +87,14 @@ class GangScheduler:
     def admit(self) -> list[Submission]:
         """Admit queued submissions while the window has room; return them in admission order."""
         out: list[Submission] = []
-        while self._queues and self._room():
-            if len(self._queues) == 1:  # one client backlogged (the usual case): no choice
-                client = next(iter(self._queues))
+        while self._queues and len(self._in_flight) < self.window:
+            fitting = [c for c in self._queues if self._fits(self._queues[c][0][1])]
+            if not fitting:
+                break
+            if len(fitting) == 1:  # one client backlogged (the usual case): no choice
+                client = fitting[0]
             else:
-                client = min(self._queues, key=lambda c: (self._vtime[c], self._queues[c][0][0]))
+                client = min(fitting, key=lambda c: (self._vtime[c], self._queues[c][0][0]))
             queue = self._queues[client]
             _, sub = queue.popleft()
             if not queue:
@@ -95,19 +103,30 @@ class GangScheduler:
             self._clock = self._vtime[client]
             self._vtime[client] += self._policy.stride(sub)
             self._in_flight[sub.id] = sub
-            self._in_flight_s += sub.seconds
+            for h in sub.hosts:
+                self._host_n[h] = self._host_n.get(h, 0) + 1
+                self._host_s[h] = self._host_s.get(h, 0.0) + sub.seconds
             out.append(sub)
         return out
 
-    def _room(self) -> bool:
-        n = len(self._in_flight)
-        return n < self.window and (n < MIN_IN_FLIGHT or self._in_flight_s < self.window_s)
+    def _fits(self, sub: Submission) -> bool:
+        """Whether each of its hosts has room for it (see the contract)."""
+        for h in sub.hosts:
+            n = self._host_n.get(h, 0)
+            if n >= self.window or (n >= MIN_IN_FLIGHT and self._host_s.get(h, 0.0) >= self.window_s):
+                return False
+        return True
 
     def done(self, sub_id: str) -> Submission:
         """Mark an in-flight submission finished, free its window slot, and return it."""
         sub = self._in_flight.pop(sub_id, None)
         if sub is not None:
-            self._in_flight_s = self._in_flight_s - sub.seconds if self._in_flight else 0.0  # (no drift)
+            for h in sub.hosts:
+                n = self._host_n.pop(h) - 1
+                if n:  # (an idle host's seconds start from 0 again: no drift)
+                    self._host_n[h], self._host_s[h] = n, self._host_s[h] - sub.seconds
+                else:
+                    self._host_s.pop(h, None)
             return sub
         if sub_id in self._queued_ids:
             raise Conflict(f"island {self.island!r}: submission {sub_id!r} is queued, not admitted yet")
@@ -131,10 +150,10 @@ class GangScheduler:
 
     # -- read-only state -------------------------------------------------------------------
 
-    def admits_at_once(self) -> bool:
-        """Whether a submission made now would be admitted by the next `admit`: nothing is
-        queued and the window has room."""
-        return not self._queues and self._room()
+    def admits_at_once(self, sub: Submission) -> bool:
+        """Whether `sub`, submitted now, would surely be admitted by the next `admit`:
+        nothing is queued, and the window has room for it."""
+        return not self._queues and len(self._in_flight) < self.window and self._fits(sub)
 
     @property
     def policy(self) -> Policy:

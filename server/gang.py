@@ -149,7 +149,7 @@ class Gangs:
         others = [b for b in touches if self._touched(b, besides=island) or b in self._parked_on]
         # Admitted before this returns (nothing queued on the island, room in its window):
         # its touches would be released as soon as held, and nothing can look in between.
-        at_once = not others and island not in self._paused and self.schedulers[island].admits_at_once()
+        at_once = not others and island not in self._paused and self.schedulers[island].admits_at_once(sub)
         queued = _Queued(island, start, () if at_once else tuple(touches), tuple(held), tuple(outputs),
                          tuple(reads), kind, seq=self._seq)
         self.waiting[sub.client] += 1

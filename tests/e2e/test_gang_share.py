@@ -2,6 +2,7 @@
 `bench/multitenancy.py` gives the exact figure)."""
 
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -129,3 +130,30 @@ def test_by_default_one_client_s_backlog_does_not_hold_another_s_work_behind_all
             jax.block_until_ready(backlog)
     finally:
         srv.stop()
+
+
+def test_a_backlog_on_one_host_keeps_no_call_on_another_host_of_the_island_waiting(connect):
+    """Eve's long calls fill one host of island a (the window is bounded in seconds per
+    host); bob's call on the island's other host is admitted at once and done before eve's
+    first. Measured per island, bob's call waited for one of eve's to finish."""
+    import client as isthmus
+
+    eve, bob = connect(name="eve"), connect(name="bob")
+    se, sb = eve.slice({"x": 4}, island="a"), bob.slice({"x": 4}, island="a")  # a host each
+    assert set(se.hosts).isdisjoint(sb.hosts)
+    # about a second a call on the 2-core CI machine: over the window's 0.5 s, so two are in
+    # flight at a time, and bob's call is done long before the first (compiled, it takes ms)
+    slow = eve.jit(lambda v: jax.lax.fori_loop(0, 12000, lambda _, a: jnp.tanh(a @ a), v), slice=se)
+    quick = bob.jit(lambda v: v + 1, slice=sb)
+    x, y = eve.put(np.eye(128, dtype=np.float32), se), bob.put(np.zeros(4, np.float32), sb)
+    slow(x).result()
+    quick(y).result()  # compiled, and timed: from here on, calls only
+    t0 = time.monotonic()
+    slow(x).result()
+    took = time.monotonic() - t0
+    backlog = [slow(x) for _ in range(4)]
+    eve.flush()
+    np.testing.assert_array_equal(quick(y).numpy(), np.ones(4))
+    assert not backlog[0].ready(), f"bob's call on an idle host waited for eve's work ({took:.2f} s a call)"
+    jax.block_until_ready(backlog)
+    assert isinstance(backlog[-1], isthmus.Buffer)

@@ -35,8 +35,9 @@ def test_the_window_in_seconds_holds_a_backlog_of_long_submissions_to_a_few_in_f
     for k in range(10):
         s.submit(Submission(f"long{k}", "greedy", ("a0",), seconds=0.5))
     assert ids(s.admit()) == ["long0", "long1"]  # two at once whatever they take
-    s.submit(Submission("mine", "other", ("a0",), seconds=0.5))
-    assert s.admit() == [] and not s.admits_at_once()
+    mine = Submission("mine", "other", ("a0",), seconds=0.5)
+    s.submit(mine)
+    assert s.admit() == [] and not s.admits_at_once(mine)
     s.done("long0")
     assert ids(s.admit()) == ["long2"]  # (its turn: they are even, and greedy was first)
     s.done("long1")
@@ -47,6 +48,28 @@ def test_the_window_in_seconds_holds_a_backlog_of_long_submissions_to_a_few_in_f
     assert len(short.admit()) == 256
     with pytest.raises(InvalidArgument, match="seconds: expected a finite number >= 0"):
         Submission("bad", "c", ("b0",), seconds=math.inf)
+
+
+def test_a_backlog_on_one_host_keeps_no_other_host_of_the_island_waiting() -> None:
+    """A client's long submissions fill host a1's window in seconds; another client's on a0
+    is admitted at once, and one on both hosts waits for a1's room, then goes by its share
+    (their clocks even, the older head first)."""
+    s = GangScheduler("a", ProportionalShare(), window=256, window_s=0.8)
+    for k in range(6):
+        s.submit(Submission(f"long{k}", "greedy", ("a1",), seconds=9.0))
+    assert ids(s.admit()) == ["long0", "long1"]
+    idle = Submission("idle", "other", ("a0",), seconds=0.01)
+    assert s.admits_at_once(idle) is False  # (work is queued: not surely at once)
+    s.submit(idle)
+    both = Submission("both", "other", ("a0", "a1"), seconds=0.01)
+    s.submit(both)
+    assert ids(s.admit()) == ["idle"]  # a0 has room; "both" waits for a1, and behind it its client
+    s.done("idle")
+    for finished, admitted in (("long0", "long2"), ("long1", "long3"), ("long2", "both"), ("long3", "long4")):
+        s.done(finished)
+        assert ids(s.admit()) == [admitted]
+    lone = GangScheduler("b", FifoPolicy(), window=4)
+    assert lone.admits_at_once(Submission("x", "c", ("b0",), seconds=1.0))
 
 
 def test_window_bounds_in_flight_and_admission_goes_on_in_order() -> None:
