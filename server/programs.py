@@ -38,11 +38,13 @@ from ir import (
     Conflict,
     HostPlan,
     InvalidArgument,
+    IsthmusError,
     NotFound,
     Op,
     Placement,
     Program,
     Type,
+    Unavailable,
     from_wire,
     graph_signature,
     verify,
@@ -79,6 +81,7 @@ class ProgramRecord:
     fuse: bool = False
     status: str = "pending"
     message: str | None = None
+    down: bool = False  # it failed only because hosts were down (`refusal`)
     runs: int = 0
     lowered: dict[Placements, tuple[Program, dict[str, HostPlan]]] = field(default_factory=dict)
     computation: ComputationRecord | None = None  # the computation a call program runs
@@ -226,22 +229,25 @@ class Programs:
         if comp is not None:
             comp.compiles = its
 
-        async def one(host: str, job: Any) -> str | None:
+        async def one(host: str, job: Any) -> tuple[str | None, bool]:
+            """The compiler's message, if it failed; and whether the host was down."""
             try:
                 return await self.service.pool.compile(
                     host, job.key, table[job.artifact].data, job.mesh,
                     [s.to_json() for s in job.in_specs], [s.to_json() for s in job.out_specs], timeout,
-                )
+                ), False
             except Exception as e:
-                return f"{type(e).__name__}: {e}"
+                return f"{type(e).__name__}: {e}", isinstance(e, Unavailable)
 
-        messages = await asyncio.gather(*(one(h, j) for h, j in jobs))
-        failed = [f"{j.key} on {h}: {m}" for (h, j), m in zip(jobs, messages, strict=True) if m]
-        status, message = ("failed", "; ".join(failed)) if failed else ("ready", None)
+        answers = await asyncio.gather(*(one(h, j) for h, j in jobs))
+        failed = [(f"{j.key} on {h}: {m}", down)
+                  for (h, j), (m, down) in zip(jobs, answers, strict=True) if m]
+        status, message = ("failed", "; ".join(m for m, _ in failed)) if failed else ("ready", None)
+        down = bool(failed) and all(d for _, d in failed)
         if rec.compiles == mine:  # else a newer compile's answer is the status
-            rec.status, rec.message = status, message
+            rec.status, rec.message, rec.down = status, message, down
         if comp is not None and comp.compiles == its:  # every call program compiles the same executable
-            comp.status, comp.message = status, message
+            comp.status, comp.message, comp.down = status, message, down
 
     def close(self) -> None:
         self._tasks.cancel()
@@ -440,7 +446,7 @@ class Programs:
              ids: Sequence[str] | None = None) -> list[BufferRecord]:
         """Submit one call: a run of the computation's one-node program for these inputs."""
         if comp.status == "failed":
-            raise Conflict(f"computation {comp.id} failed to compile: {comp.message}")
+            raise refusal("computation", comp.id, comp.message, comp.down)
         if len(inputs) != len(comp.in_avals):
             raise InvalidArgument(
                 f"computation {comp.id} takes {len(comp.in_avals)} inputs; got {len(inputs)}")
@@ -493,7 +499,7 @@ class Programs:
     @staticmethod
     def _runnable(rec: ProgramRecord) -> ProgramRecord:
         if rec.status == "failed":
-            raise Conflict(f"program {rec.id} failed to compile: {rec.message}")
+            raise refusal("program", rec.id, rec.message, rec.down)
         return rec
 
     def _check_inputs(self, owner: ClientRecord, rec: ProgramRecord, inputs: Sequence[str]) -> None:
@@ -570,6 +576,16 @@ def _parse(doc: Any, name: str, fuse: bool) -> tuple[Program, bytes, bytes]:
     text = json.dumps(doc, sort_keys=True)
     said = hashlib.sha256(f'["program", {text}, {json.dumps(name)}, {json.dumps(fuse)}]'.encode()).digest()
     return program, said, text.encode()
+
+
+def refusal(kind: str, record_id: str, message: str | None, down: bool) -> IsthmusError:
+    """Why a computation or program that failed to compile cannot run: `Conflict`, or
+    `Unavailable` where only hosts that were down failed it (it is compiled again on them
+    when they are back, as every record of theirs is)."""
+    if down:
+        return Unavailable(f"{kind} {record_id} could not be compiled: a host of it was down "
+                           f"({message}); try again once the host is back")
+    return Conflict(f"{kind} {record_id} failed to compile: {message}")
 
 
 async def compiled(rec: ProgramRecord) -> None:

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from server.programs import Programs
+from ir import Conflict, Unavailable
+from server.programs import Programs, refusal
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
@@ -23,6 +24,8 @@ class Pool:
         n, self.asked = self.asked, self.asked + 1
         self.answers[n] = asyncio.get_running_loop().create_future()
         answer = await self.answers[n]
+        if isinstance(answer, Exception):
+            raise answer
         if answer is not None:
             raise RuntimeError(answer)
         return None
@@ -33,13 +36,36 @@ def records() -> tuple[SimpleNamespace, SimpleNamespace]:
     return SimpleNamespace(status="pending", message=None, compiles=0, computation=comp), comp
 
 
-async def test_an_older_compile_failing_late_does_not_undo_a_newer_one():
-    pool = Pool()
+def compiling(pool: Pool, hosts: tuple[str, ...] = ("a0",)):
     programs = Programs.__new__(Programs)
     programs.service = SimpleNamespace(pool=pool, settings=SimpleNamespace(rpc_timeout_s=5.0))
     job = SimpleNamespace(key="k", artifact="a", mesh={}, in_specs=[], out_specs=[])
     lowered = SimpleNamespace(artifact_table={"a": SimpleNamespace(data=b"")})
-    plans = {"a0": SimpleNamespace(compiles=[job])}
+    return programs, lowered, {h: SimpleNamespace(compiles=[job]) for h in hosts}
+
+
+async def test_a_compile_failed_only_by_hosts_that_were_down_is_refused_as_unavailable():
+    """A registration while a host was replaced: its calls are answered 503 (try again),
+    not 409 as for a computation that cannot compile; one failed by the compiler too, 409."""
+    for answers, refused in (([Unavailable("host a1 is down")], Unavailable),
+                             ([Unavailable("host a1 is down"), "no kernel"], Conflict)):
+        pool = Pool()
+        programs, lowered, plans = compiling(pool, ("a0", "a1")[:len(answers)])
+        rec, comp = records()
+        task = asyncio.create_task(programs._compile(rec, lowered, plans))  # type: ignore[arg-type]
+        while pool.asked < len(answers):
+            await asyncio.sleep(0)
+        for n, answer in enumerate(answers):
+            pool.answers[n].set_result(answer)
+        await task
+        assert rec.status == comp.status == "failed"
+        assert isinstance(refusal("computation", "c-1", comp.message, comp.down), refused)
+        assert isinstance(refusal("program", "p-1", rec.message, rec.down), refused)
+
+
+async def test_an_older_compile_failing_late_does_not_undo_a_newer_one():
+    pool = Pool()
+    programs, lowered, plans = compiling(pool)
     rec, comp = records()
     first = asyncio.create_task(programs._compile(rec, lowered, plans))  # type: ignore[arg-type]
     again = asyncio.create_task(programs._compile(rec, lowered, plans))  # type: ignore[arg-type]
