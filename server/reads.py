@@ -133,18 +133,22 @@ async def _fetch(service: Service, rec: BufferRecord) -> bytes:
 
 async def _despite_restart(service: Service, rec: BufferRecord,
                            read: Callable[[Service, BufferRecord], Awaitable[T]]) -> T:
+    island = _island(service, rec)
+    begun = service.restarting.begun(island)
     try:
         return await read(service, rec)
     except Unavailable:
-        island = _island(service, rec)
-        if island not in service.restarting and rec.id not in service.lost:
+        # A restart that began meanwhile cut the read off (its executor was replaced); it may
+        # be over, and the value made again by another read, before this one hears of it.
+        restarted = service.restarting.begun(island) != begun
+        if island not in service.restarting and rec.id not in service.lost and not restarted:
             raise
         try:
             await asyncio.wait_for(service.restarting.over(island), service.settings.fetch_timeout_s)
         except TimeoutError:
             raise Unavailable(f"buffer {rec.id}: its island is still restarting after "
                               f"{service.settings.fetch_timeout_s:g}s") from None
-        if rec.id not in service.lost:  # the restart did not take it: the failure stands
+        if rec.id not in service.lost and not restarted:  # the restart did not take it: the failure stands
             raise
     return await read(service, rec)
 
