@@ -79,6 +79,7 @@ class Futures(Protocol):
     def check_open(self) -> None: ...
     def put(self, array: np.ndarray, slice_id: str, spec: Spec, view: View = PLAIN) -> Buffer: ...
     def operate(self, symbol: str, op: Callable[..., Any], operands: tuple[Any, ...]) -> Any: ...
+    def index(self, buffer: Buffer, key: Any) -> Buffer: ...
 
 
 class Shaped:
@@ -373,16 +374,29 @@ def _operator(symbol: str, op: Callable[..., Any], reflected: bool = False) -> C
     return apply
 
 
-# Operators run on the executors (`client.eager`), as JAX runs them op by op on an array
-# (set after the class: a buffer is hashed by identity still). Indexing and iteration are
-# refused by name: a buffer's value is on the executors, not here.
+def _getitem(self: Buffer, key: Any) -> Buffer:
+    """`x[i]`, `x[:4]`, `x[..., 0]` on the executors, on the buffer's slice (`client.eager`)."""
+    if (error := _closed_over(self)) is not None:
+        raise error
+    from client.trace import current_trace
+
+    if current_trace() is not None:
+        raise InvalidArgument(f"buffer {self.id}: indexing a buffer inside @program would run outside it, "
+                              "as it is traced; do it inside a jitted function (c.jit)")
+    return self._futures.index(self, key)
+
+
+# Operators and indexing run on the executors (`client.eager`), as JAX runs them op by op on
+# an array (set after the class: a buffer is hashed by identity still). Item assignment and
+# iteration are refused by name: a buffer's value is on the executors, not here.
+Buffer.__getitem__ = _getitem  # type: ignore[method-assign]
 for _name, (_symbol, _op) in BINARY.items():
     setattr(Buffer, f"__{_name}__", _operator(_symbol, _op))
     if _name not in ("eq", "ne", "lt", "le", "gt", "ge"):  # (Python reflects those itself)
         setattr(Buffer, f"__r{_name}__", _operator(_symbol, _op, reflected=True))
 for _name, (_symbol, _op) in UNARY.items():
     setattr(Buffer, f"__{_name}__", _operator(_symbol, _op))
-for _symbol, _name in (("indexing", "getitem"), ("item assignment", "setitem"), ("iteration", "iter")):
+for _symbol, _name in (("item assignment", "setitem"), ("iteration", "iter")):
     setattr(Buffer, f"__{_name}__", _refused(_symbol))
 
 

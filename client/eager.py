@@ -1,6 +1,6 @@
-"""Operators on buffers, outside programs: each runs on the executors as a computation of
-one operation on the buffer's slice, as JAX runs an operator on an array op by op, and
-returns a `Buffer` there (`loss < best`, `total + loss`, `-x`, `x * 2`).
+"""Operators and indexing on buffers, outside programs: each runs on the executors as a
+computation of one operation on the buffer's slice, as JAX runs an operator on an array op
+by op, and returns a `Buffer` there (`loss < best`, `total + loss`, `-x`, `x * 2`, `x[0]`).
 
 Contract:
 - The operands are the buffer and the other side: another buffer of the same slice, or a
@@ -13,6 +13,10 @@ Contract:
   keeps its spec; the result takes the spec of a buffer operand of its shape (an
   elementwise operation keeps the layout), else it is replicated. On a slice with Explicit
   axes the result's type decides, as in `c.jit`.
+- Indexing passes the index's integers and arrays as arguments, so one computation serves
+  every `x[i]`; its slices, `None` and `...` are part of the computation. An integer past
+  its dimension raises `IndexError` here, as JAX raises it for an array it holds (a
+  computation would clamp it). The result is replicated.
 - The newest `KEPT` operators' functions are kept; an older one is let go of (its
   computations with it) and made again when used again.
 - Inside `@c.program` an operation on a buffer is refused as on any of its values: it would
@@ -39,6 +43,8 @@ if TYPE_CHECKING:
 
 KEPT = 64
 LOCAL = (int, float, complex, np.ndarray, np.generic, jax.Array)  # what JAX takes beside an array
+TAKEN = object()  # (in an index's layout) a part passed as an argument: an integer or an array
+
 
 class Operators:
     """One session's operators on buffers."""
@@ -48,9 +54,47 @@ class Operators:
         self._kept: OrderedDict[tuple[Any, ...], Function] = OrderedDict()
         self._lock = threading.Lock()
 
-    def apply(self, symbol: str, op: Callable[..., Any], operands: tuple[Any, ...]) -> Any:
+    def index(self, buffer: Buffer, key: Any) -> Buffer:
+        """`buffer[key]` on the executors: integers and arrays in the index are arguments
+        (one computation serves every `x[i]`), slices, `None` and `...` part of the
+        computation. An integer past the dimension it indexes raises `IndexError`, as JAX
+        does for an array it holds."""
+        parts = key if isinstance(key, tuple) else (key,)
+        layout: list[Any] = []
+        taken: list[Any] = []
+        dim: int | None = 0  # the axis the part indexes (None past an Ellipsis: JAX checks those)
+        for p in parts:
+            if isinstance(p, int | np.integer) and not isinstance(p, bool | np.bool_):
+                size = buffer.shape[dim] if dim is not None and dim < buffer.ndim else None
+                if size is not None and not -size <= int(p) < size:
+                    raise IndexError(f"index {int(p)} is out of bounds for axis {dim} with size {size}")
+                layout.append(TAKEN)
+                taken.append(np.int32(p) if -2**31 <= int(p) < 2**31 else np.int64(p))
+            elif isinstance(p, Buffer | np.ndarray | jax.Array):
+                layout.append(TAKEN)
+                taken.append(p)
+            elif isinstance(p, slice) and all(v is None or isinstance(v, int | np.integer)
+                                              for v in (p.start, p.stop, p.step)):
+                layout.append(("slice", p.start, p.stop, p.step))  # (hashable, where a slice is not)
+            elif p is None or p is Ellipsis:
+                layout.append(p)
+            else:
+                raise InvalidArgument(f"buffer {buffer.id}: indexing with a {type(p).__name__} ({p!r}); "
+                                      "an index is integers, slices, None, ... and arrays")
+            dim = None if dim is None or p is Ellipsis else dim + (p is not None)
+        shape = tuple(layout)
+
+        def take(x: Any, *args: Any) -> Any:
+            given = iter(args)
+            return x[tuple(next(given) if p is TAKEN else slice(*p[1:]) if isinstance(p, tuple) else p
+                           for p in shape)]
+
+        return self.apply("indexing", take, (buffer, *taken), layout=shape)  # type: ignore[no-any-return]
+
+    def apply(self, symbol: str, op: Callable[..., Any], operands: tuple[Any, ...],
+              layout: tuple[Any, ...] = ()) -> Any:
         """`op` of the operands (one of them a buffer) on the executors, or `NotImplemented`
-        for an operand JAX would not take."""
+        for an operand JAX would not take. `layout` tells apart the ops of one symbol."""
         if not all(isinstance(x, (Buffer, *LOCAL)) for x in operands):
             return NotImplemented
         buffers = [x for x in operands if isinstance(x, Buffer)]
@@ -68,7 +112,7 @@ class Operators:
         in_specs = tuple(PartitionSpec(*x.spec.entries) if isinstance(x, Buffer) else PartitionSpec()
                          for x in operands)
         out_spec = None if s.explicit else _result_spec(symbol, operands, in_specs)
-        key = (symbol, s.id, in_specs, out_spec)
+        key = (symbol, layout, s.id, in_specs, out_spec)
         with self._lock:
             fn = self._kept.get(key)
             if fn is None:
@@ -83,7 +127,7 @@ class Operators:
 
 def _result_spec(symbol: str, operands: tuple[Any, ...], specs: tuple[PartitionSpec, ...]) -> PartitionSpec:
     """The spec of a buffer operand whose shape the result has (elementwise), else replicated."""
-    if symbol == "@":
+    if symbol in ("@", "indexing"):
         return PartitionSpec()
     try:
         shape = np.broadcast_shapes(*(np.shape(x) for x in operands))

@@ -247,6 +247,10 @@ class Session:
         """An operator on buffers, run on their slice (`client.eager`)."""
         return self._operators.apply(symbol, op, operands)
 
+    def index(self, buffer: Buffer, key: Any) -> Buffer:
+        """`buffer[key]`, run on its slice (`client.eager`)."""
+        return self._operators.index(buffer, key)
+
     def release(self, buffer_id: str) -> None:
         if not self._stopped:
             self._queue.append(buffer_id)
