@@ -58,6 +58,12 @@ BINARY: dict[str, tuple[str, Callable[[Any, Any], Any]]] = {
     "rshift": (">>", operator.rshift), "eq": ("==", operator.eq), "ne": ("!=", operator.ne),
     "lt": ("<", operator.lt), "le": ("<=", operator.le), "gt": (">", operator.gt), "ge": (">=", operator.ge),
 }
+# `jax.Array` methods and properties a buffer runs (`Buffer.astype`, `.T`): their arguments
+# are static (axes, shapes, dtypes), part of the computation
+METHODS = ("astype", "reshape", "transpose", "squeeze", "ravel", "flatten", "swapaxes", "sum", "mean",
+           "max", "min", "prod", "std", "var", "argmax", "argmin", "all", "any", "cumsum", "clip", "round",
+           "conj")
+PROPERTIES = ("T", "mT", "real", "imag")
 UNARY: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "neg": ("unary -", operator.neg), "pos": ("unary +", operator.pos), "abs": ("abs", operator.abs),
     "invert": ("~", operator.invert),
@@ -80,6 +86,8 @@ class Futures(Protocol):
     def put(self, array: np.ndarray, slice_id: str, spec: Spec, view: View = PLAIN) -> Buffer: ...
     def operate(self, symbol: str, op: Callable[..., Any], operands: tuple[Any, ...]) -> Any: ...
     def index(self, buffer: Buffer, key: Any) -> Buffer: ...
+    def method(self, buffer: Buffer, name: str, args: tuple[Any, ...] | None,
+               kwargs: dict[str, Any]) -> Buffer: ...
 
 
 class Shaped:
@@ -362,13 +370,7 @@ class Buffer(Shaped):
 def _operator(symbol: str, op: Callable[..., Any], reflected: bool = False) -> Callable[..., Any]:
     """An operator run on the executors, on the buffer's slice (`client.eager`)."""
     def apply(self: Buffer, *other: Any) -> Any:
-        if (error := _closed_over(self)) is not None:
-            raise error
-        from client.trace import current_trace
-
-        if current_trace() is not None:
-            raise InvalidArgument(f"buffer {self.id}: {symbol} on a buffer inside @program would run "
-                                  "outside it, as it is traced; do it inside a jitted function (c.jit)")
+        _eager_here(self, symbol)
         operands = (other[0], self) if reflected else (self, *other)
         return self._futures.operate(symbol, op, operands)
     return apply
@@ -376,20 +378,48 @@ def _operator(symbol: str, op: Callable[..., Any], reflected: bool = False) -> C
 
 def _getitem(self: Buffer, key: Any) -> Buffer:
     """`x[i]`, `x[:4]`, `x[..., 0]` on the executors, on the buffer's slice (`client.eager`)."""
-    if (error := _closed_over(self)) is not None:
+    _eager_here(self, "indexing")
+    return self._futures.index(self, key)
+
+
+def _method(name: str) -> Callable[..., Any]:
+    def method(self: Buffer, *args: Any, **kwargs: Any) -> Buffer:
+        _eager_here(self, f".{name}()")
+        return self._futures.method(self, name, args, kwargs)
+    method.__name__ = name
+    method.__doc__ = f"`jax.Array.{name}`, run on the executors, on the buffer's slice (`client.eager`)."
+    return method
+
+
+def _property(name: str) -> property:
+    def get(self: Buffer) -> Buffer:
+        _eager_here(self, f".{name}")
+        return self._futures.method(self, name, None, {})
+    return property(get, doc=f"`jax.Array.{name}`, run on the executors (`client.eager`).")
+
+
+def _eager_here(buffer: Buffer, what: str) -> None:
+    """Refuse an operation on a buffer where it would not run as asked: in a jitted function
+    being traced (it reads a buffer only as an argument), or in a program being traced (it
+    would run outside the program)."""
+    if (error := _closed_over(buffer)) is not None:
         raise error
     from client.trace import current_trace
 
     if current_trace() is not None:
-        raise InvalidArgument(f"buffer {self.id}: indexing a buffer inside @program would run outside it, "
+        raise InvalidArgument(f"buffer {buffer.id}: {what} on a buffer inside @program would run outside it, "
                               "as it is traced; do it inside a jitted function (c.jit)")
-    return self._futures.index(self, key)
 
 
-# Operators and indexing run on the executors (`client.eager`), as JAX runs them op by op on
-# an array (set after the class: a buffer is hashed by identity still). Item assignment and
-# iteration are refused by name: a buffer's value is on the executors, not here.
+# Operators, indexing and some of `jax.Array`'s methods run on the executors (`client.eager`),
+# as JAX runs them op by op on an array (set after the class: a buffer is hashed by identity
+# still). Item assignment and iteration are refused by name: a buffer's value is on the
+# executors, not here.
 Buffer.__getitem__ = _getitem  # type: ignore[method-assign]
+for _name in METHODS:
+    setattr(Buffer, _name, _method(_name))
+for _name in PROPERTIES:
+    setattr(Buffer, _name, _property(_name))
 for _name, (_symbol, _op) in BINARY.items():
     setattr(Buffer, f"__{_name}__", _operator(_symbol, _op))
     if _name not in ("eq", "ne", "lt", "le", "gt", "ge"):  # (Python reflects those itself)

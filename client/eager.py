@@ -13,6 +13,9 @@ Contract:
   keeps its spec; the result takes the spec of a buffer operand of its shape (an
   elementwise operation keeps the layout), else it is replicated. On a slice with Explicit
   axes the result's type decides, as in `c.jit`.
+- Some of `jax.Array`'s methods and properties (`Buffer.astype`, `.reshape`, `.sum`, `.T`,
+  `.real`: `client.buffer.METHODS`, `PROPERTIES`) run likewise, their arguments static (so
+  hashable: axes, shapes, dtypes); the result keeps the spec only where it is elementwise.
 - Indexing passes the index's integers and arrays as arguments, so one computation serves
   every `x[i]`; its slices, `None` and `...` are part of the computation. An integer past
   its dimension raises `IndexError` here, as JAX raises it for an array it holds (a
@@ -44,6 +47,7 @@ if TYPE_CHECKING:
 KEPT = 64
 LOCAL = (int, float, complex, np.ndarray, np.generic, jax.Array)  # what JAX takes beside an array
 TAKEN = object()  # (in an index's layout) a part passed as an argument: an integer or an array
+ELEMENTWISE = frozenset({".astype", ".clip", ".round", ".conj", ".real", ".imag"})  # keep the spec
 
 
 class Operators:
@@ -91,6 +95,26 @@ class Operators:
 
         return self.apply("indexing", take, (buffer, *taken), layout=shape)  # type: ignore[no-any-return]
 
+    def method(self, buffer: Buffer, name: str, args: tuple[Any, ...] | None,
+               kwargs: dict[str, Any]) -> Buffer:
+        """`buffer.name(*args, **kwargs)` (or the property, `args` None) on the executors:
+        the arguments are static, so they must hash (axes, shapes, dtypes)."""
+        if args is not None:  # (a list where JAX takes a sequence: `x.reshape([2, 3])`)
+            args = tuple(tuple(a) if isinstance(a, list) else a for a in args)
+        static = (name, args, tuple(sorted(kwargs.items())))
+        try:
+            hash(static)
+        except TypeError:
+            raise InvalidArgument(f"buffer {buffer.id}.{name}: its arguments are part of the computation, "
+                                  f"so they must be hashable (axes, shapes, dtypes); got {args!r} "
+                                  f"{kwargs!r}: do it in a jitted function") from None
+
+        def call(x: Any) -> Any:
+            attribute = getattr(x, name)
+            return attribute if args is None else attribute(*args, **kwargs)
+
+        return self.apply(f".{name}", call, (buffer,), layout=static)  # type: ignore[no-any-return]
+
     def apply(self, symbol: str, op: Callable[..., Any], operands: tuple[Any, ...],
               layout: tuple[Any, ...] = ()) -> Any:
         """`op` of the operands (one of them a buffer) on the executors, or `NotImplemented`
@@ -127,7 +151,7 @@ class Operators:
 
 def _result_spec(symbol: str, operands: tuple[Any, ...], specs: tuple[PartitionSpec, ...]) -> PartitionSpec:
     """The spec of a buffer operand whose shape the result has (elementwise), else replicated."""
-    if symbol in ("@", "indexing"):
+    if symbol in ("@", "indexing") or (symbol.startswith(".") and symbol not in ELEMENTWISE):
         return PartitionSpec()
     try:
         shape = np.broadcast_shapes(*(np.shape(x) for x in operands))

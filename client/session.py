@@ -251,6 +251,11 @@ class Session:
         """`buffer[key]`, run on its slice (`client.eager`)."""
         return self._operators.index(buffer, key)
 
+    def method(self, buffer: Buffer, name: str, args: tuple[Any, ...] | None,
+               kwargs: dict[str, Any]) -> Buffer:
+        """`buffer.name(*args, **kwargs)`, run on its slice (`client.eager`)."""
+        return self._operators.method(buffer, name, args, kwargs)
+
     def release(self, buffer_id: str) -> None:
         if not self._stopped:
             self._queue.append(buffer_id)

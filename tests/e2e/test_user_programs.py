@@ -750,6 +750,13 @@ def test_operators_on_buffers_run_on_their_slice_as_jax_runs_them_op_by_op(c):
         np.testing.assert_array_equal(v[index].numpy(), np.asarray(vj[index]))
     with pytest.raises(IndexError, match="index 4 is out of bounds for axis 0 with size 4"):
         v[4]  # as JAX refuses it for an array it holds
+    for method in (lambda a: a.astype(jnp.float16), lambda a: a.reshape([3, -1]), lambda a: a.T,
+                   lambda a: a.sum(), lambda a: a.mean(axis=0), lambda a: a.max(axis=1, keepdims=True),
+                   lambda a: a.clip(2, 9), lambda a: a.argmax(), lambda a: a.real):
+        got, want = method(v), method(vj)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got.numpy(), np.asarray(want))
+    assert v.astype(jnp.float16).sharding.spec == P("x") and v.sum().sharding.spec == P()
     with pytest.raises(isthmus.InvalidArgument, match=r"inside @program has no data yet"):
         c.program(lambda a: f(a) * x)(v0)  # the program's own value refuses it, as before
     with pytest.raises(isthmus.InvalidArgument, match=r"\* on a buffer inside @program would run outside it"):
