@@ -30,18 +30,15 @@ import json
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from executors import RunMessage
 from ir import (
-    Conflict,
     HostPlan,
     InvalidArgument,
-    IsthmusError,
     NotFound,
     Op,
-    Placement,
     Program,
     Type,
     Unavailable,
@@ -56,6 +53,7 @@ from server.artifacts import ArtifactInfo
 from server.caches import of_plans
 from server.calls import InputType, call_program
 from server.lineage import Origin
+from server.program_record import Placements, ProgramRecord, compiled, record_key, refusal
 from server.records import BufferRecord, ClientRecord, ComputationRecord, new_id
 from server.remake import unless_lost, usable
 from server.tasks import Tasks
@@ -65,32 +63,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("isthmus.server")
 Dispatch = Literal["parallel", "sequential"]
-Placements = tuple[tuple[str, Placement], ...]
 LOWERINGS_KEPT = 4  # per program: placements it was lowered for (newest kept)
 CALL_PROGRAMS_KEPT = 8  # per computation: input types it was called with (newest kept)
-
-
-@dataclass
-class ProgramRecord:
-    id: str
-    owner: str
-    name: str
-    program: Program
-    arg_types: tuple[Type, ...]
-    result_types: tuple[Type, ...]
-    fuse: bool = False
-    status: str = "pending"
-    message: str | None = None
-    down: bool = False  # it failed only because hosts were down (`refusal`)
-    runs: int = 0
-    lowered: dict[Placements, tuple[Program, dict[str, HostPlan]]] = field(default_factory=dict)
-    computation: ComputationRecord | None = None  # the computation a call program runs
-    compiles: int = 0  # compiles started for it: only the newest one's answer is its status
-    compiling: asyncio.Task[None] | None = None  # the newest compile on its hosts
-    cost: float = field(init=False)  # a run's weight in proportional share: its computations
-
-    def __post_init__(self) -> None:
-        self.cost = float(max(1, sum(n.op is Op.COMPUTE for n in self.program.nodes)))
 
 
 class Programs:
@@ -560,13 +534,6 @@ def holds(rec: ProgramRecord, plans: dict[str, HostPlan], limit: int) -> int:
     return held
 
 
-def record_key(record_id: str) -> str:
-    """What a run of a computation or program holds in the gang scheduler while it is queued
-    or running, so that deleting the record lets go of its hosts' caches only after it
-    (no buffer id has a '#')."""
-    return "#" + record_id
-
-
 def _parse(doc: Any, name: str, fuse: bool) -> tuple[Program, bytes, bytes]:
     """The program, a digest of what its registration says, and the document as JSON (what
     the registry keeps): serialized once, the digest's text built around it (as
@@ -576,24 +543,6 @@ def _parse(doc: Any, name: str, fuse: bool) -> tuple[Program, bytes, bytes]:
     text = json.dumps(doc, sort_keys=True)
     said = hashlib.sha256(f'["program", {text}, {json.dumps(name)}, {json.dumps(fuse)}]'.encode()).digest()
     return program, said, text.encode()
-
-
-def refusal(kind: str, record_id: str, message: str | None, down: bool) -> IsthmusError:
-    """Why a computation or program that failed to compile cannot run: `Conflict`, or
-    `Unavailable` where only hosts that were down failed it (it is compiled again on them
-    when they are back, as every record of theirs is)."""
-    if down:
-        return Unavailable(f"{kind} {record_id} could not be compiled: a host of it was down "
-                           f"({message}); try again once the host is back")
-    return Conflict(f"{kind} {record_id} failed to compile: {message}")
-
-
-async def compiled(rec: ProgramRecord) -> None:
-    """Wait for the newest compile of `rec` on its hosts (its status says how it went). A
-    registration answers only then: a run sent before would hold each of its hosts, every
-    client's work queued there behind it, until the compiler is done."""
-    if rec.compiling is not None:
-        await asyncio.shield(rec.compiling)
 
 
 def _check_artifacts(program: Program, infos: dict[tuple[str, str], ArtifactInfo]) -> None:

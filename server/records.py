@@ -156,6 +156,6 @@ class ComputationRecord:
     out_specs: tuple[Spec, ...]
     status: str = "pending"  # its executable's compile status (`server.programs`)
     message: str | None = None
-    down: bool = False  # it failed only because hosts were down (`server.programs.refusal`)
+    down: bool = False  # it failed only because hosts were down (`server.program_record.refusal`)
     artifact: bytes = field(default=b"", repr=False)  # kept to compile again on restarted hosts
     compiles: int = 0  # compiles started for it: only the newest one's answer is its status

@@ -33,7 +33,7 @@ from server.records import BufferRecord, ClientRecord, ComputationRecord
 from server.store import Row, Store, Unwritable
 
 if TYPE_CHECKING:
-    from server.programs import ProgramRecord
+    from server.program_record import ProgramRecord
 
 log = logging.getLogger("isthmus.server")
 T = TypeVar("T")

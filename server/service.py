@@ -40,7 +40,8 @@ from server.healing import Healer
 from server.host_memory import Footprint, HostMemory
 from server.lineage import Lineage, Upload
 from server.membership import watch_nodes
-from server.programs import Programs, compiled
+from server.program_record import compiled
+from server.programs import Programs
 from server.quotas import Quotas
 from server.readers import Readers
 from server.records import BufferRecord, ClientRecord, ComputationRecord, new_id, output_ids
@@ -463,7 +464,7 @@ class Service:
         call = self.programs.add_computation(rec)  # lowered, held on its hosts and compiled there
         self.registry.add_computation(owner, rec)
         self.registry.hold(owner, said, rec.id)
-        await compiled(call)  # (answered once compiled: see `server.programs.compiled`)
+        await compiled(call)  # (answered once compiled: see `server.program_record.compiled`)
         return rec
 
     async def inspect(self, owner: ClientRecord, artifact: bytes, s: Slice) -> ArtifactInfo:

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Response
 
 from ir import Type, print_program
 from server.deps import ClientDep, ServiceDep
-from server.programs import ProgramRecord
+from server.program_record import ProgramRecord
 from server.routes.buffers import public as buffer_public
 from server.routes.buffers import remembered
 from server.schemas import ProgramCreate, ProgramPublic, ProgramText, RunCreate, RunPublic, error_responses

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from ir import Conflict, Unavailable
-from server.programs import Programs, refusal
+from server.program_record import refusal
+from server.programs import Programs
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
