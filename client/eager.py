@@ -140,7 +140,7 @@ class Operators:
         with self._lock:
             fn = self._kept.get(key)
             if fn is None:
-                fn = self._kept[key] = Function(self._session, lambda *xs: op(*xs), s, in_specs, out_spec,
+                fn = self._kept[key] = Function(self._session, op, s, in_specs, out_spec,
                                                 name=f"operator {symbol}")
                 if len(self._kept) > KEPT:
                     self._kept.popitem(last=False)
