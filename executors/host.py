@@ -42,7 +42,7 @@ from executors.memory import check as check_working
 from executors.messages import Abort, Adopted, Failed, Payload, Ran, Ready, Reply, State
 from executors.runner import IN_FLIGHT, RunMessage, Runner
 from executors.settler import Settler
-from executors.shards import distinct_shards
+from executors.shards import Index, distinct_shards
 from executors.store import BufferStore, Failure
 from ir import DeviceMesh, HostPlan, Spec, parse_dtype
 
@@ -476,6 +476,30 @@ class Host:
         ids = list(buffer_ids)
         self._submit(seq, lambda: self.store.delete(ids), f"delete {len(ids)} buffers")
 
+    async def keep(self, buffer_ids: Sequence[str], max_bytes: int) -> dict[str, list[tuple[Index, bytes]]]:
+        """Unsequenced: of these buffers, those this host holds computed without error, each
+        as its distinct shards' raw bytes, in the order given, up to `max_bytes` in all; one
+        still computing, failed, or past the bound is left out. The server keeps them before
+        it replaces this executor while it still answers (`server.keeping`): the dispatch
+        thread may be held meanwhile (a computation that does not end), so this takes no turn."""
+        return await asyncio.to_thread(self._keep, list(buffer_ids), max_bytes)
+
+    def _keep(self, buffer_ids: list[str], max_bytes: int) -> dict[str, list[tuple[Index, bytes]]]:
+        kept: dict[str, list[tuple[Index, bytes]]] = {}
+        total = 0
+        for b in buffer_ids:
+            try:
+                if self.store.state(b) is not State.READY:
+                    continue
+                value = self.store.value(b)
+                if total + value.nbytes > max_bytes or not _sound(value):
+                    continue  # (a host's shards are at most the whole value)
+                kept[b] = _raw_shards(value)
+            except Failure:  # deleted meanwhile
+                continue
+            total += sum(len(data) for _, data in kept[b])
+        return kept
+
     def states(self, buffer_ids: Sequence[str]) -> list[State]:
         """Unsequenced: a buffer whose producer has not been taken yet, or whose value is
         still computing, reads as pending."""
@@ -505,6 +529,6 @@ def _raw(array: Any) -> bytes:
     return host_copy(array).tobytes()
 
 
-def _raw_shards(array: Any) -> list[tuple[list[tuple[int, int]], bytes]]:
+def _raw_shards(array: Any) -> list[tuple[Index, bytes]]:
     """This process's distinct shards of a global array, each as raw bytes."""
     return [(index, data.tobytes()) for index, data in distinct_shards(array, host_copy)]

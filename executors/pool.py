@@ -40,6 +40,7 @@ from executors.outbox import Outbox
 from executors.ray_host import DIRECT, DIRECT_PUT_BYTES, TOLD, new_actor
 from executors.replies import actor_gone, settled
 from executors.runner import IN_FLIGHT, RunMessage
+from executors.shards import Index
 from ir import DeviceMesh, HostPlan, RemoteError, Unavailable
 from resource_manager import (
     ClusterSpec,
@@ -493,6 +494,12 @@ class ExecutorPool(IslandLifecycle):
 
     async def states(self, host: str, buffer_ids: Sequence[str], timeout: float) -> list[State]:
         return await self._await(self._call(host, "states", list(buffer_ids)), host, timeout, "states")
+
+    async def keep(self, host: str, buffer_ids: Sequence[str], max_bytes: int,
+                   timeout: float) -> dict[str, list[tuple[Index, bytes]]]:
+        """The host's computed values among these, as shards (`Host.keep`; an actor call, so
+        a large answer travels through Ray's object store)."""
+        return await self._await(self._call(host, "keep", list(buffer_ids), max_bytes), host, timeout, "keep")
 
     async def stats(self, host: str, timeout: float) -> dict[str, Any]:
         return await self._await(self._call(host, "stats"), host, timeout, "stats")

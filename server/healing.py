@@ -28,8 +28,10 @@ Contract:
   client's, for good. `stop(records, cause)` is told of the programs and computations of a
   client closed or of a slice deleted; a probe that finds a host still busy with a run of
   one of them (`Host.stats`: `longest_run`) `STOP_GRACE_S` after, or busy with any run
-  past `max_run_s` and the grace, replaces that host's executor, as for a host lost: its
-  values are lost (made again from their lineage when read, where it is kept).
+  past `max_run_s` and the grace, replaces that host's executor. Such a host still answers,
+  so the values it gives are kept first (`server.keeping`), as where a failed collective
+  restarts a group; the rest are lost as a lost host's are (made again from their lineage
+  when read, where it is kept).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ir import IsthmusError, Unavailable
+from server.keeping import keep_values
 
 if TYPE_CHECKING:
     from server.service import Service
@@ -92,9 +95,10 @@ class Healer:
     def host_lost(self, host: str, why: str) -> None:
         self.replace(host, f"host {host} was lost: {why}")
 
-    def replace(self, host: str, cause: str) -> None:
-        """A new executor for the host (its island's, where that is one JAX group), its values
-        lost, in the background."""
+    def replace(self, host: str, cause: str, keep: bool = False) -> None:
+        """A new executor for the host (its island's, where that is one JAX group), in the
+        background. Its values are lost; those it still gives are kept first where `keep`
+        (the host answers: `server.keeping`)."""
         s = self.service
         try:
             island = s.rm.host_island(host)
@@ -102,33 +106,39 @@ class Healer:
             return
         if island in s.restarting or s.rm.host_status(host) != "up":
             return
-        lost = s.lose_values([host], cause)  # readers fail now, not after the restart
-        stopped = s.programs.cancel_on([host], cause)  # its loops' other hosts stop too
-        log.warning("island %s: %s; %d values with it, %d looping runs stopped", island, cause, len(lost),
-                    stopped)
-        self.restart(island, cause, only=[host])
+        if not keep:  # else lost once kept, by the restart
+            lost = s.lose_values([host], cause)  # readers fail now, not after the restart
+            stopped = s.programs.cancel_on([host], cause)  # its loops' other hosts stop too
+            log.warning("island %s: %s; %d values with it, %d looping runs stopped", island, cause,
+                        len(lost), stopped)
+        self.restart(island, cause, only=[host], keep=keep)
 
-    def restart(self, island: str, cause: str, only: Sequence[str] | None = None) -> None:
+    def restart(self, island: str, cause: str, only: Sequence[str] | None = None, keep: bool = False) -> None:
         """Restart `only` these hosts of the island (all if None; the whole island where it
-        is one JAX group) in the background, unless it is restarting already."""
+        is one JAX group) in the background, unless it is restarting already; where `keep`,
+        the values the hosts still give are kept first."""
         s = self.service
         if island in s.restarting:
             return
         s.restarting.add(island)
-        s.spawn(self._heal(island, cause, only, time.monotonic()))
+        s.spawn(self._heal(island, cause, only, time.monotonic(), keep))
 
-    async def restart_claimed(self, island: str, cause: str, only: Sequence[str] | None = None) -> int:
+    async def restart_claimed(self, island: str, cause: str, only: Sequence[str] | None = None,
+                              keep: bool = False) -> int:
         """Restart an island the caller has put in `restarting` (this takes it out): `only`
         these hosts where the island is not one JAX group. A host whose Ray node is gone is
-        dropped (marked down) instead. Returns how many buffers were lost."""
+        dropped (marked down) instead. Where `keep`, the values the hosts still give are kept
+        in lineage first (`server.keeping`). Returns how many buffers were lost."""
         s = self.service
         log.warning("island %s: restarting %s (%s)", island,
                     "its executors" if only is None else f"the executors of {list(only)}", cause)
         s.gangs.pause(island)  # what is submitted meanwhile runs on the new executors
         whole = only is None or island in s.pool.groups  # (a JAX group restarts whole)
-        s.programs.cancel_on(s.pool.islands.get(island, ()) if whole else only,
-                             f"island {island} is restarting ({cause})")
+        hosts = s.pool.islands.get(island, ()) if whole else only
         try:
+            if keep:
+                await self._keep(island, hosts)
+            s.programs.cancel_on(hosts, f"island {island} is restarting ({cause})")
             restarted, dropped = await s.pool.restart_island(island, only, cause)
             for h in dropped:
                 s.rm.mark_host(h, "down")
@@ -144,13 +154,25 @@ class Healer:
         log.warning("island %s: restarted; %d buffers lost", island, len(lost))
         return len(lost)
 
-    async def _heal(self, island: str, cause: str, only: Sequence[str] | None, since: float) -> None:
+    async def _keep(self, island: str, hosts: Sequence[str]) -> None:
+        """Keep what the hosts still give; a failure to keep loses the values, as before."""
+        try:
+            kept = await keep_values(self.service, hosts)
+        except Exception:
+            log.exception("island %s: keeping the values of %s before the restart failed", island,
+                          list(hosts))
+            return
+        log.warning("island %s: %d values read off %s before their executors are replaced", island, kept,
+                    list(hosts))
+
+    async def _heal(self, island: str, cause: str, only: Sequence[str] | None, since: float,
+                    keep: bool = False) -> None:
         """Restart, retrying with a doubling pause."""
         s = self.service
         delay = 1.0
         for attempt in range(1, s.settings.heal_attempts + 1):
             try:
-                await self.restart_claimed(island, cause, only)
+                await self.restart_claimed(island, cause, only, keep=keep and attempt == 1)
                 log.warning("island %s: healed %.1fs after %s", island, time.monotonic() - since, cause)
                 return
             except Exception as e:
@@ -184,4 +206,4 @@ class Healer:
             if isinstance(answer, Unavailable):
                 self.host_lost(h, str(answer))
             elif isinstance(answer, dict) and (why := self.runaway(answer)) is not None:
-                self.replace(h, f"host {h} was stopped: {why}")
+                self.replace(h, f"host {h} was stopped: {why}", keep=True)

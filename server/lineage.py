@@ -3,7 +3,8 @@
 Contract:
 - An upload's bytes are kept, up to `max_bytes` in all. Past it, the client keeping the most
   loses its oldest first: one tenant's uploads never push out another's that keeps less
-  (a flood of them only pushes out the flooder's own). A run's
+  (a flood of them only pushes out the flooder's own). A computed value read off a host
+  about to be replaced (`keep`) is kept as an upload's bytes are. A run's
   outputs remember their `Origin`: the program run, its inputs and all its outputs. An
   origin can be repeated once its run has settled with every output computed (`done`), or
   once it is known never to have started (`unstarted`); a run that failed, or was in
@@ -86,7 +87,13 @@ class Lineage:
 
     def uploaded(self, buffer_id: str, upload: Upload, owner: str = "") -> None:
         self._created(buffer_id)
-        if len(upload.data) > self.max_bytes:
+        self.keep(buffer_id, upload, owner)
+
+    def keep(self, buffer_id: str, upload: Upload, owner: str = "") -> None:
+        """A live buffer's value, kept as an upload's bytes are (`server.keeping`: its host is
+        about to be replaced): it is put again rather than its runs repeated. What else its
+        lineage holds stays."""
+        if len(upload.data) > self.max_bytes or buffer_id in self.uploads:
             return
         self.uploads[buffer_id] = upload
         self.upload_bytes += len(upload.data)

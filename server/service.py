@@ -299,7 +299,7 @@ class Service:
         """A host reported a failed collective: its island's group cannot run collectives
         again, so restart it (once; reports during the restart are ignored)."""
         if island in self.pool.groups:
-            self.healer.restart(island, f"a collective failed: {cause}")
+            self.healer.restart(island, f"a collective failed: {cause}", keep=True)
 
     def lose_values(self, hosts: Sequence[str], why: str) -> list[str]:
         """The buffers on these hosts are gone (their executors are): reading one says why.

@@ -148,6 +148,38 @@ def test_a_computation_that_never_ends_stops_with_its_executor_once_its_client_c
     assert admin_hosts(address, token)[host]["pid"] != before["pid"]
 
 
+def test_a_host_replaced_under_a_computation_that_never_ends_keeps_another_client_s_values(tmp_path: Path):
+    """The executor replaced under a computation that never ends still answers, so the
+    values another client holds on its host are read off it first (server/keeping.py) and
+    read back unchanged, even where their lineage is gone (here no released buffer is kept
+    for lineage, so nothing could compute them again)."""
+    env = {"ISTHMUS_HEALTH_PROBE_S": "1", "ISTHMUS_LINEAGE_RELEASED": "0"}
+    with own_server(tmp_path / "state", env) as (address, token), \
+            isthmus.connect(address, token=token, name="bystander") as c:
+        greedy = isthmus.connect(address, token=token, name="spinning")
+        s = greedy.slice({"x": 4}, island="a")
+        host = s.hosts[0]
+        mine = next(t for t in (c.slice({"x": 4}, island="a") for _ in range(2)) if host in t.hosts)
+        x0 = np.arange(32, dtype=np.float32).reshape(8, 4)
+        x = c.put(x0, mine)
+        sharded = c.jit(lambda a: jnp.sin(a) * 3.0, slice=mine, in_specs=P("x"), out_specs=P("x"))(x)
+        replicated = c.jit(lambda a: a.sum(axis=0), slice=mine)(x)
+        want = [jax.jit(lambda a: jnp.sin(a) * 3.0)(x0), jax.jit(lambda a: a.sum(axis=0))(x0)]
+        del x  # its upload goes from lineage with it: no run could make the two again
+        for got in (sharded, replicated):
+            got.block_until_ready()  # computed (not fetched: the client would keep the value)
+        out = spinning(greedy, s)
+        before = until(lambda: (row := admin_hosts(address, token)[host])["running_s"]
+                       and row["running_s"] > 1 and row, 60, f"the computation running on {host}")
+        greedy.close()
+        del out
+        until(lambda: admin_hosts(address, token)[host]["pid"] != before["pid"], 120,
+              f"host {host} with a new executor")
+        for got, expected in zip([sharded, replicated], want, strict=True):
+            np.testing.assert_allclose(got.numpy(), expected, rtol=1e-6)
+        serving(c, mine, 60)
+
+
 def test_a_host_waiting_for_a_killed_sender_fails_at_once_and_serves_on(server):
     """A program whose value crosses from island a to island b: while its sender computes,
     the receiving host waits for it on its dispatch thread. The sender's executor killed,

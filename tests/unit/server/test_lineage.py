@@ -61,6 +61,18 @@ def test_a_run_that_never_finished_is_data_loss() -> None:
         lin.recipe("b", {"a"}.__contains__)
 
 
+def test_a_value_kept_off_its_host_is_put_again_whatever_its_runs_left() -> None:
+    lin = Lineage(1 << 20, max_released=0)
+    chain(lin, 2)
+    lin.release("x0")  # past max_released: x0 goes, and x1 and x2 cannot be computed again
+    with pytest.raises(DataLoss, match="x0, which x2 was computed from"):
+        lin.recipe("x2", lambda b: False)
+    lin.keep("x2", upload())  # read off its host before it was replaced (`server.keeping`)
+    assert lin.recipe("x2", lambda b: False) == [Put("x2", lin.uploads["x2"])]
+    lin.release("x2")
+    assert not lin.uploads and lin.upload_bytes == 0
+
+
 def test_released_inputs_are_kept_for_the_lineage_of_live_buffers_and_dropped_after() -> None:
     lin = Lineage(1 << 20, 100)
     chain(lin, 2)

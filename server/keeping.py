@@ -1,0 +1,63 @@
+"""Values read off hosts before their executors are replaced, so that they are not lost.
+
+Contract:
+- `keep_values(service, hosts)` asks each of these hosts (`Host.keep`, which takes no turn:
+  a host whose dispatch is held by a computation that does not end still answers) for the
+  buffers the server knows there, computed and not lost, and keeps each value that every
+  host holding it gave as an upload's bytes in lineage (`Lineage.keep`). Once the executors
+  are replaced and the values lost, reading one puts it again (`server.remake`), as for an
+  upload: a buffer survives its host's replacement even where nothing else of its lineage
+  is kept (after a server restart, say). A buffer kept as an upload already is not asked for.
+- The values kept are bounded by the lineage's bytes (`lineage_mb`) in all, the hosts asked
+  one at a time; what is past the bound, still computing, or on a host that does not answer
+  within `health_timeout_s` is lost as before. Returns how many values were kept.
+- Used where a host is replaced while it still answers: a run that would not stop, a broken
+  collective group (`server.healing`). A lost host cannot answer; an operator's restart
+  drops the values on purpose.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from executors.shards import Index, assemble
+from ir import IsthmusError, parse_dtype
+from server.lineage import Upload
+
+if TYPE_CHECKING:
+    from server.service import Service
+
+log = logging.getLogger("isthmus.server")
+
+
+async def keep_values(service: Service, hosts: Sequence[str]) -> int:
+    s = service
+    budget = s.lineage.max_bytes
+    shards: defaultdict[str, list[tuple[Index, bytes]]] = defaultdict(list)
+    gave: defaultdict[str, set[str]] = defaultdict(set)  # buffer id -> the hosts that gave it
+    asked = {b: rec for b, rec in s.buffers.items() if b not in s.lost and b not in s.lineage.uploads}
+    for h in hosts:
+        wanted = [b for b, rec in asked.items() if h in rec.hosts]
+        if not wanted or budget <= 0:
+            continue
+        try:
+            got = await s.pool.keep(h, wanted, budget, s.settings.health_timeout_s)
+        except IsthmusError as e:
+            log.warning("host %s: its values could not be read before its executor is replaced: %s", h, e)
+            continue
+        for b, parts in got.items():
+            shards[b] += parts
+            gave[b].add(h)
+            budget -= sum(len(data) for _, data in parts)
+    kept = 0
+    for b, parts in shards.items():
+        rec = asked[b]
+        if s.buffers.get(b) is not rec or b in s.lost or not gave[b].issuperset(rec.hosts):
+            continue  # released meanwhile (its id taken again, perhaps), or not given by every host
+        whole = assemble(rec.aval.shape, parse_dtype(rec.aval.dtype), parts)
+        s.lineage.keep(b, Upload(whole.tobytes(), rec.slice_id, rec.aval, rec.spec), rec.owner)
+        kept += 1
+    return kept
