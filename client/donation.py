@@ -5,7 +5,8 @@ use the argument again. Here the buffers of a donated argument are the call's on
 queued: they travel with it, the server frees them after it if it accepts it (the
 executors free each value once the call has read it), and using a donated `Buffer` again
 raises `NotFound` (JAX raises for a deleted array). A call the server refuses (a quota,
-the host's memory) leaves them: they are usable again once the refusal is known. What
+the host's memory, a host down) or that never reached it leaves them: they are usable
+again once that is known. What
 donating saves is the value's lifetime (a training step's old parameters are freed by the
 step, not when Python drops them); the executors do not alias the donated memory into the
 results, as an exported artifact carries no donation. An

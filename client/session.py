@@ -49,7 +49,7 @@ from jax.sharding import AbstractMesh, AxisType
 from client.arrays import PLAIN, View
 from client.buffer import Buffer
 from client.eager import Operators
-from client.transport import ERRORS, Transport, Unauthorized
+from client.transport import ERRORS, Transport, Unauthorized, Unsent
 from ir import Aval, InvalidArgument, IsthmusError, MeshAxes, Spec, Unavailable, dtype_name
 
 MAX_BATCH = 1000  # operations in one batch (the server takes up to 10 000)
@@ -379,8 +379,9 @@ class Session:
             for p, error in failed:
                 if p is not None:
                     p.fail(error)
-                    for b in p.donors:  # refused: the caller's again; unknown: freed either way
-                        if isinstance(error, Unavailable):
+                    for b in p.donors:  # refused or never sent: the caller's again; unknown: freed
+                        unknown = isinstance(error, Unavailable) and not isinstance(error, Unsent)
+                        if answer is None and unknown:
                             self.release(b.id)
                         else:
                             b.undonate()

@@ -27,6 +27,12 @@ class OverQuota(IsthmusError):
     """The client holds as much as the server allows: free something and retry."""
 
 
+class Unsent(Unavailable):
+    """The server could not be reached at all: no byte of the request left the client, so
+    the server did nothing of it (what it would have taken, donated buffers included, is
+    still the caller's)."""
+
+
 ERRORS: dict[int, type[IsthmusError]] = {
     400: InvalidArgument, 413: InvalidArgument, 415: InvalidArgument, 422: InvalidArgument,
     401: Unauthorized, 403: Unauthorized, 404: NotFound, 409: Conflict, 410: DataLoss, 424: RemoteError,
@@ -95,6 +101,13 @@ class Transport:
             head["Content-Type"] = "application/json"
         for attempt in (1, 2):  # a kept-alive connection the server closed is reopened once
             conn = self._connection()
+            if conn.sock is None:  # connect first: failing here, the first try sent nothing
+                try:
+                    conn.connect()
+                except OSError as e:
+                    self.close()
+                    kind = Unsent if attempt == 1 else Unavailable
+                    raise kind(f"cannot reach the Isthmus server at {self.address}: {e}") from None
             try:
                 conn.request(method, url, body=body, headers=head)
                 raw = conn.getresponse()

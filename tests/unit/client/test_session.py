@@ -13,7 +13,7 @@ import pytest
 
 from client.arrays import PLAIN
 from client.session import MAX_BATCH, MAX_BATCH_IDS, Session
-from client.transport import OverQuota
+from client.transport import OverQuota, Unsent
 from ir import Aval, Conflict, RemoteError, Spec, Unavailable
 from server.records import CHOSEN_ID, chosen_prefix
 
@@ -33,6 +33,7 @@ class FakeServer:
         self.live: set[str] = set()
         self.failed: dict[str, str] = {}
         self.down = False
+        self.down_as: type[Unavailable] = Unavailable  # what a request raises while down
         self.sent = threading.Event()  # set at every request
         self.fetchable: list[str] = []  # ids a fetch answers, by position
 
@@ -40,7 +41,7 @@ class FakeServer:
         self.requests.append((method, path, json))
         self.sent.set()
         if self.down:
-            raise Unavailable("cannot reach the Isthmus server")
+            raise self.down_as("cannot reach the Isthmus server")
         if path != "/v1/batch":
             return {"state": "ready", "path": path}
         failures = []
@@ -69,6 +70,8 @@ class FakeServer:
             return 409, "computation c-broken failed to compile: no kernel"
         if op.get("computation_id") == "c-greedy":
             return 429, "buffer bytes: over the limit"
+        if op.get("computation_id") == "c-down":
+            return 503, "a host of it was down"
         return None
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
@@ -207,6 +210,28 @@ def test_a_lost_connection_in_the_foreground_raises_there_and_fails_the_futures(
     assert isinstance(y.error, Unavailable) and isinstance(z.error, Unavailable)
     server.down = False
     s.flush()  # nothing deferred: the error was raised where it happened
+
+
+@pytest.mark.parametrize(("answer", "theirs_again"), [
+    ("refused 503", True),  # the server answered: it took nothing of the call
+    ("unsent", True),  # the server could not be reached: no byte left
+    ("unknown", False),  # cut off: it may have taken the call, and freed them with it
+])
+def test_a_donating_call_refused_or_never_sent_leaves_the_donated_buffers_to_the_caller(answer, theirs_again):
+    server = FakeServer()
+    s = quiet_session(server)
+    x = s.put(np.zeros(4, np.float32), "s-1", Spec(()))
+    s.wait(x)
+    server.down, server.down_as = answer != "refused 503", Unsent if answer == "unsent" else Unavailable
+    [y] = s.call("c-down" if answer == "refused 503" else "c-inc", [x.id], OUT, donated=[x])
+    assert x.is_deleted()  # the call's while it is queued
+    with pytest.raises(Unavailable):
+        s.wait(y)
+    assert x.is_deleted() is not theirs_again
+    server.down = False
+    s.flush()
+    released = [op for batch in server.batches() for op in batch["ops"] if op["op"] == "release"]
+    assert bool(released) is not theirs_again
 
 
 def test_a_long_queue_goes_in_bounded_batches_in_order_with_the_wait_on_the_last():

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from client.transport import Transport
+from client.transport import Transport, Unsent
 from ir import Unavailable
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
@@ -54,3 +54,14 @@ def test_an_answer_broken_off_is_unavailable_and_not_sent_again(cut_off):
     with pytest.raises(Unavailable, match="broke off its answer: IncompleteRead"):
         transport.request("POST", "/v1/batch", json_body={"ops": []})
     assert len(seen) == 1  # the server may have acted on it: it is not sent twice
+
+
+def test_a_server_not_listening_is_unsent_a_kind_of_unavailable():
+    """Nothing of the request left: the session then knows the server took none of it
+    (a donated buffer is the caller's again)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+    transport = Transport(f"http://127.0.0.1:{port}", "secret", timeout=5)
+    with pytest.raises(Unsent, match="cannot reach the Isthmus server"):
+        transport.request("POST", "/v1/batch", json_body={"ops": []})
+    assert issubclass(Unsent, Unavailable)
