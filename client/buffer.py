@@ -60,9 +60,9 @@ BINARY: dict[str, tuple[str, Callable[[Any, Any], Any]]] = {
 }
 # `jax.Array` methods and properties a buffer runs (`Buffer.astype`, `.T`): their arguments
 # are static (axes, shapes, dtypes), part of the computation
-METHODS = ("astype", "reshape", "transpose", "squeeze", "ravel", "flatten", "swapaxes", "sum", "mean",
-           "max", "min", "prod", "std", "var", "argmax", "argmin", "all", "any", "cumsum", "clip", "round",
-           "conj")
+METHODS = ("astype", "view", "reshape", "transpose", "squeeze", "ravel", "flatten", "swapaxes", "sum",
+           "mean", "max", "min", "prod", "std", "var", "argmax", "argmin", "all", "any", "cumsum", "cumprod",
+           "clip", "round", "conj", "copy", "dot", "sort", "argsort", "take", "diagonal")
 PROPERTIES = ("T", "mT", "real", "imag")
 UNARY: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "neg": ("unary -", operator.neg), "pos": ("unary +", operator.pos), "abs": ("abs", operator.abs),
@@ -91,23 +91,23 @@ class Futures(Protocol):
 
 
 class Shaped:
-    """Shape, dtype and rank from an `aval` (its data) and a `view` (`client.arrays`): what
+    """Shape, dtype and rank from an `aval` (its data) and how it is `shown` (`client.arrays`): what
     every array-like value of the client shows. Typed keys show the keys' shape and dtype."""
 
     __slots__ = ()
     aval: Aval
-    view: View
+    shown: View
 
     @property
     def shape(self) -> tuple[int, ...]:
-        if self.view.key is None:
+        if self.shown.key is None:
             return self.aval.shape
-        trailing, _ = key_type(self.view.key)
+        trailing, _ = key_type(self.shown.key)
         return self.aval.shape[:len(self.aval.shape) - trailing]
 
     @property
     def dtype(self) -> Any:
-        return parse_dtype(self.aval.dtype) if self.view.key is None else key_type(self.view.key)[1]
+        return parse_dtype(self.aval.dtype) if self.shown.key is None else key_type(self.shown.key)[1]
 
     @property
     def ndim(self) -> int:
@@ -117,6 +117,11 @@ class Shaped:
     def size(self) -> int:
         """The number of elements (of keys, for typed keys), as `jax.Array.size`."""
         return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes its value takes (its key data's, for typed keys)."""
+        return self.aval.nbytes
 
     def __len__(self) -> int:
         """The first dimension, as `len` of a `jax.Array` (no data needed)."""
@@ -198,7 +203,8 @@ class Buffer(Shaped):
         return self
 
     @property
-    def view(self) -> View:  # type: ignore[override]
+    def shown(self) -> View:
+        """How the client shows its value: weakly typed, typed PRNG keys, or plainly."""
         return self._view
 
     @property
@@ -413,8 +419,8 @@ def _eager_here(buffer: Buffer, what: str) -> None:
 
 # Operators, indexing and some of `jax.Array`'s methods run on the executors (`client.eager`),
 # as JAX runs them op by op on an array (set after the class: a buffer is hashed by identity
-# still). Item assignment and iteration are refused by name: a buffer's value is on the
-# executors, not here.
+# still). Item assignment, iteration and `.at[...]` are refused by name: a buffer's value is
+# on the executors, not here.
 Buffer.__getitem__ = _getitem  # type: ignore[method-assign]
 for _name in METHODS:
     setattr(Buffer, _name, _method(_name))
@@ -428,6 +434,15 @@ for _name, (_symbol, _op) in UNARY.items():
     setattr(Buffer, f"__{_name}__", _operator(_symbol, _op))
 for _symbol, _name in (("item assignment", "setitem"), ("iteration", "iter")):
     setattr(Buffer, f"__{_name}__", _refused(_symbol))
+
+
+def _at(self: Buffer) -> Any:
+    # An AttributeError, as before it was named, so that `hasattr(x, "at")` stays False.
+    raise AttributeError(f"buffer {self.id} has no .at[...]: its value is on the executors; update it "
+                         "inside a jitted function (c.jit), or fetch the value with .numpy()")
+
+
+Buffer.at = property(_at)  # type: ignore[attr-defined]
 
 
 def _keys(data: np.ndarray, impl: str) -> Any:

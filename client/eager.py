@@ -14,12 +14,12 @@ Contract:
   elementwise operation keeps the layout), else it is replicated. On a slice with Explicit
   axes the result's type decides, as in `c.jit`.
 - Some of `jax.Array`'s methods and properties (`Buffer.astype`, `.reshape`, `.sum`, `.T`,
-  `.real`: `client.buffer.METHODS`, `PROPERTIES`) run likewise, their arguments static (so
+  `.real`: `client.buffer.METHODS`, `PROPERTIES`) run likewise: buffers and arrays among
+  their arguments are operands (`x.clip(lo, hi)`, `x.dot(w)`), the others static (so
   hashable: axes, shapes, dtypes); the result keeps the spec only where it is elementwise.
 - Indexing passes the index's integers and arrays as arguments, so one computation serves
   every `x[i]`; its slices, `None` and `...` are part of the computation. An integer past
-  its dimension raises `IndexError` here, as JAX raises it for an array it holds (a
-  computation would clamp it). The result is replicated.
+  its dimension is clamped, as JAX clamps it. The result is replicated.
 - The newest `KEPT` operators' functions are kept; an older one is let go of (its
   computations with it) and made again when used again.
 - Inside `@c.program` an operation on a buffer is refused as on any of its values: it would
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 KEPT = 64
 LOCAL = (int, float, complex, np.ndarray, np.generic, jax.Array)  # what JAX takes beside an array
 TAKEN = object()  # (in an index's layout) a part passed as an argument: an integer or an array
-ELEMENTWISE = frozenset({".astype", ".clip", ".round", ".conj", ".real", ".imag"})  # keep the spec
+ELEMENTWISE = frozenset({".astype", ".clip", ".round", ".conj", ".real", ".imag", ".copy"})  # keep the spec
 
 
 class Operators:
@@ -61,17 +61,12 @@ class Operators:
     def index(self, buffer: Buffer, key: Any) -> Buffer:
         """`buffer[key]` on the executors: integers and arrays in the index are arguments
         (one computation serves every `x[i]`), slices, `None` and `...` part of the
-        computation. An integer past the dimension it indexes raises `IndexError`, as JAX
-        does for an array it holds."""
+        computation. An integer past the dimension it indexes is clamped, as JAX clamps it."""
         parts = key if isinstance(key, tuple) else (key,)
         layout: list[Any] = []
         taken: list[Any] = []
-        dim: int | None = 0  # the axis the part indexes (None past an Ellipsis: JAX checks those)
         for p in parts:
             if isinstance(p, int | np.integer) and not isinstance(p, bool | np.bool_):
-                size = buffer.shape[dim] if dim is not None and dim < buffer.ndim else None
-                if size is not None and not -size <= int(p) < size:
-                    raise IndexError(f"index {int(p)} is out of bounds for axis {dim} with size {size}")
                 layout.append(TAKEN)
                 taken.append(np.int32(p) if -2**31 <= int(p) < 2**31 else np.int64(p))
             elif isinstance(p, Buffer | np.ndarray | jax.Array):
@@ -85,7 +80,6 @@ class Operators:
             else:
                 raise InvalidArgument(f"buffer {buffer.id}: indexing with a {type(p).__name__} ({p!r}); "
                                       "an index is integers, slices, None, ... and arrays")
-            dim = None if dim is None or p is Ellipsis else dim + (p is not None)
         shape = tuple(layout)
 
         def take(x: Any, *args: Any) -> Any:
@@ -98,22 +92,36 @@ class Operators:
     def method(self, buffer: Buffer, name: str, args: tuple[Any, ...] | None,
                kwargs: dict[str, Any]) -> Buffer:
         """`buffer.name(*args, **kwargs)` (or the property, `args` None) on the executors:
-        the arguments are static, so they must hash (axes, shapes, dtypes)."""
-        if args is not None:  # (a list where JAX takes a sequence: `x.reshape([2, 3])`)
-            args = tuple(tuple(a) if isinstance(a, list) else a for a in args)
-        static = (name, args, tuple(sorted(kwargs.items())))
+        buffers and arrays among the arguments are its operands (`x.clip(lo, hi)`,
+        `x.dot(w)`); the other arguments are part of the computation, so they must hash
+        (axes, shapes, dtypes)."""
+        taken: list[Any] = []
+
+        def mark(a: Any) -> Any:
+            if isinstance(a, Buffer | np.ndarray | jax.Array):
+                taken.append(a)
+                return TAKEN
+            return tuple(a) if isinstance(a, list) else a  # (`x.reshape([2, 3])`, `x.sum(axis=[0, 1])`)
+
+        fixed = None if args is None else tuple(mark(a) for a in args)
+        named = tuple((k, mark(v)) for k, v in sorted(kwargs.items()))
+        static = (name, fixed, named)
         try:
             hash(static)
         except TypeError:
-            raise InvalidArgument(f"buffer {buffer.id}.{name}: its arguments are part of the computation, "
-                                  f"so they must be hashable (axes, shapes, dtypes); got {args!r} "
-                                  f"{kwargs!r}: do it in a jitted function") from None
+            raise InvalidArgument(f"buffer {buffer.id}.{name}: its arguments other than arrays are part of "
+                                  f"the computation, so they must be hashable (axes, shapes, dtypes); got "
+                                  f"{args!r} {kwargs!r}: do it in a jitted function") from None
 
-        def call(x: Any) -> Any:
+        def call(x: Any, *operands: Any) -> Any:
+            given = iter(operands)
             attribute = getattr(x, name)
-            return attribute if args is None else attribute(*args, **kwargs)
+            if fixed is None:
+                return attribute
+            return attribute(*(next(given) if a is TAKEN else a for a in fixed),
+                             **{k: next(given) if v is TAKEN else v for k, v in named})
 
-        return self.apply(f".{name}", call, (buffer,), layout=static)  # type: ignore[no-any-return]
+        return self.apply(f".{name}", call, (buffer, *taken), layout=static)  # type: ignore[no-any-return]
 
     def apply(self, symbol: str, op: Callable[..., Any], operands: tuple[Any, ...],
               layout: tuple[Any, ...] = ()) -> Any:

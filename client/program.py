@@ -121,7 +121,7 @@ class ProgramFunction:
         out_leaves, fixed = split_float0(out_leaves)
         program, arg_types = trace.finish(out_leaves)
         # each a Traced, a Buffer or a constant: `finish` checked
-        views = [x.view if isinstance(x, Traced | Buffer) else as_array(x)[1] for x in out_leaves]
+        views = [x.shown if isinstance(x, Traced | Buffer) else as_array(x)[1] for x in out_leaves]
         bound = [
             x.live(self._session) if isinstance(x, Buffer) else self._session.put(x, t.slice, t.spec)
             for x, t in zip(trace.bound, arg_types[len(items):], strict=True)

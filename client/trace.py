@@ -76,7 +76,7 @@ class Traced(Shaped):
         return self._trace.values[self._id].aval
 
     @property
-    def view(self) -> View:  # type: ignore[override]
+    def shown(self) -> View:
         return self._trace.values[self._id].view
 
     def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
@@ -285,7 +285,7 @@ class Trace:
     def _buffer(self, x: Buffer) -> int:
         if x.slice_id in self._known:
             self._slices.setdefault(x.slice_id, self._known[x.slice_id])
-        return self._new(x.aval, x.view, Type(x.aval, x.spec, x.slice_id))
+        return self._new(x.aval, x.shown, Type(x.aval, x.spec, x.slice_id))
 
     def _encloses(self, trace: Trace) -> bool:
         t: Trace | None = self

@@ -291,7 +291,7 @@ def test_a_program_returns_constants_as_jax_jit_does(c):
     want = jax.jit(lambda x: (x + 1, np.float32(3), 2.5, jnp.ones(2), None))(np.zeros(2, np.float32))
     assert got[4] is None
     for g, w in zip(got[:4], want[:4], strict=True):
-        assert g.dtype == w.dtype and g.view.weak == w.weak_type
+        assert g.dtype == w.dtype and g.shown.weak == w.weak_type
         np.testing.assert_array_equal(g.numpy(), np.asarray(w))
     with pytest.raises(InvalidArgument, match=r"a result must come from a jitted function.*found str"):
         c.program(lambda x: (f(x), "s"))(np.zeros(2, np.float32))

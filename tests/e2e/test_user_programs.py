@@ -746,17 +746,22 @@ def test_operators_on_buffers_run_on_their_slice_as_jax_runs_them_op_by_op(c):
     v = c.put(np.arange(24, dtype=np.float32).reshape(4, 6), s, P("x"))
     vj = jnp.arange(24, dtype=jnp.float32).reshape(4, 6)
     for index in (0, -1, (1, 2), (slice(None), 0), (Ellipsis, -1), (None, 2), np.array([0, 2]),
-                  (slice(None, None, 2), slice(1, None))):  # one computation for every x[i]
-        np.testing.assert_array_equal(v[index].numpy(), np.asarray(vj[index]))
-    with pytest.raises(IndexError, match="index 4 is out of bounds for axis 0 with size 4"):
-        v[4]  # as JAX refuses it for an array it holds
+                  (slice(None, None, 2), slice(1, None)), 4, (-9, 7)):  # one computation for every x[i]
+        np.testing.assert_array_equal(v[index].numpy(), np.asarray(vj[index]))  # (past the end: clamped)
+    lo, hi = c.put(np.float32(2), s), c.put(np.full(6, 9, np.float32), s)
+    w = np.arange(12, dtype=np.float32).reshape(6, 2)
     for method in (lambda a: a.astype(jnp.float16), lambda a: a.reshape([3, -1]), lambda a: a.T,
                    lambda a: a.sum(), lambda a: a.mean(axis=0), lambda a: a.max(axis=1, keepdims=True),
-                   lambda a: a.clip(2, 9), lambda a: a.argmax(), lambda a: a.real):
+                   lambda a: a.clip(2, 9), lambda a: a.argmax(), lambda a: a.real,
+                   lambda a: a.view(jnp.int32), lambda a: a.sum(axis=[0, 1]), lambda a: a.dot(w),
+                   lambda a: a.sort(axis=0)):
         got, want = method(v), method(vj)
         assert got.dtype == want.dtype and got.shape == want.shape
         np.testing.assert_array_equal(got.numpy(), np.asarray(want))
+    got, want = v.clip(lo, hi), vj.clip(jnp.float32(2), jnp.full(6, 9, jnp.float32))  # buffers as operands
+    np.testing.assert_array_equal(got.numpy(), np.asarray(want))
     assert v.astype(jnp.float16).sharding.spec == P("x") and v.sum().sharding.spec == P()
+    assert v.nbytes == vj.nbytes
     with pytest.raises(isthmus.InvalidArgument, match=r"inside @program has no data yet"):
         c.program(lambda a: f(a) * x)(v0)  # the program's own value refuses it, as before
     with pytest.raises(isthmus.InvalidArgument, match=r"\* on a buffer inside @program would run outside it"):
