@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import inspect
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ __all__ = ["Export", "Function", "as_array", "leaf_specs"]
 # past this (it is exported and registered again if called again), as a cache of compiled
 # functions keeps a bounded number, and the server's quota counts what clients hold.
 SIGNATURES_KEPT = 256
+_LEAVES = inspect.Signature([inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL)])
 NAME_KEPT = 200  # characters of a function's name the server takes (longer ones are cut)
 # the dynamic arguments' tree, the static values, per leaf its data's shape, dtype and view
 Signature = tuple[Any, StaticKey, tuple[tuple[tuple[int, ...], str, View], ...]]
@@ -115,7 +117,7 @@ class Function:
             for i, x in enumerate(leaves)
         ]
         sig: Signature = (in_tree, static, tuple(
-            (a.aval.shape, a.aval.dtype, a.view) if isinstance(a, Buffer)
+            (a.aval.shape, a.aval.dtype, a.shown) if isinstance(a, Buffer)
             else (a[0].shape, FLOAT0 if is_float0(a[0]) else dtype_name(a[0].dtype), a[1])
             for a in arrays
         ))
@@ -219,6 +221,11 @@ class Function:
                           tuple(fixed)]
             return tuple(data)
 
+        # JAX's errors while tracing name the user's function and where it is, not this
+        # wrapper; its arguments are leaves, named `args[i]` (the user's own names would not
+        # line up with them).
+        flat.__wrapped__ = self.fn  # type: ignore[attr-defined]
+        flat.__signature__ = _LEAVES  # type: ignore[attr-defined]
         shapes = jax.eval_shape(flat, *avals)
         if own_mesh:
             named = {tuple(dict(m.shape).items()) for m in meshes(jax.make_jaxpr(flat)(*avals))}
