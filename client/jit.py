@@ -55,8 +55,9 @@ __all__ = ["Export", "Function", "as_array", "leaf_specs"]
 SIGNATURES_KEPT = 256
 _LEAVES = inspect.Signature([inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL)])
 NAME_KEPT = 200  # characters of a function's name the server takes (longer ones are cut)
-# the dynamic arguments' tree, the static values, per leaf its data's shape, dtype and view
-Signature = tuple[Any, StaticKey, tuple[tuple[tuple[int, ...], str, View], ...]]
+# the dynamic arguments' tree, the static values, per leaf its data's shape, dtype and view,
+# and (without in_specs) per leaf the spec it has on the slice, if any (`Function.own_specs`)
+Signature = tuple[Any, StaticKey, tuple[tuple[tuple[int, ...], str, View], ...], tuple[Spec | None, ...]]
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class Function:
             (a.aval.shape, a.aval.dtype, a.shown) if isinstance(a, Buffer)
             else (a[0].shape, FLOAT0 if is_float0(a[0]) else dtype_name(a[0].dtype), a[1])
             for a in arrays
-        ))
+        ), self.own_specs([(a.slice_id, a.spec) if isinstance(a, Buffer) else None for a in arrays]))
         exported = self.export(args, kwargs, sig)
         if any(d == FLOAT0 for _, d, _ in sig[2]):  # known when traced: not sent
             arrays = [a for a, (_, d, _) in zip(arrays, sig[2], strict=True) if d != FLOAT0]
@@ -154,6 +155,15 @@ class Function:
                       for x, spec in zip(arrays, exported.in_specs, strict=True)]
             return session.call(computation, [b.id for b in inputs], exported.outputs, donated)
 
+    def own_specs(self, placed: Sequence[tuple[str, Spec] | None]) -> tuple[Spec | None, ...]:
+        """Without `in_specs`, each argument already on the slice (its slice id and spec in
+        `placed`) is taken with its spec, as `jax.jit` takes a committed array's sharding
+        without `in_shardings`; the others (local arrays, values of other slices) are
+        replicated. `()` where `in_specs` says."""
+        if self.in_specs is not None:
+            return ()
+        return tuple(p[1] if p is not None and p[0] == self.slice.id else None for p in placed)
+
     def export(self, args: Any, kwargs: dict[str, Any], sig: Signature) -> Export:
         """The artifact for one signature (cached): `args` and `kwargs` give the pytree its
         specs follow."""
@@ -182,7 +192,8 @@ class Function:
             TRACING.reset(tracing)
 
     def _export(self, args: Any, kwargs: dict[str, Any], in_tree: Any, static: StaticKey,
-                leaves: Sequence[tuple[tuple[int, ...], str, View]], own_mesh: bool = False) -> Export:
+                leaves: Sequence[tuple[tuple[int, ...], str, View]], own: Sequence[Spec | None],
+                own_mesh: bool = False) -> Export:
         """The export of one signature; `own_mesh`: traced outside the slice's context, so a
         mesh the function names that is not the slice's in axis names and sizes (a shard_map
         first traced for another slice keeps that one's) is refused."""
@@ -190,8 +201,10 @@ class Function:
         mesh = s.abstract_mesh
         # float0 leaves (integer inputs' gradients) hold no data: made inside, as constants
         zero = [dtype == FLOAT0 for _, dtype, _ in leaves]
-        in_specs = [spec for spec, z in zip(call_specs(self.in_specs, args, kwargs), zero, strict=True)
-                    if not z]
+        given = call_specs(self.in_specs, args, kwargs)
+        if own:  # (no in_specs: what is on the slice keeps its spec)
+            given = [spec if mine is None else mine for spec, mine in zip(given, own, strict=True)]
+        in_specs = [spec for spec, z in zip(given, zero, strict=True) if not z]
         every, leaves = leaves, [leaf for leaf, z in zip(leaves, zero, strict=True) if not z]
         axes = s.mesh_axes
         for i, (spec, (shape, dtype, _)) in enumerate(zip(in_specs, leaves, strict=True)):

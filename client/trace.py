@@ -322,7 +322,8 @@ class Trace:
             (np.shape(x), FLOAT0, PLAIN) if v is None
             else (self.values[v].aval.shape, self.values[v].aval.dtype, self.values[v].view)
             for x, v in zip(leaves, values, strict=True)
-        ))
+        ), fn.own_specs([None if v is None or (t := self.typed(v)) is None else (t.slice, t.spec)
+                         for v in values]))
         exported = fn.export(args, kwargs, sig)
         values = [v for v in values if v is not None]
         if not exported.outputs:  # nothing to compute (`Function.__call__`)

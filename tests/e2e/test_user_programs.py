@@ -463,6 +463,15 @@ def test_explicit_axes_trace_in_jax_explicit_sharding_mode(c):
     assert_trees_close(fetched(got), want, tol=1e-5)
     # results keep their types' shardings, as jax.jit's do in this mode
     assert [b.sharding.spec for b in got] == [o.sharding.spec for o in want] == [P(None, "Y"), P("X", None)]
+    # without in_specs, buffers on the slice come in with their own shardings, as committed
+    # arrays come into jax.jit without in_shardings; a local array comes in replicated
+    xb, wb = c.put(x, s, P("X", "Y")), c.put(w, s, P("Y", None))
+    assert_trees_close(fetched(c.jit(f, slice=s)(xb, wb)), want, tol=1e-5)
+    grads = c.jit(jax.grad(lambda v, u: (v @ u).sum()), slice=s)(xb, w)
+    with jax.set_mesh(local):
+        want_grads = jax.jit(jax.grad(lambda v, u: (v @ u).sum()))(jax.device_put(x, P("X", "Y")), w)
+    assert grads.sharding.spec == want_grads.sharding.spec == P("X", "Y")
+    np.testing.assert_allclose(grads.numpy(), np.asarray(want_grads), rtol=1e-5)
     total = c.jit(lambda v: v.sum(axis=0), slice=s)
 
     @c.program(fuse=True)
