@@ -157,13 +157,13 @@ class Healer:
     async def _keep(self, island: str, hosts: Sequence[str]) -> None:
         """Keep what the hosts still give; a failure to keep loses the values, as before."""
         try:
-            kept = await keep_values(self.service, hosts)
+            kept, asked = await keep_values(self.service, hosts)
         except Exception:
             log.exception("island %s: keeping the values of %s before the restart failed", island,
                           list(hosts))
             return
-        log.warning("island %s: %d values read off %s before their executors are replaced", island, kept,
-                    list(hosts))
+        log.warning("island %s: %d of %d values read off %s before their executors are replaced", island,
+                    kept, asked, list(hosts))
 
     async def _heal(self, island: str, cause: str, only: Sequence[str] | None, since: float,
                     keep: bool = False) -> None:

@@ -10,7 +10,8 @@ Contract:
   is kept (after a server restart, say). A buffer kept as an upload already is not asked for.
 - The values kept are bounded by the lineage's bytes (`lineage_mb`) in all, the hosts asked
   one at a time; what is past the bound, still computing, or on a host that does not answer
-  within `health_timeout_s` is lost as before. Returns how many values were kept.
+  within `health_timeout_s` is lost as before. Returns how many values were kept, and of
+  how many asked for.
 - Used where a host is replaced while it still answers: a run that would not stop, a broken
   collective group (`server.healing`). A lost host cannot answer; an operator's restart
   drops the values on purpose.
@@ -33,12 +34,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("isthmus.server")
 
 
-async def keep_values(service: Service, hosts: Sequence[str]) -> int:
+async def keep_values(service: Service, hosts: Sequence[str]) -> tuple[int, int]:
     s = service
     budget = s.lineage.max_bytes
     shards: defaultdict[str, list[tuple[Index, bytes]]] = defaultdict(list)
     gave: defaultdict[str, set[str]] = defaultdict(set)  # buffer id -> the hosts that gave it
-    asked = {b: rec for b, rec in s.buffers.items() if b not in s.lost and b not in s.lineage.uploads}
+    asked = {b: rec for b, rec in s.buffers.items()
+             if b not in s.lost and b not in s.lineage.uploads and set(rec.hosts) & set(hosts)}
     for h in hosts:
         wanted = [b for b, rec in asked.items() if h in rec.hosts]
         if not wanted or budget <= 0:
@@ -60,4 +62,4 @@ async def keep_values(service: Service, hosts: Sequence[str]) -> int:
         whole = assemble(rec.aval.shape, parse_dtype(rec.aval.dtype), parts)
         s.lineage.keep(b, Upload(whole.tobytes(), rec.slice_id, rec.aval, rec.spec), rec.owner)
         kept += 1
-    return kept
+    return kept, len(asked)
