@@ -37,7 +37,7 @@ def test_clients_get_the_island_in_proportion_to_their_weights(shared):
     blocker_client = isthmus.connect(address, token=token, name="blocker")
 
     def island_a() -> dict:  # as the admin sees it: every client's admitted cost
-        islands = blocker_client._json("GET", "/v1/islands", credential=token)
+        islands = clients[0]._json("GET", "/v1/islands", credential=token)
         return next(i for i in islands if i["name"] == "a")
 
     try:
@@ -52,10 +52,13 @@ def test_clients_get_the_island_in_proportion_to_their_weights(shared):
             p(x).result()  # trace, compile
 
         # The island is kept busy while every client queues its runs: they all start backlogged.
+        # The blocker is a loop that ends only when its client is closed (at its next test),
+        # so however slowly the runs are queued (a loaded machine), none is admitted first.
         s = blocker_client.slice({"x": 1}, island="a")
-        spin = lambda v: jax.lax.fori_loop(0, 1500, lambda _, a: jnp.tanh(a @ a), v)  # noqa: E731
-        long = blocker_client.jit(spin, slice=s)
-        blocker = long(blocker_client.put(np.eye(256, dtype=np.float32), s))
+        below = blocker_client.jit(lambda i, n: i < n, slice=s)
+        step = blocker_client.jit(lambda i: i + 1, slice=s)
+        hold = blocker_client.program(lambda i, n: isthmus.while_loop(lambda j: below(j, n), step, i))
+        hold(np.int32(0), np.int32(2**30))
         blocker_client.flush()  # on the island before any client's runs (calls do not wait)
         outs: list[list] = [[] for _ in WEIGHTS]
 
@@ -84,7 +87,7 @@ def test_clients_get_the_island_in_proportion_to_their_weights(shared):
         busy = [h for h in island["hosts"] if h["running"]]
         assert busy and all(h["running_s"] >= 0 and h["collective_error"] is None for h in busy), island
         before = dict(island["admitted"])
-        blocker.result()
+        blocker_client.close()  # its loop ends: the backlog goes
         outs[-1][-2].result()  # the heaviest client's last run is done...
 
         def at_tail() -> list[int] | None:  # ... and its tail admitted (then nothing else is)
