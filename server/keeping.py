@@ -59,7 +59,11 @@ async def keep_values(service: Service, hosts: Sequence[str]) -> tuple[int, int]
         rec = asked[b]
         if s.buffers.get(b) is not rec or b in s.lost or not gave[b].issuperset(rec.hosts):
             continue  # released meanwhile (its id taken again, perhaps), or not given by every host
-        whole = assemble(rec.aval.shape, parse_dtype(rec.aval.dtype), parts)
-        s.lineage.keep(b, Upload(whole.tobytes(), rec.slice_id, rec.aval, rec.spec), rec.owner)
+        shape = rec.aval.shape
+        if len(parts) == 1 and [tuple(i) for i in parts[0][0]] == [(0, n) for n in shape]:
+            data = parts[0][1]  # one shard, the whole value (not copied again)
+        else:
+            data = assemble(shape, parse_dtype(rec.aval.dtype), parts).tobytes()
+        s.lineage.keep(b, Upload(data, rec.slice_id, rec.aval, rec.spec), rec.owner)
         kept += 1
     return kept, len(asked)
