@@ -377,6 +377,10 @@ def _operator(symbol: str, op: Callable[..., Any], reflected: bool = False) -> C
     """An operator run on the executors, on the buffer's slice (`client.eager`)."""
     def apply(self: Buffer, *other: Any) -> Any:
         _eager_here(self, symbol)
+        if symbol == "**" and not reflected and type(other[0]) is int:
+            # a Python int exponent is static, as in JAX: x * x for x ** 2, and an integer
+            # array's negative power refused
+            return self._futures.method(self, "__pow__", other, {})
         operands = (other[0], self) if reflected else (self, *other)
         return self._futures.operate(symbol, op, operands)
     return apply

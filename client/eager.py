@@ -47,7 +47,8 @@ if TYPE_CHECKING:
 KEPT = 64
 LOCAL = (int, float, complex, np.ndarray, np.generic, jax.Array)  # what JAX takes beside an array
 TAKEN = object()  # (in an index's layout) a part passed as an argument: an integer or an array
-ELEMENTWISE = frozenset({".astype", ".clip", ".round", ".conj", ".real", ".imag", ".copy"})  # keep the spec
+# the methods whose result keeps the buffer's spec
+ELEMENTWISE = frozenset({".astype", ".clip", ".round", ".conj", ".real", ".imag", ".copy", ".__pow__"})
 
 
 class Operators:

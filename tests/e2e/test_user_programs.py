@@ -744,7 +744,10 @@ def test_operators_on_buffers_run_on_their_slice_as_jax_runs_them_op_by_op(c):
     assert isinstance(total, isthmus.Buffer) and float(total) == 0.75 and sum([loss, loss]) == 0.5
     assert (loss < best) and min(loss, 3.0) is loss and not (loss == None)  # noqa: E711
     n = c.put(np.int32(7), s)
-    assert [int(n // 2), int(n % 3), int(~n), int(n << 1)] == [3, 1, -8, 14]
+    assert [int(n // 2), int(n % 3), int(~n), int(n << 1), int(n ** 2)] == [3, 1, -8, 14, 49]
+    with pytest.raises(TypeError, match="Integers cannot be raised to negative powers"):
+        n ** -1  # a Python int exponent is static, as in JAX
+
     other = c.put(np.float32(1), c.slice({"y": 1}, island="b"))
     with pytest.raises(isthmus.InvalidArgument, match=rf"buffer {loss.id} is on slice {s.id} and buffer "
                                                       rf"{other.id} on slice"):
