@@ -7,7 +7,8 @@ Contract:
   local value JAX takes as an operand (a Python number, weakly typed as in JAX; a numpy
   array or scalar; a `jax.Array`), uploaded with the call. A buffer of another slice is
   refused, naming both (JAX refuses arrays committed to different devices). Anything else
-  gets `NotImplemented`, so Python asks the other side, or raises its `TypeError`.
+  gets `NotImplemented`, so Python asks the other side, or raises its `TypeError`. A
+  Python int exponent (`x ** 2`) is static, as JAX takes it (`Buffer.__pow__`).
 - Each operator is a `client.jit.Function` of the slice, kept per (operator, slice, specs):
   its signatures are exported, registered and cached as any jitted function's. A buffer
   keeps its spec; the result takes the spec of a buffer operand of its shape (an
