@@ -40,7 +40,10 @@ def test_a_computation_on_a_2_host_8_device_slice_equals_local_jit_on_8_devices(
     v = rng.standard_normal((32, 16), dtype=np.float32)
     w = rng.standard_normal((16, 16), dtype=np.float32)
     want = np.asarray(local_jit(step, (8,), ("x",), (P("x"), P()), P("x"))(v, w))
-    np.testing.assert_array_equal(f(v, w).numpy(), want)
+    # Random floats through a matmul and tanh: an executable compiled for two processes
+    # may round a few elements one ulp apart from the one compiled for one (seen on AMD
+    # EPYC); the exact-bits checks are the integer-valued tests below.
+    np.testing.assert_allclose(f(v, w).numpy(), want, rtol=1e-6, atol=1e-6)
 
 
 def test_back_to_back_collectives_across_hosts_stay_exact(c):
