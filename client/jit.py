@@ -35,6 +35,7 @@ from client.arrays import (
 from client.buffer import TRACING, Buffer
 from client.donation import Donated
 from client.registrations import Registrations
+from client.specials import checking
 from client.statics import StaticKey, Statics
 from client.trace import current_trace
 from ir import Aval, InvalidArgument, IsthmusError, NotFound, Spec, dtype_name, parse_dtype
@@ -130,7 +131,12 @@ class Function:
             for b in donated:
                 b.delete()
             return exported.tree([])
-        return exported.tree(self._call(sig, exported, arrays, donated))  # the call frees them
+        outs = self._call(sig, exported, arrays, donated)  # the call frees them
+        nans, infs = checking()
+        if nans or infs:  # JAX's jax_debug_nans / jax_debug_infs (`client.specials`)
+            assert self._session is not None
+            self._session.check_specials(self.name, self.slice, outs, nans, infs)
+        return exported.tree(outs)
 
     def _call(self, sig: Signature, exported: Export, arrays: list[Buffer | tuple[np.ndarray, View]],
               donated: Sequence[Buffer] = ()) -> list[Buffer]:

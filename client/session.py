@@ -49,6 +49,7 @@ from jax.sharding import AbstractMesh, AxisType
 from client.arrays import PLAIN, View
 from client.buffer import Buffer
 from client.eager import Operators
+from client.specials import Specials
 from client.transport import ERRORS, Transport, Unauthorized, Unsent
 from ir import Aval, InvalidArgument, IsthmusError, MeshAxes, Spec, Unavailable, dtype_name
 
@@ -192,6 +193,7 @@ class Session:
         self._prefetch: dict[str, weakref.ref[Buffer]] = {}
         self._waits = 0
         self._operators = Operators(self)  # a buffer's operators, run on its slice
+        self._specials = Specials(self)  # jax_debug_nans / jax_debug_infs
         if background:
             threading.Thread(target=self._send_forever, name="isthmus-sender", daemon=True).start()
 
@@ -246,6 +248,11 @@ class Session:
     def operate(self, symbol: str, op: Callable[..., Any], operands: tuple[Any, ...]) -> Any:
         """An operator on buffers, run on their slice (`client.eager`)."""
         return self._operators.apply(symbol, op, operands)
+
+    def check_specials(self, name: str, slice: Slice, outs: Sequence[Buffer], nans: bool, infs: bool) -> None:
+        """Raise FloatingPointError where a call's results hold a NaN or an infinity that
+        JAX's flags look for (`client.specials`)."""
+        self._specials.check(name, slice, outs, nans, infs)
 
     def index(self, buffer: Buffer, key: Any) -> Buffer:
         """`buffer[key]`, run on its slice (`client.eager`)."""

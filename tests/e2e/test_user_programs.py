@@ -778,3 +778,34 @@ def test_operators_on_buffers_run_on_their_slice_as_jax_runs_them_op_by_op(c):
         c.program(lambda a: f(a) * x)(v0)  # the program's own value refuses it, as before
     with pytest.raises(isthmus.InvalidArgument, match=r"\* on a buffer inside @program would run outside it"):
         c.program(lambda a: f(x * 2))(v0)
+
+
+@pytest.fixture
+def debug_nans():
+    """JAX's flag on for one test (read at each call, in the client as in JAX)."""
+    jax.config.update("jax_debug_nans", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_debug_nans", False)
+        jax.config.update("jax_debug_infs", False)
+
+
+def test_jax_debug_nans_raises_on_a_nan_result_as_jax_jit_does(c, debug_nans):
+    s = c.slice({"x": 2})
+    f = c.jit(jnp.log, slice=s, in_specs=P("x"), out_specs=P("x"), name="log")
+    x = np.array([1.0, 2.0, -1.0, 4.0], np.float32)
+    with pytest.raises(FloatingPointError, match="nan"):
+        jax.jit(jnp.log)(x)
+    with pytest.raises(FloatingPointError, match=r"invalid value \(nan\) encountered in log"):
+        f(x)
+    np.testing.assert_array_equal(f(np.abs(x)).numpy(), np.log(np.abs(x)))  # the client carries on
+    b = c.put(x, s, P("x"))
+    with pytest.raises(FloatingPointError, match="nan"):
+        b * 0.0 / 0.0  # an operator on a buffer is a call too
+    assert int(c.jit(lambda i: i // 0, slice=s)(np.int32(3)).numpy()) == jax.jit(lambda i: i // 0)(3)
+    jax.config.update("jax_debug_nans", False)
+    assert np.isnan(f(x).numpy()[2])  # off: nothing is looked for
+    jax.config.update("jax_debug_infs", True)
+    with pytest.raises(FloatingPointError, match=r"\(inf\)"):
+        f(np.zeros(2, np.float32))
