@@ -57,6 +57,7 @@ BINARY: dict[str, tuple[str, Callable[[Any, Any], Any]]] = {
     "or": ("|", operator.or_), "xor": ("^", operator.xor), "lshift": ("<<", operator.lshift),
     "rshift": (">>", operator.rshift), "eq": ("==", operator.eq), "ne": ("!=", operator.ne),
     "lt": ("<", operator.lt), "le": ("<=", operator.le), "gt": (">", operator.gt), "ge": (">=", operator.ge),
+    "divmod": ("divmod", divmod),
 }
 # `jax.Array` methods and properties a buffer runs (`Buffer.astype`, `.T`): their arguments
 # are static (axes, shapes, dtypes), part of the computation
@@ -271,9 +272,11 @@ class Buffer(Shaped):
         """An integer scalar as an index (`operator.index`, `range(n)`), as for a JAX array."""
         return operator.index(self.numpy())
 
-    def __round__(self, ndigits: int | None = None) -> np.ndarray:
-        """The value rounded (fetched), as `round` rounds a JAX array."""
-        return np.round(self.numpy(), ndigits or 0)
+    def __round__(self, ndigits: int | None = None) -> Buffer:
+        """`round(x)`, `round(x, 2)`: on the executors, as `round` rounds a JAX array (to an
+        integer dtype without `ndigits`)."""
+        _eager_here(self, "round()")
+        return self._futures.method(self, "__round__", (ndigits,), {})
 
     def __str__(self) -> str:
         """The value, as `str` of a JAX array shows it (`print(loss)`): fetched. `repr` names

@@ -20,7 +20,12 @@ Contract:
   hashable: axes, shapes, dtypes); the result keeps the spec only where it is elementwise.
 - Indexing passes the index's integers and arrays as arguments, so one computation serves
   every `x[i]`; its slices, `None` and `...` are part of the computation. An integer past
-  its dimension is clamped, as JAX clamps it. The result is replicated.
+  its dimension is clamped, as JAX clamps it. A boolean mask (an array or a buffer, fetched)
+  is its true places' indices, and a slice's bounds are ints (an integer array or buffer
+  fetched), as JAX reads both op by op: the result's shape depends on them. The result is
+  replicated.
+- `round(x)` / `round(x, n)` and `divmod(x, y)` run as `jax.Array`'s do (`round(x)` to an
+  integer dtype).
 - The newest `KEPT` operators' functions are kept; an older one is let go of (its
   computations with it) and made again when used again.
 - Inside `@c.program` an operation on a buffer is refused as on any of its values: it would
@@ -29,6 +34,7 @@ Contract:
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -49,7 +55,8 @@ KEPT = 64
 LOCAL = (int, float, complex, np.ndarray, np.generic, jax.Array)  # what JAX takes beside an array
 TAKEN = object()  # (in an index's layout) a part passed as an argument: an integer or an array
 # the methods whose result keeps the buffer's spec
-ELEMENTWISE = frozenset({".astype", ".clip", ".round", ".conj", ".real", ".imag", ".copy", ".__pow__"})
+ELEMENTWISE = frozenset({".astype", ".clip", ".round", ".conj", ".real", ".imag", ".copy", ".__pow__",
+                         ".__round__"})
 
 
 class Operators:
@@ -71,12 +78,15 @@ class Operators:
             if isinstance(p, int | np.integer) and not isinstance(p, bool | np.bool_):
                 layout.append(TAKEN)
                 taken.append(np.int32(p) if -2**31 <= int(p) < 2**31 else np.int64(p))
+            elif _is_mask(p):  # concrete, as JAX takes it op by op: its true places' indices
+                where = np.nonzero(np.asarray(p))
+                layout += [TAKEN] * len(where)
+                taken += [w.astype(np.int32) for w in where]
             elif isinstance(p, Buffer | np.ndarray | jax.Array):
                 layout.append(TAKEN)
                 taken.append(p)
-            elif isinstance(p, slice) and all(v is None or isinstance(v, int | np.integer)
-                                              for v in (p.start, p.stop, p.step)):
-                layout.append(("slice", p.start, p.stop, p.step))  # (hashable, where a slice is not)
+            elif isinstance(p, slice):
+                layout.append(("slice", *(_bound(buffer, v) for v in (p.start, p.stop, p.step))))
             elif p is None or p is Ellipsis:
                 layout.append(p)
             else:
@@ -157,6 +167,24 @@ class Operators:
             else:
                 self._kept.move_to_end(key)
         return fn(*operands)
+
+
+def _is_mask(p: Any) -> bool:
+    """A boolean array of at least one dimension (a 0-d one adds an axis, as in JAX)."""
+    return (isinstance(p, Buffer | np.ndarray | jax.Array) and np.ndim(p) > 0
+            and np.dtype(p.dtype) == np.bool_)
+
+
+def _bound(buffer: Buffer, v: Any) -> int | None:
+    """A slice's start, stop or step as an int (a slice is part of the computation): an
+    integer scalar, a buffer or array of one included (fetched), as JAX takes it op by op."""
+    if v is None:
+        return None
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise InvalidArgument(f"buffer {buffer.id}: a slice's bounds are integers, got {v!r} in an "
+                              "index") from None
 
 
 def _result_spec(symbol: str, operands: tuple[Any, ...], specs: tuple[PartitionSpec, ...]) -> PartitionSpec:
