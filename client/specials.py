@@ -36,7 +36,8 @@ __all__ = ["Specials", "checking"]
 
 def checking() -> tuple[bool, bool]:
     """Whether NaNs, and whether infinities, are to be looked for (JAX's flags, now)."""
-    return bool(jax.config.jax_debug_nans), bool(jax.config.jax_debug_infs)
+    config = jax.config
+    return bool(getattr(config, "jax_debug_nans", False)), bool(getattr(config, "jax_debug_infs", False))
 
 
 def _flags(*values: jax.Array) -> jax.Array:
