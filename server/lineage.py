@@ -7,8 +7,10 @@ Contract:
   about to be replaced (`keep`) is kept as an upload's bytes are. A run's
   outputs remember their `Origin`: the program run, its inputs and all its outputs. An
   origin can be repeated once its run has settled with every output computed (`done`), or
-  once it is known never to have started (`unstarted`); a run that failed, or was in
-  flight when its host died, has nothing to repeat.
+  once it is known never to have started (`unstarted`). One that did not finish (in flight
+  when its host died, or failed) is repeated once (`UNFINISHED_REPEATS`; `server.remake`
+  counts them): what killed the host may have been the run itself, so a second loss of it
+  is DataLoss. (A failed run, repeated, fails again with its cause.)
 - The lineage of a live buffer outlives the client's release of its inputs: a released
   buffer that some kept origin reads stays (without its value) as long as that origin
   does, up to `max_released` such buffers: past it, the oldest of the client keeping the
@@ -33,6 +35,7 @@ from typing import Any
 from ir import Aval, DataLoss, Spec
 
 MAX_STEPS = 10_000  # a recipe longer than this is refused (a chain that long is not repeated)
+UNFINISHED_REPEATS = 1  # times a run that did not finish is repeated
 
 
 @dataclass(eq=False)
@@ -44,6 +47,7 @@ class Origin:
     done: bool = False
     kept: int = 0  # outputs whose lineage it still is: once none, what it read is needed less
     input_gens: tuple[int, ...] = ()  # each input id's generation when it ran (`Lineage._gen`)
+    unfinished_repeats: int = 0  # times it was repeated before it had finished (`server.remake`)
 
 
 @dataclass(frozen=True)
@@ -198,8 +202,9 @@ class Lineage:
                                if b == target else
                                f"buffer {b}, which {target} was computed from, is gone and nothing "
                                "kept can make it again")
-            if not origin.done:
-                raise DataLoss(f"buffer {b}: the run that was computing it did not finish")
+            if not origin.done and origin.unfinished_repeats >= UNFINISHED_REPEATS:
+                raise DataLoss(f"buffer {b}: the run that was computing it did not finish, nor did "
+                               "it when repeated")
             if inputs_ready:
                 steps.append(Repeat(origin))
                 made.update(origin.outputs)

@@ -75,6 +75,8 @@ def _run(service: Service, owner: ClientRecord, steps: list[Step]) -> None:
             continue
         assert isinstance(step, Repeat)
         o = step.origin
+        if not o.done:  # (in flight when its host died: repeated once, `server.lineage`)
+            o.unfinished_repeats += 1
         program = o.program
         inputs = [temporary.get(i, i) for i in o.inputs]
         outputs = [target(b, _slice(service, owner, t.slice, b).hosts)

@@ -180,6 +180,26 @@ def test_a_host_replaced_under_a_computation_that_never_ends_keeps_another_clien
         serving(c, mine, 60)
 
 
+def test_a_call_running_when_its_executor_is_killed_is_made_again_when_read(server):
+    """The call was in flight when its host died: it computed nothing that is kept, and its
+    inputs have lineage, so reading its output repeats it (once: a second loss of it would
+    be DataLoss, since what killed the host may have been the call itself)."""
+    address, token = server
+    with isthmus.connect(address, token=token, name="in-flight") as c:
+        s = c.slice({"x": 1}, island="a")
+        host = s.hosts[0]
+        spin = c.jit(lambda v, n: jax.lax.fori_loop(0, n, lambda i, w: jnp.tanh(w @ w) + 1.0, v), slice=s)
+        x0 = np.eye(128, dtype=np.float32) * 0.5
+        x, n = c.put(x0, s), c.put(np.int32(4000), s)
+        want = jax.jit(lambda v, n: jax.lax.fori_loop(0, n, lambda i, w: jnp.tanh(w @ w) + 1.0, v))(x0, 4000)
+        before = admin_hosts(address, token)[host]
+        out = spin(x, n)
+        until(lambda: admin_hosts(address, token)[host]["running"], 60, f"the call running on {host}")
+        os.kill(before["pid"], signal.SIGKILL)
+        np.testing.assert_allclose(out.numpy(), np.asarray(want), rtol=1e-6)  # not DataLoss
+        assert admin_hosts(address, token)[host]["pid"] != before["pid"]
+
+
 def test_a_host_waiting_for_a_killed_sender_fails_at_once_and_serves_on(server):
     """A program whose value crosses from island a to island b: while its sender computes,
     the receiving host waits for it on its dispatch thread. The sender's executor killed,

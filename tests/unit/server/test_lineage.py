@@ -53,12 +53,17 @@ def test_a_run_with_two_outputs_is_repeated_once() -> None:
     assert lin.recipe("r", {"a"}.__contains__) == [Repeat(both), Repeat(join)]
 
 
-def test_a_run_that_never_finished_is_data_loss() -> None:
+def test_a_run_that_never_finished_is_repeated_once_then_data_loss() -> None:
     lin = Lineage(1 << 20, 100)
     lin.uploaded("a", upload())
-    lin.ran(Origin("f", "cl", ("a",), ("b",)))  # never settled
-    with pytest.raises(DataLoss, match="did not finish"):
+    f = Origin("f", "cl", ("a",), ("b",))
+    lin.ran(f)  # never settled: in flight when its host died
+    assert lin.recipe("b", {"a"}.__contains__) == [Repeat(f)]
+    f.unfinished_repeats += 1  # (as `server.remake` counts it) and lost again before it finished
+    with pytest.raises(DataLoss, match="did not finish, nor did it when repeated"):
         lin.recipe("b", {"a"}.__contains__)
+    lin.settled(["b"])  # a repeat that finished: repeated again as any finished run
+    assert lin.recipe("b", {"a"}.__contains__) == [Repeat(f)]
 
 
 def test_a_value_kept_off_its_host_is_put_again_whatever_its_runs_left() -> None:
