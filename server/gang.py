@@ -391,6 +391,17 @@ class Gangs:
 
     # -- status ------------------------------------------------------------------------------
 
+    def others_wait(self, island: str, host: str, run_id: str) -> bool:
+        """Whether another client than the one that submitted `run_id` has work on `host`
+        queued or admitted behind it (False if `run_id` is not in flight on `host`)."""
+        sched = self.schedulers.get(island)
+        if sched is None:
+            return False
+        flying = sched.in_flight
+        owner = next((sub.client for sub in flying if sub.id == run_id and host in sub.hosts), None)
+        return owner is not None and any(sub.client != owner and host in sub.hosts
+                                         for sub in (*flying, *sched.queued))
+
     def stats(self, island: str) -> tuple[int, int]:
         """(queued, in flight) of the island; queued counts what is parked for it."""
         s = self.schedulers[island]

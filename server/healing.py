@@ -27,8 +27,10 @@ Contract:
   never ends (a `lax.while_loop` whose test stays true) would run nothing else, any
   client's, for good. `stop(records, cause)` is told of the programs and computations of a
   client closed or of a slice deleted; a probe that finds a host still busy with a run of
-  one of them (`Host.stats`: `longest_run`) `STOP_GRACE_S` after, or busy with any run
-  past `max_run_s` and the grace, replaces that host's executor. Such a host still answers,
+  one of them (`Host.stats`: `longest_run`) `STOP_GRACE_S` after, busy with one run past
+  `max_hold_s` while another client's work is queued or admitted on the host (one tenant
+  holds a host it shares for at most that long), or busy with any run past `max_run_s` and
+  the grace, replaces that host's executor. Such a host still answers,
   so the values it gives are kept first (`server.keeping`), as where a failed collective
   restarts a group; the rest are lost as a lost host's are (made again from their lineage
   when read, where it is kept).
@@ -71,12 +73,20 @@ class Healer:
         while len(self._stopped) > STOPPED_KEPT:
             self._stopped.popitem(last=False)
 
-    def runaway(self, stats: Mapping[str, Any]) -> str | None:
+    def runaway(self, stats: Mapping[str, Any], host: str = "") -> str | None:
         """Why the host of these stats must be stopped, if it must: busy with a run told to
-        stop past the grace, or with any run past its limit."""
+        stop past the grace, with one past `max_hold_s` while another client's work waits
+        for the host, or with any run past its limit."""
         run, busy_s = stats.get("longest_run"), stats.get("longest_run_s")
         if not isinstance(run, str) or not isinstance(busy_s, int | float) or busy_s <= STOP_GRACE_S:
             return None
+        s, hold = self.service, self.service.settings.max_hold_s
+        if busy_s > hold and host and s.gangs.others_wait(s.rm.host_island(host), host, run):
+            log.warning("host %s busy with run %s for %.0fs while another client's work waits: its "
+                        "executor is replaced", host, run, busy_s)
+            return (f"one computation kept it busy {busy_s:.0f}s, past max_hold_s ({hold:g}s), while "
+                    "another client's work waited for it: a computation XLA has started stops only "
+                    "with its executor")
         stopped = self._stopped.get(run.partition("/")[0])  # a run's id begins with its record's
         if stopped is not None and self._clock() - stopped[1] > STOP_GRACE_S:
             # Said to every client with values on the host: neither the run nor its client
@@ -205,5 +215,6 @@ class Healer:
         for h, answer in zip(hosts, answers, strict=True):
             if isinstance(answer, Unavailable):
                 self.host_lost(h, str(answer))
-            elif isinstance(answer, dict) and (why := self.runaway(answer)) is not None:
+            elif isinstance(answer, dict) and (why := self.runaway(answer, h)) is not None:
+                s.lineage.stopped(answer["longest_run"], why)  # not repeated when its outputs are read
                 self.replace(h, f"host {h} was stopped: {why}", keep=True)

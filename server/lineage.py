@@ -10,7 +10,8 @@ Contract:
   once it is known never to have started (`unstarted`). One that did not finish (in flight
   when its host died, or failed) is repeated once (`UNFINISHED_REPEATS`; `server.remake`
   counts them): what killed the host may have been the run itself, so a second loss of it
-  is DataLoss. (A failed run, repeated, fails again with its cause.)
+  is DataLoss. (A failed run, repeated, fails again with its cause.) A run stopped on
+  purpose (`stopped`: it held its host too long) is not repeated.
 - The lineage of a live buffer outlives the client's release of its inputs: a released
   buffer that some kept origin reads stays (without its value) as long as that origin
   does, up to `max_released` such buffers: past it, the oldest of the client keeping the
@@ -48,6 +49,8 @@ class Origin:
     kept: int = 0  # outputs whose lineage it still is: once none, what it read is needed less
     input_gens: tuple[int, ...] = ()  # each input id's generation when it ran (`Lineage._gen`)
     unfinished_repeats: int = 0  # times it was repeated before it had finished (`server.remake`)
+    run: str = ""  # the id of its run (its newest repeat's, once repeated)
+    stopped: str | None = None  # why its run was stopped on purpose (`Lineage.stopped`): not repeated
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,13 @@ class Lineage:
             if origin is not None:
                 origin.done = True
 
+    def stopped(self, run_id: str, why: str) -> None:
+        """That run was stopped on purpose before it finished (its host's executor replaced
+        under it, `server.healing`): it is not repeated, since it would hold its host again."""
+        for origin in {id(o): o for o in self.origins.values() if o.run == run_id}.values():
+            if not origin.done:
+                origin.stopped = why
+
     def release(self, buffer_id: str, owner: str = "") -> None:
         """The client freed the buffer: keep what a kept origin still reads, else drop it."""
         if self._refs[buffer_id] > 0:
@@ -202,6 +212,8 @@ class Lineage:
                                if b == target else
                                f"buffer {b}, which {target} was computed from, is gone and nothing "
                                "kept can make it again")
+            if origin.stopped is not None and not origin.done:
+                raise DataLoss(f"buffer {b}: the run that was computing it was stopped: {origin.stopped}")
             if not origin.done and origin.unfinished_repeats >= UNFINISHED_REPEATS:
                 raise DataLoss(f"buffer {b}: the run that was computing it did not finish, nor did "
                                "it when repeated")

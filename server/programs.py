@@ -309,18 +309,18 @@ class Programs:
         new = self.service.output_ids(owner, ids, len(rec.result_types), "ids")
         outs = [BufferRecord(b, owner.id, t.slice, s.hosts, t.aval, t.spec)
                 for b, s, t in zip(new, slices, rec.result_types, strict=True)]
-        self._dispatch(owner, rec, inputs, new, dispatch, plans)
+        run_id = self._dispatch(owner, rec, inputs, new, dispatch, plans)
         self.service.add_buffers(owner, outs, footprints)
-        self.service.lineage.ran(Origin(rec, owner.id, tuple(inputs), tuple(new)))
+        self.service.lineage.ran(Origin(rec, owner.id, tuple(inputs), tuple(new), run=run_id))
         return outs
 
     def repeat(self, owner: ClientRecord, rec: ProgramRecord, inputs: Sequence[str],
-               outputs: Sequence[str]) -> None:
+               outputs: Sequence[str]) -> str:
         """Run `rec` again into these outputs (lineage recovery, `server.remake`): no new
-        records, no new lineage. A record forgotten since (its client let go of it, or a
+        records, no new lineage; returns the run's id. A record forgotten since (its client let go of it, or a
         computation's call program for input types no longer kept) is lowered and compiled
         again for this, and what that holds on its hosts goes once the run has run."""
-        self._dispatch(owner, self._runnable(rec), inputs, outputs, None)
+        run_id = self._dispatch(owner, self._runnable(rec), inputs, outputs, None)
         if not self._live(rec) and id(rec) not in self._retired:
             self._retired[id(rec)] = rec
 
@@ -329,6 +329,7 @@ class Programs:
                 self._remove_lowerings(rec)
 
             self.service.gangs.later([record_key(rec.id)], forget)
+        return run_id
 
     def _live(self, rec: ProgramRecord) -> bool:
         """Whether `rec` is a registered program, or the call program of a registered
@@ -339,8 +340,9 @@ class Programs:
 
     def _dispatch(self, owner: ClientRecord, rec: ProgramRecord, inputs: Sequence[str],
                   outputs: Sequence[str], dispatch: Dispatch | None,
-                  plans: dict[str, HostPlan] | None = None) -> None:
-        """Queue one run on its island's gang scheduler (`plans`: its lowering, if in hand)."""
+                  plans: dict[str, HostPlan] | None = None) -> str:
+        """Queue one run on its island's gang scheduler (`plans`: its lowering, if in hand);
+        returns the run's id."""
         if plans is None:
             _, plans = self._lowered(owner, rec)
         run_id = f"{rec.id}/{self._incarnation}.{next(self._run_numbers)}"  # a computation has several
@@ -371,6 +373,7 @@ class Programs:
         self.service.gangs.submit(island, sub, start, [*inputs, *([] if sequential else outputs)],
                                   [*(outputs if sequential else []), record], outputs=outputs, reads=inputs,
                                   kind=kind)
+        return run_id
 
     def _tracked(self, run_id: str, owner_id: str, hosts: tuple[str, ...],
                  start: Callable[[], Awaitable[None]], slices: frozenset[str]

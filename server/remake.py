@@ -81,7 +81,7 @@ def _run(service: Service, owner: ClientRecord, steps: list[Step]) -> None:
         inputs = [temporary.get(i, i) for i in o.inputs]
         outputs = [target(b, _slice(service, owner, t.slice, b).hosts)
                    for b, t in zip(o.outputs, program.result_types, strict=True)]
-        service.programs.repeat(owner, program, inputs, outputs)
+        o.run = service.programs.repeat(owner, program, inputs, outputs)
     for hosts, t in freed:  # after whatever reads it
         for h in hosts:
             service.gangs.later([t], lambda h=h, t=t: service.pool.delete(h, [t]))

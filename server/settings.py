@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     # once). One computation (a lax.while_loop inside one jitted function) cannot be stopped:
     # its host's executor is replaced once it runs past this (server/healing.py).
     max_run_s: float = Field(3600.0, gt=0)
+    # ... and once it has held its host this long while another client's work waits for
+    # the host: a tenant holds a host it shares with others for at most this long at once.
+    max_hold_s: float = Field(300.0, gt=0)
     # Program runs: one message per host (parallel), or one per node after the previous
     # one is accepted (sequential, for comparison).
     dispatch: Literal["parallel", "sequential"] = "parallel"

@@ -327,3 +327,31 @@ def test_both_islands_restarted_at_once_know_each_other_s_new_executors(server):
         started = time.monotonic()
         np.testing.assert_array_equal(there_and_back(c.put(x0, a)).numpy(), x0 + 3)
         assert time.monotonic() - started < 60
+
+
+def test_a_computation_holding_a_shared_host_past_max_hold_s_is_stopped_for_the_waiting_client(tmp_path):
+    """One client's computation that never ends holds a host another client's work waits
+    on: past `max_hold_s` (here 11 s) its executor is replaced, the waiting call runs, the
+    other client's values on the host are kept, and the stopped run is not repeated when
+    its output is read. Before, the waiting client hung for up to `max_run_s` (3600 s),
+    while its neighbour kept its own client open (an attack run's finding)."""
+    env = {"ISTHMUS_HEALTH_PROBE_S": "1", "ISTHMUS_MAX_HOLD_S": "11"}
+    with own_server(tmp_path / "state", env) as (address, token), \
+            isthmus.connect(address, token=token, name="waiting") as c, \
+            isthmus.connect(address, token=token, name="spinning") as greedy:
+        s = greedy.slice({"x": 4}, island="a")
+        host = s.hosts[0]
+        mine = next(t for t in (c.slice({"x": 4}, island="a") for _ in range(2)) if host in t.hosts)
+        x0 = np.arange(8, dtype=np.float32)
+        x = c.put(x0, mine)
+        tripled = c.jit(lambda v: v * 3.0, slice=mine)(x)
+        tripled.block_until_ready()
+        out = spinning(greedy, s)
+        until(lambda: admin_hosts(address, token)[host]["running"], 60, f"the computation running on {host}")
+        waited = time.monotonic()
+        np.testing.assert_array_equal(c.jit(lambda v: v * 2.0, slice=mine)(x).numpy(), x0 * 2.0)
+        assert time.monotonic() - waited < 120
+        with pytest.raises(isthmus.DataLoss, match="max_hold_s"):
+            out.numpy()  # not run again: it would hold the host again
+        np.testing.assert_array_equal(tripled.numpy(), x0 * 3.0)
+        serving(greedy, s, 60)  # the other client is served too

@@ -246,3 +246,15 @@ async def test_waiting_releases_make_no_tasks(gangs):
         host.gates[f"s{k}"].set()
         await settle()
     assert sorted(freed) == sorted([f"x{k}" for k in range(199)] + [f"later x{k}" for k in range(1, 200)])
+
+
+async def test_another_client_s_work_behind_a_run_on_its_host_is_known(gangs):
+    g, host = gangs("fifo", 2), Host()
+    g.submit("a", Submission("r1", "greedy", ("a0",)), host.start("r1"), ["x"])
+    assert not g.others_wait("a", "a0", "r1")  # alone
+    g.submit("a", Submission("r2", "greedy", ("a0",)), host.start("r2"), ["y"])
+    g.submit("a", Submission("v1", "victim", ("a1",)), host.start("v1"), ["z"])
+    assert not g.others_wait("a", "a0", "r1")  # its own work, and another client's elsewhere
+    g.submit("a", Submission("v2", "victim", ("a0", "a1")), host.start("v2"), ["w"])  # queued
+    assert g.others_wait("a", "a0", "r1") and not g.others_wait("a", "a1", "r1")
+    assert not g.others_wait("a", "a0", "gone") and not g.others_wait("b", "a0", "r1")

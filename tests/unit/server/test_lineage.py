@@ -66,6 +66,18 @@ def test_a_run_that_never_finished_is_repeated_once_then_data_loss() -> None:
     assert lin.recipe("b", {"a"}.__contains__) == [Repeat(f)]
 
 
+def test_a_run_stopped_on_purpose_is_not_repeated() -> None:
+    lin = Lineage(1 << 20, 100)
+    lin.uploaded("a", upload())
+    lin.ran(f := Origin("f", "cl", ("a",), ("b", "c"), run="f/1.1"))
+    lin.ran(Origin("g", "cl", ("a",), ("d",), run="g/1.2"))
+    lin.stopped("f/1.1", "it held its host too long")
+    for b in ("b", "c"):
+        with pytest.raises(DataLoss, match="was stopped: it held its host too long"):
+            lin.recipe(b, {"a"}.__contains__)
+    assert f.stopped is not None and [type(s) for s in lin.recipe("d", {"a"}.__contains__)] == [Repeat]
+
+
 def test_a_value_kept_off_its_host_is_put_again_whatever_its_runs_left() -> None:
     lin = Lineage(1 << 20, max_released=0)
     chain(lin, 2)

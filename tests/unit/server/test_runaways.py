@@ -10,6 +10,7 @@ from server.healing import STOP_GRACE_S, Healer
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
 LIMIT_S = 100.0
+HOLD_S = 30.0
 
 
 class Clock:
@@ -20,9 +21,13 @@ class Clock:
         return self.now
 
 
-def healer() -> tuple[Healer, Clock]:
+def healer(waiting: frozenset[tuple[str, str]] = frozenset()) -> tuple[Healer, Clock]:
+    """`waiting`: the (host, run) pairs behind which another client's work waits."""
     clock = Clock()
-    service = SimpleNamespace(settings=SimpleNamespace(max_run_s=LIMIT_S))
+    service = SimpleNamespace(
+        settings=SimpleNamespace(max_run_s=LIMIT_S, max_hold_s=HOLD_S),
+        gangs=SimpleNamespace(others_wait=lambda island, host, run: (host, run) in waiting),
+        rm=SimpleNamespace(host_island=lambda host: host[0]))
     return Healer(service, clock), clock  # type: ignore[arg-type]
 
 
@@ -49,3 +54,12 @@ def test_a_host_busy_with_any_run_past_the_limit_and_the_grace_is_a_runaway():
     assert h.runaway(busy("p-7/ab.1", LIMIT_S + STOP_GRACE_S)) is None
     why = h.runaway(busy("p-7/ab.1", LIMIT_S + STOP_GRACE_S + 1))
     assert why is not None and "past max_run_s (100s)" in why
+
+
+def test_a_host_held_past_max_hold_s_while_another_client_waits_is_a_runaway():
+    h, _ = healer(waiting=frozenset({("a0", "c-1/ab.3")}))
+    assert h.runaway(busy("c-1/ab.3", HOLD_S), "a0") is None  # not past it yet
+    assert h.runaway(busy("c-1/ab.3", HOLD_S + 1), "a1") is None  # nobody waits on a1
+    assert h.runaway(busy("c-2/ab.3", HOLD_S + 1), "a0") is None  # nobody waits behind that run
+    why = h.runaway(busy("c-1/ab.3", HOLD_S + 1), "a0")
+    assert why is not None and "past max_hold_s (30s)" in why and "c-1" not in why
