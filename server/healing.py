@@ -62,6 +62,8 @@ class Healer:
         self._clock = clock
         # program or computation id -> why its runs must stop, and since when (`clock`)
         self._stopped: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        # a looping run told to end for holding a shared host -> since when (`clock`)
+        self._held: OrderedDict[str, float] = OrderedDict()
 
     def stop(self, records: Iterable[str], cause: str) -> None:
         """These programs' and computations' runs must stop (their client closed, their slice
@@ -82,11 +84,13 @@ class Healer:
             return None
         s, hold = self.service, self.service.settings.max_hold_s
         if busy_s > hold and host and s.gangs.others_wait(s.rm.host_island(host), host, run):
+            why = (f"one run kept it busy {busy_s:.0f}s, past max_hold_s ({hold:g}s), while another "
+                   "client's work waited for it")
+            if self._ends_its_loops(run, why):
+                return None
             log.warning("host %s busy with run %s for %.0fs while another client's work waits: its "
                         "executor is replaced", host, run, busy_s)
-            return (f"one computation kept it busy {busy_s:.0f}s, past max_hold_s ({hold:g}s), while "
-                    "another client's work waited for it: a computation XLA has started stops only "
-                    "with its executor")
+            return f"{why}: a computation XLA has started stops only with its executor"
         stopped = self._stopped.get(run.partition("/")[0])  # a run's id begins with its record's
         if stopped is not None and self._clock() - stopped[1] > STOP_GRACE_S:
             # Said to every client with values on the host: neither the run nor its client
@@ -101,6 +105,20 @@ class Healer:
             return (f"run {run} kept its host busy {busy_s:.0f}s, past max_run_s ({limit:g}s): a "
                     "computation XLA has started stops only with its executor")
         return None
+
+    def _ends_its_loops(self, run: str, why: str) -> bool:
+        """Whether a run with in-graph loops was told to end them (each ends at its next
+        test, failed with `why`) within the grace, so that its host's executor is left be;
+        told now if it was not yet."""
+        now = self._clock()
+        since = self._held.get(run)
+        if since is None:
+            if not self.service.programs.cancel_run(run, why):
+                return False  # one computation, not loops: only its executor stops it
+            self._held[run] = since = now
+            while len(self._held) > STOPPED_KEPT:
+                self._held.popitem(last=False)
+        return now - since <= STOP_GRACE_S
 
     def host_lost(self, host: str, why: str) -> None:
         self.replace(host, f"host {host} was lost: {why}")

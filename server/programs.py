@@ -394,6 +394,15 @@ class Programs:
         return self._cancel({r: hosts for r, (o, hosts, slices) in self._looping.items()
                              if o == owner_id and (slice_id is None or slice_id in slices)}, cause)
 
+    def cancel_run(self, run_id: str, cause: str) -> bool:
+        """Stop that run's loops, if its hosts run it now (each ends, failed, at its next
+        test); whether it loops."""
+        looping = self._looping.get(run_id)
+        if looping is None:
+            return False
+        self._cancel({run_id: looping[1]}, cause)
+        return True
+
     def cancel_on(self, lost: Collection[str], cause: str) -> int:
         """Stop every run with loops on any of these hosts (lost, or about to be replaced),
         whoever's, on its other hosts: they would loop on without them, sending each

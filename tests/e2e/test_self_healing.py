@@ -355,3 +355,31 @@ def test_a_computation_holding_a_shared_host_past_max_hold_s_is_stopped_for_the_
             out.numpy()  # not run again: it would hold the host again
         np.testing.assert_array_equal(tripled.numpy(), x0 * 3.0)
         serving(greedy, s, 60)  # the other client is served too
+
+
+def test_a_loop_holding_a_shared_host_past_max_hold_s_ends_and_its_executor_stays(tmp_path):
+    """A program's in-graph loop can be ended at its next test: past `max_hold_s` with
+    another client waiting for the host, it ends failed naming the rule, and the host's
+    executor (every value on it) stays."""
+    env = {"ISTHMUS_HEALTH_PROBE_S": "1", "ISTHMUS_MAX_HOLD_S": "11"}
+    with own_server(tmp_path / "state", env) as (address, token), \
+            isthmus.connect(address, token=token, name="waiting") as c, \
+            isthmus.connect(address, token=token, name="looping") as greedy:
+        s = greedy.slice({"x": 1}, island="b")
+        host = s.hosts[0]
+        mine = next(t for t in (c.slice({"x": 1}, island="b") for _ in range(4)) if host in t.hosts)
+        lt, inc = greedy.jit(lambda i, n: i < n, slice=s), greedy.jit(lambda i: i + 1, slice=s)
+
+        @greedy.program
+        def count(i, n):
+            return isthmus.while_loop(lambda j: lt(j, n), inc, i)
+
+        out = count(np.int32(0), np.int32(2**30))
+        before = until(lambda: (row := admin_hosts(address, token)[host])["running"] and row, 60,
+                       f"the loop running on {host}")
+        x0 = np.arange(4, dtype=np.float32)
+        np.testing.assert_array_equal(c.jit(lambda v: v * 2.0, slice=mine)(x0).numpy(), x0 * 2.0)
+        with pytest.raises(isthmus.RemoteError, match="max_hold_s"):
+            out.numpy()
+        assert admin_hosts(address, token)[host]["pid"] == before["pid"]
+        assert int(count(np.int32(5), np.int32(7)).numpy()) == 7

@@ -21,13 +21,24 @@ class Clock:
         return self.now
 
 
-def healer(waiting: frozenset[tuple[str, str]] = frozenset()) -> tuple[Healer, Clock]:
-    """`waiting`: the (host, run) pairs behind which another client's work waits."""
+def healer(waiting: frozenset[tuple[str, str]] = frozenset(),
+           looping: dict[str, str] | None = None) -> tuple[Healer, Clock]:
+    """`waiting`: the (host, run) pairs behind which another client's work waits;
+    `looping`: the runs with in-graph loops, each told why to end them once told."""
     clock = Clock()
+    loops = {} if looping is None else looping
+
+    def cancel_run(run: str, why: str) -> bool:
+        if run not in loops:
+            return False
+        loops[run] = why
+        return True
+
     service = SimpleNamespace(
         settings=SimpleNamespace(max_run_s=LIMIT_S, max_hold_s=HOLD_S),
         gangs=SimpleNamespace(others_wait=lambda island, host, run: (host, run) in waiting),
-        rm=SimpleNamespace(host_island=lambda host: host[0]))
+        rm=SimpleNamespace(host_island=lambda host: host[0]),
+        programs=SimpleNamespace(cancel_run=cancel_run))
     return Healer(service, clock), clock  # type: ignore[arg-type]
 
 
@@ -63,3 +74,15 @@ def test_a_host_held_past_max_hold_s_while_another_client_waits_is_a_runaway():
     assert h.runaway(busy("c-2/ab.3", HOLD_S + 1), "a0") is None  # nobody waits behind that run
     why = h.runaway(busy("c-1/ab.3", HOLD_S + 1), "a0")
     assert why is not None and "past max_hold_s (30s)" in why and "c-1" not in why
+
+
+def test_a_looping_run_holding_a_shared_host_is_told_to_end_its_loops_first():
+    loops = {"p-3/ab.1": ""}
+    h, clock = healer(waiting=frozenset({("a0", "p-3/ab.1")}), looping=loops)
+    assert h.runaway(busy("p-3/ab.1", HOLD_S + 1), "a0") is None  # its loops end at their next test
+    assert "past max_hold_s" in loops["p-3/ab.1"]
+    clock.now += STOP_GRACE_S
+    assert h.runaway(busy("p-3/ab.1", HOLD_S + 1 + STOP_GRACE_S), "a0") is None
+    clock.now += 1  # still there past the grace: a computation inside it does not end
+    why = h.runaway(busy("p-3/ab.1", HOLD_S + 2 + STOP_GRACE_S), "a0")
+    assert why is not None and "past max_hold_s" in why
