@@ -412,7 +412,10 @@ class Programs:
                              if gone.intersection(hosts)}, cause, gone)
 
     def _cancel(self, runs: dict[str, tuple[str, ...]], cause: str, besides: Collection[str] = ()) -> int:
-        """Tell the runs' hosts (but `besides`) to end these runs' loops; how many runs."""
+        """Tell the runs' hosts (but `besides`) to end these runs' loops; how many runs.
+        Ended on purpose, they are not repeated to make their outputs again (`Lineage.stopped`)."""
+        for run_id in runs:
+            self.service.lineage.stopped(run_id, cause)
         hosts = sorted({h for hs in runs.values() for h in hs}.difference(besides))
         if hosts:
             self.service.pool.cancel(hosts, list(runs), cause)
