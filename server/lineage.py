@@ -11,7 +11,7 @@ Contract:
   when its host died, or failed) is repeated once (`UNFINISHED_REPEATS`; `server.remake`
   counts them): what killed the host may have been the run itself, so a second loss of it
   is DataLoss. (A failed run, repeated, fails again with its cause.) A run stopped on
-  purpose (`stopped`: it held its host too long) is not repeated.
+  purpose (`stopped`: it held its host too long, or its loops were ended) is not repeated.
 - The lineage of a live buffer outlives the client's release of its inputs: a released
   buffer that some kept origin reads stays (without its value) as long as that origin
   does, up to `max_released` such buffers: past it, the oldest of the client keeping the
@@ -141,7 +141,8 @@ class Lineage:
 
     def stopped(self, run_id: str, why: str) -> None:
         """That run was stopped on purpose before it finished (its host's executor replaced
-        under it, `server.healing`): it is not repeated, since it would hold its host again."""
+        under it, `server.healing`, or its loops ended, `Programs._cancel`): it is not
+        repeated, since it would hold its host again or run where it was told to stop."""
         for origin in {id(o): o for o in self.origins.values() if o.run == run_id}.values():
             if not origin.done:
                 origin.stopped = why
