@@ -8,7 +8,7 @@ Contract:
   outputs remember their `Origin`: the program run, its inputs and all its outputs. An
   origin can be repeated once its run has settled with every output computed (`done`), or
   once it is known never to have started (`unstarted`). One that did not finish (in flight
-  when its host died, or failed) is repeated once (`UNFINISHED_REPEATS`; `server.remake`
+  when its host died, or failed) is repeated once (`UNFINISHED_REPEATS`; `repeating`
   counts them): what killed the host may have been the run itself, so a second loss of it
   is DataLoss. (A failed run, repeated, fails again with its cause.) A run stopped on
   purpose (`stopped`: it held its host too long, or its loops were ended) is not repeated.
@@ -48,7 +48,7 @@ class Origin:
     done: bool = False
     kept: int = 0  # outputs whose lineage it still is: once none, what it read is needed less
     input_gens: tuple[int, ...] = ()  # each input id's generation when it ran (`Lineage._gen`)
-    unfinished_repeats: int = 0  # times it was repeated before it had finished (`server.remake`)
+    unfinished_repeats: int = 0  # times it was repeated before it had finished (`Lineage.repeating`)
     run: str = ""  # the id of its run (its newest repeat's, once repeated)
     stopped: str | None = None  # why its run was stopped on purpose (`Lineage.stopped`): not repeated
 
@@ -82,6 +82,7 @@ class Lineage:
         self.max_bytes = max_bytes
         self.max_released = max_released
         self.origins: dict[str, Origin] = {}  # buffer id -> the run that made it
+        self._runs: dict[str, Origin] = {}  # run id -> its kept origin (`stopped`)
         self.uploads: dict[str, Upload] = {}
         self.upload_bytes = 0
         self._uploads = _Shares()  # the uploads kept, by client: bytes each
@@ -121,6 +122,17 @@ class Lineage:
         origin.kept = len(origin.outputs)
         origin.input_gens = tuple(self._gen.get(i, 0) for i in origin.inputs)
         self._refs.update(origin.inputs)
+        if origin.run:
+            self._runs[origin.run] = origin
+
+    def repeating(self, origin: Origin, run_id: str) -> None:
+        """The origin's run is repeated as `run_id` (`server.remake`): a repeat of one that
+        had not finished counts against `UNFINISHED_REPEATS`."""
+        if not origin.done:
+            origin.unfinished_repeats += 1
+        self._runs.pop(origin.run, None)
+        origin.run = run_id
+        self._runs[run_id] = origin
 
     def settled(self, ready: Iterable[str]) -> None:
         """These buffers are computed on every host holding them (or released: nobody reads
@@ -143,9 +155,9 @@ class Lineage:
         """That run was stopped on purpose before it finished (its host's executor replaced
         under it, `server.healing`, or its loops ended, `Programs._cancel`): it is not
         repeated, since it would hold its host again or run where it was told to stop."""
-        for origin in {id(o): o for o in self.origins.values() if o.run == run_id}.values():
-            if not origin.done:
-                origin.stopped = why
+        origin = self._runs.get(run_id)
+        if origin is not None and not origin.done:
+            origin.stopped = why
 
     def release(self, buffer_id: str, owner: str = "") -> None:
         """The client freed the buffer: keep what a kept origin still reads, else drop it."""
@@ -179,6 +191,7 @@ class Lineage:
             origin.kept -= 1
             if origin.kept > 0:
                 continue
+            self._runs.pop(origin.run, None)
             for i in origin.inputs:  # the origin is gone: what it read is needed less
                 self._refs[i] -= 1
                 if self._refs[i] <= 0:

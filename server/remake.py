@@ -75,13 +75,11 @@ def _run(service: Service, owner: ClientRecord, steps: list[Step]) -> None:
             continue
         assert isinstance(step, Repeat)
         o = step.origin
-        if not o.done:  # (in flight when its host died: repeated once, `server.lineage`)
-            o.unfinished_repeats += 1
         program = o.program
         inputs = [temporary.get(i, i) for i in o.inputs]
         outputs = [target(b, _slice(service, owner, t.slice, b).hosts)
                    for b, t in zip(o.outputs, program.result_types, strict=True)]
-        o.run = service.programs.repeat(owner, program, inputs, outputs)
+        service.lineage.repeating(o, service.programs.repeat(owner, program, inputs, outputs))
     for hosts, t in freed:  # after whatever reads it
         for h in hosts:
             service.gangs.later([t], lambda h=h, t=t: service.pool.delete(h, [t]))

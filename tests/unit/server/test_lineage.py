@@ -59,7 +59,7 @@ def test_a_run_that_never_finished_is_repeated_once_then_data_loss() -> None:
     f = Origin("f", "cl", ("a",), ("b",))
     lin.ran(f)  # never settled: in flight when its host died
     assert lin.recipe("b", {"a"}.__contains__) == [Repeat(f)]
-    f.unfinished_repeats += 1  # (as `server.remake` counts it) and lost again before it finished
+    lin.repeating(f, "f/1.2")  # (as `server.remake` repeats it) and lost again before it finished
     with pytest.raises(DataLoss, match="did not finish, nor did it when repeated"):
         lin.recipe("b", {"a"}.__contains__)
     lin.settled(["b"])  # a repeat that finished: repeated again as any finished run
