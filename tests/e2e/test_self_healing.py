@@ -14,6 +14,7 @@ import signal
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -329,19 +330,28 @@ def test_both_islands_restarted_at_once_know_each_other_s_new_executors(server):
         assert time.monotonic() - started < 60
 
 
+@contextmanager
+def sharing_a_host(tmp_path: Path, mesh: dict[str, int], island: str, tries: int) -> Iterator[tuple]:
+    """A server whose runs may hold a host another client waits on for 11 s (`max_hold_s`),
+    and two clients with a slice each on one host: (address, token, the waiting client, its
+    slice, the holding client, its slice, the host)."""
+    env = {"ISTHMUS_HEALTH_PROBE_S": "1", "ISTHMUS_MAX_HOLD_S": "11"}
+    with own_server(tmp_path / "state", env) as (address, token), \
+            isthmus.connect(address, token=token, name="waiting") as c, \
+            isthmus.connect(address, token=token, name="holding") as greedy:
+        s = greedy.slice(mesh, island=island)
+        host = s.hosts[0]
+        mine = next(t for t in (c.slice(mesh, island=island) for _ in range(tries)) if host in t.hosts)
+        yield address, token, c, mine, greedy, s, host
+
+
 def test_a_computation_holding_a_shared_host_past_max_hold_s_is_stopped_for_the_waiting_client(tmp_path):
     """One client's computation that never ends holds a host another client's work waits
     on: past `max_hold_s` (here 11 s) its executor is replaced, the waiting call runs, the
     other client's values on the host are kept, and the stopped run is not repeated when
     its output is read. Before, the waiting client hung for up to `max_run_s` (3600 s),
     while its neighbour kept its own client open (an attack run's finding)."""
-    env = {"ISTHMUS_HEALTH_PROBE_S": "1", "ISTHMUS_MAX_HOLD_S": "11"}
-    with own_server(tmp_path / "state", env) as (address, token), \
-            isthmus.connect(address, token=token, name="waiting") as c, \
-            isthmus.connect(address, token=token, name="spinning") as greedy:
-        s = greedy.slice({"x": 4}, island="a")
-        host = s.hosts[0]
-        mine = next(t for t in (c.slice({"x": 4}, island="a") for _ in range(2)) if host in t.hosts)
+    with sharing_a_host(tmp_path, {"x": 4}, "a", 2) as (address, token, c, mine, greedy, s, host):
         x0 = np.arange(8, dtype=np.float32)
         x = c.put(x0, mine)
         tripled = c.jit(lambda v: v * 3.0, slice=mine)(x)
@@ -361,13 +371,7 @@ def test_a_loop_holding_a_shared_host_past_max_hold_s_ends_and_its_executor_stay
     """A program's in-graph loop can be ended at its next test: past `max_hold_s` with
     another client waiting for the host, it ends failed naming the rule, and the host's
     executor (every value on it) stays."""
-    env = {"ISTHMUS_HEALTH_PROBE_S": "1", "ISTHMUS_MAX_HOLD_S": "11"}
-    with own_server(tmp_path / "state", env) as (address, token), \
-            isthmus.connect(address, token=token, name="waiting") as c, \
-            isthmus.connect(address, token=token, name="looping") as greedy:
-        s = greedy.slice({"x": 1}, island="b")
-        host = s.hosts[0]
-        mine = next(t for t in (c.slice({"x": 1}, island="b") for _ in range(4)) if host in t.hosts)
+    with sharing_a_host(tmp_path, {"x": 1}, "b", 4) as (address, token, c, mine, greedy, s, host):
         lt, inc = greedy.jit(lambda i, n: i < n, slice=s), greedy.jit(lambda i: i + 1, slice=s)
 
         @greedy.program
