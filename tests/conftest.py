@@ -47,6 +47,32 @@ def grouped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str
         print("".join(line for line in srv.log if "WARNING" in line or "ERROR" in line)[-20000:])
 
 
+@pytest.fixture(scope="session")
+def shared_servers(
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[dict[str, str]], tuple[str, str]]]:
+    """Servers kept for the test session, one per set of `ISTHMUS_*` settings, each started
+    when first asked for (`tests/e2e/servers.py`, `shared_server`): (address, admin token).
+    Stopped, by pid, at the end; each one's log is kept beside its state dir."""
+    from client.embedded import EmbeddedServer
+
+    started: dict[frozenset[tuple[str, str]], tuple[EmbeddedServer, Path]] = {}
+
+    def get(env: dict[str, str]) -> tuple[str, str]:
+        key = frozenset(env.items())
+        if key not in started:
+            state = tmp_path_factory.mktemp("isthmus-shared") / "state"
+            started[key] = (EmbeddedServer.start(state, env=env), state)
+        srv, state = started[key]
+        return srv.address, (state / "token").read_text().strip()
+
+    try:
+        yield get
+    finally:
+        for srv, state in started.values():
+            srv.stop()
+            (state.parent / "server.log").write_text("".join(srv.log))
+
+
 @pytest.fixture
 def connect(server: object) -> Iterator[Callable[..., object]]:
     """Open clients to the session's server; every one is closed after the test."""

@@ -1,5 +1,12 @@
-"""A server of a test's own (settings the shared session server does not have), and the
-Ray daemon a server starts apart from itself (executors/ray_daemon.py)."""
+"""Servers with settings the session's default server does not have, and the Ray daemon a
+server starts apart from itself (executors/ray_daemon.py).
+
+A server start-up costs about ten seconds of CI, so a setting is shared, not started per
+test: `shared_server(env)` is a module's fixture whose server is the one the whole test
+session keeps for those `ISTHMUS_*` settings (`tests/conftest.py`, `shared_servers`),
+started when a test first asks for it. Tests that share one leave it as they found it
+(hosts up, their clients closed). `own_server` is for a test that must start or kill the
+server itself."""
 
 from __future__ import annotations
 
@@ -25,6 +32,28 @@ def own_server(state: Path, env: dict[str, str]) -> Iterator[tuple[str, str]]:
     finally:
         srv.stop()
         (state.parent / "server.log").write_text("".join(srv.log))  # kept with the test's tmp dir
+
+
+# Settings that several modules' tests run under (a shared server each).
+HEALING = {
+    "ISTHMUS_HEALTH_PROBE_S": "1",  # a dead executor is noticed within a second
+    "ISTHMUS_MAX_HOLD_S": "4",  # a run holding a host another client waits on is stopped
+}
+LIMITED = {
+    "ISTHMUS_HEALTH_PROBE_S": "1",
+    "ISTHMUS_MAX_RUN_S": "8",  # a run that never ends is ended: tests look for its error
+    "ISTHMUS_LINEAGE_RELEASED": "0",  # a released buffer's lineage is not kept
+}
+WINDOW_1 = {"ISTHMUS_GANG_WINDOW": "1"}  # one submission in flight per island: orders are exact
+
+
+def shared_server(env: dict[str, str]) -> Any:
+    """A module's fixture: the session's server with these settings, (address, admin token)."""
+    @pytest.fixture(scope="module")
+    def server(shared_servers: Any) -> tuple[str, str]:
+        return shared_servers(env)
+
+    return server
 
 
 def module_server(name: str, env: dict[str, str]) -> Any:

@@ -1,30 +1,38 @@
 """A loop that would never end does not hold its host: past `max_run_s` it ends failed,
-naming the limit, and closing its client ends it at once (executors/runner.py); one
-computation that never ends stops with its host's executor past the limit
-(server/healing.py).
+naming the limit, and closing its client or deleting its slice ends it at once
+(executors/runner.py); one computation that never ends stops with its host's executor past
+the limit (server/healing.py).
 
-Its own server, with `ISTHMUS_MAX_RUN_S=20` and a health probe every second; the loops
-count to 2**30, far past it.
+The limits are tried on a shared server with `max_run_s` of 8 s and a health probe every
+second (`servers.LIMITED`); the loops count to 2**30, far past it. Closing and deleting are
+tried on the session's server, whose limit (3600 s) is far past the test's timeout: a loop
+that ends there was ended by the close or the delete.
 """
 
 from __future__ import annotations
 
-import time
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 from polling import admin_hosts, until
-from servers import module_server
+from servers import LIMITED, shared_server
 
 import client as isthmus
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
-LIMIT_S = 20
+LIMIT_S = int(LIMITED["ISTHMUS_MAX_RUN_S"])
 
 
-server = module_server("runaway", {"ISTHMUS_MAX_RUN_S": str(LIMIT_S), "ISTHMUS_HEALTH_PROBE_S": "1"})
+limited = shared_server(LIMITED)
+
+
+@pytest.fixture(scope="module")
+def unlimited(server) -> tuple[str, str]:
+    """The session's server (`max_run_s` 3600 s): (address, admin token)."""
+    return server.address, (Path(server.state_dir) / "token").read_text().strip()
 
 
 def runaway(c: isthmus.Client, s: isthmus.Slice):
@@ -38,62 +46,54 @@ def runaway(c: isthmus.Client, s: isthmus.Slice):
     return count
 
 
-def test_a_loop_past_the_run_limit_ends_failed_and_names_it(server):
-    address, token = server
+def test_a_loop_past_the_run_limit_ends_failed_and_names_it(limited):
+    address, token = limited
     with isthmus.connect(address, token=token, name="runaway-limit") as c:
         s = c.slice({"x": 1}, island="a")
         count = runaway(c, s)
         assert int(count(np.int32(0), np.int32(10)).numpy()) == 10  # jax.lax.while_loop's answer
-        started = time.monotonic()
         with pytest.raises(isthmus.RemoteError, match=f"looped past its limit of {LIMIT_S}s"):
             count(np.int32(0), np.int32(2**30)).numpy()
-        assert time.monotonic() - started >= LIMIT_S
         assert int(count(np.int32(5), np.int32(7)).numpy()) == 7  # the host serves on
 
 
-def test_closing_a_client_ends_its_loops_and_frees_the_host_for_others(server):
-    address, token = server
+def test_closing_a_client_ends_its_loops_and_frees_the_host_for_others(unlimited):
+    address, token = unlimited
     looping = isthmus.connect(address, token=token, name="runaway-closed")
     s = looping.slice({"x": 1}, island="b")
     host = s.hosts[0]
     out = runaway(looping, s)(np.int32(0), np.int32(2**30))
     until(lambda: admin_hosts(address, token)[host]["running"], 60, f"the loop running on {host}")
-    closed = time.monotonic()
     looping.close()
     del out
     with isthmus.connect(address, token=token, name="runaway-neighbour") as c:
         other = next(t for t in (c.slice({"x": 1}, island="b") for _ in range(2)) if host in t.hosts)
         x0 = np.arange(4, dtype=np.float32)
         np.testing.assert_array_equal(c.jit(lambda v: v * 2.0, slice=other)(c.put(x0, other)).numpy(), x0 * 2)
-    assert time.monotonic() - closed < LIMIT_S / 2  # not once the limit ended it
 
 
-def test_deleting_a_slice_ends_the_loops_that_use_it(server):
-    address, token = server
+def test_deleting_a_slice_ends_the_loops_that_use_it(unlimited):
+    address, token = unlimited
     with isthmus.connect(address, token=token, name="runaway-slice") as c:
         s, kept = c.slice({"x": 1}, island="a"), c.slice({"x": 1}, island="a")
         out = runaway(c, s)(np.int32(0), np.int32(2**30))
         until(lambda: "run p-" in str(admin_hosts(address, token)[s.hosts[0]]["running"]), 60,
               "the loop running")
-        deleted = time.monotonic()
         s.delete()
         with pytest.raises(isthmus.NotFound, match="freed with its slice"):
             out.numpy()
-        until(lambda: not admin_hosts(address, token)[s.hosts[0]]["running"], LIMIT_S / 2,
+        until(lambda: not admin_hosts(address, token)[s.hosts[0]]["running"], 60,
               "the loop ended with its slice")
-        assert time.monotonic() - deleted < LIMIT_S / 2  # not once the limit ended it
         assert int(runaway(c, kept)(np.int32(5), np.int32(7)).numpy()) == 7
 
 
-def test_one_computation_past_the_run_limit_stops_with_its_executor_and_its_result_says_why(server):
-    address, token = server
+def test_one_computation_past_the_run_limit_stops_with_its_executor_and_its_result_says_why(limited):
+    address, token = limited
     with isthmus.connect(address, token=token, name="runaway-computation") as c:
         s = c.slice({"x": 1}, island="b")
         spin = c.jit(lambda v: jax.lax.while_loop(lambda u: u >= 0, lambda u: u + 1.0, v), slice=s)
-        started = time.monotonic()
         with pytest.raises(isthmus.IsthmusError, match=rf"past max_run_s \({LIMIT_S}s\)"):
             spin(np.float32(0)).numpy()  # a float32 count stops growing at 2**24: it never ends
-        assert time.monotonic() - started >= LIMIT_S
         x0 = np.arange(4, dtype=np.float32)
         double = c.jit(lambda v: v * 2.0, slice=s)
 

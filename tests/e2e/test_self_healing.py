@@ -2,20 +2,22 @@
 typed and in bounded time, and the host is back without anyone asking (server/healing.py);
 the values it held that have lineage are made again when read (server/remake.py).
 
-Its own server (the session's is shared): islands a and b of two hosts each, not JAX groups,
-so only the killed host's executor is replaced and its island peer keeps its values. The
-executor is killed by its pid (as the admin sees it in `GET /v1/islands`).
+A server shared with other modules (`servers.HEALING`: a health probe every second, and
+`max_hold_s` of 4 s): islands a and b of two hosts each, not JAX groups, so only the killed
+host's executor is replaced and its island peer keeps its values. The executor is killed by
+its pid (as the admin sees it in `GET /v1/islands`). Each test leaves every host up, with no
+run, frame or mailbox of its own left. "In bounded time" is each test's timeout: a run's
+own timeout (`step_timeout_s`, 300 s) is longer, so a failure that waited for it fails the
+test.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from pathlib import Path
 
 import httpx
 import jax
@@ -24,17 +26,27 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 from polling import admin_hosts, until
-from servers import own_server
+from servers import HEALING, LIMITED, shared_server
 
 import client as isthmus
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+server = shared_server(HEALING)
+limited = shared_server(LIMITED)
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[tuple[str, str]]:
-    with own_server(tmp_path / "state", {"ISTHMUS_HEALTH_PROBE_S": "1"}) as server:
-        yield server
+def settled(address: str, token: str) -> bool:
+    """Every host up, with no run, frame or mailbox left."""
+    rows = admin_hosts(address, token).values()
+    return all(r["status"] == "up" and (r["runs"], r["frames"], r["mailboxes"]) == (0, 0, 0) for r in rows)
+
+
+@pytest.fixture(autouse=True)
+def heals(server) -> Iterator[None]:
+    """The shared server as the test found it: its hosts back and idle."""
+    yield
+    until(lambda: settled(*server), 120, "every host up and idle after the test")
 
 
 def test_a_killed_executor_fails_its_work_typed_and_its_host_comes_back_by_itself(server):
@@ -59,13 +71,12 @@ def test_a_killed_executor_fails_its_work_typed_and_its_host_comes_back_by_itsel
         for _ in range(300):  # queued and running when the executor dies
             y = f(y)
         os.kill(before["pid"], signal.SIGKILL)
-        killed = time.monotonic()
         try:
             got = y.numpy()
         except isthmus.DataLoss:  # a call before it was running: known once the host is back
-            assert time.monotonic() - killed < 60
+            pass
         except (isthmus.Unavailable, isthmus.RemoteError):  # its call was running
-            assert time.monotonic() - killed < 10
+            pass
         else:  # its call was still queued: it sent nothing, and was made again from its lineage
             want = x0
             with np.errstate(over="ignore"):
@@ -149,14 +160,13 @@ def test_a_computation_that_never_ends_stops_with_its_executor_once_its_client_c
     assert admin_hosts(address, token)[host]["pid"] != before["pid"]
 
 
-def test_a_host_replaced_under_a_computation_that_never_ends_keeps_another_client_s_values(tmp_path: Path):
+def test_a_host_replaced_under_a_computation_that_never_ends_keeps_another_client_s_values(limited):
     """The executor replaced under a computation that never ends still answers, so the
     values another client holds on its host are read off it first (server/keeping.py) and
-    read back unchanged, even where their lineage is gone (here no released buffer is kept
-    for lineage, so nothing could compute them again)."""
-    env = {"ISTHMUS_HEALTH_PROBE_S": "1", "ISTHMUS_LINEAGE_RELEASED": "0"}
-    with own_server(tmp_path / "state", env) as (address, token), \
-            isthmus.connect(address, token=token, name="bystander") as c:
+    read back unchanged, even where their lineage is gone (`servers.LIMITED` keeps no
+    released buffer for lineage, so nothing could compute them again)."""
+    address, token = limited
+    with isthmus.connect(address, token=token, name="bystander") as c:
         greedy = isthmus.connect(address, token=token, name="spinning")
         s = greedy.slice({"x": 4}, island="a")
         host = s.hosts[0]
@@ -179,6 +189,7 @@ def test_a_host_replaced_under_a_computation_that_never_ends_keeps_another_clien
         for got, expected in zip([sharded, replicated], want, strict=True):
             np.testing.assert_allclose(got.numpy(), expected, rtol=1e-6)
         serving(c, mine, 60)
+    until(lambda: settled(address, token), 120, "every host up and idle")
 
 
 def test_a_call_running_when_its_executor_is_killed_is_made_again_when_read(server):
@@ -226,15 +237,12 @@ def test_a_host_waiting_for_a_killed_sender_fails_at_once_and_serves_on(server):
         until(lambda: all(admin_hosts(address, token)[h]["running"] for h in (sender, receiver)), 60,
               "the program running on both hosts")
         os.kill(admin_hosts(address, token)[sender]["pid"], signal.SIGKILL)
-        killed = time.monotonic()
         with pytest.raises(isthmus.RemoteError, match=f"(executors of {sender} are gone|host {sender} sends "
                                                        "nothing more)"):
             out.numpy()
-        assert time.monotonic() - killed < 30
 
         y0 = np.arange(4, dtype=np.float32)
         np.testing.assert_array_equal(inc(c.put(y0, dst)).numpy(), y0 + 1.0)
-        assert time.monotonic() - killed < 30
 
 
 def across_islands(c):
@@ -257,7 +265,6 @@ def test_a_run_sent_to_a_dead_peer_fails_at_once_and_its_other_hosts_serve_on(se
         np.testing.assert_array_equal(there_and_back(x).numpy(), x0 + 3)
         before = admin_hosts(address, token)[b.hosts[0]]
         os.kill(before["pid"], signal.SIGKILL)
-        killed = time.monotonic()
         until(lambda: (row := admin_hosts(address, token)[b.hosts[0]])["status"] != "up"
               or row["pid"] != before["pid"], 30, "the server noticing b's executor gone")
         out = there_and_back(x)  # (sent while b restarts, unless that was quicker than the poll)
@@ -265,7 +272,6 @@ def test_a_run_sent_to_a_dead_peer_fails_at_once_and_its_other_hosts_serve_on(se
             np.testing.assert_array_equal(out.numpy(), x0 + 3)  # b came back before it was sent
         except (isthmus.Unavailable, isthmus.RemoteError, isthmus.DataLoss):
             pass
-        assert time.monotonic() - killed < 60
         np.testing.assert_array_equal(inc(x).numpy(), x0 + 1)  # a serves on
         until(lambda: (row := admin_hosts(address, token)[b.hosts[0]])["status"] == "up"
               and row["pid"] != before["pid"], 60, "b's host back with a new executor")
@@ -292,17 +298,10 @@ def test_a_loop_across_islands_ends_when_one_of_its_hosts_is_lost(server):
         until(lambda: admin_hosts(address, token)[b.hosts[0]]["frames"] > 0, 60, "the loop on b")
         before = admin_hosts(address, token)[b.hosts[0]]
         os.kill(before["pid"], signal.SIGKILL)
-        killed = time.monotonic()
         with pytest.raises(isthmus.RemoteError, match=f"host {b.hosts[0]} was lost"):
             out.numpy()
-        assert time.monotonic() - killed < 60
-
-        def settled() -> bool:
-            rows = admin_hosts(address, token)
-            back = rows[b.hosts[0]]["pid"] != before["pid"] and rows[b.hosts[0]]["status"] == "up"
-            return back and all((r["runs"], r["frames"], r["mailboxes"]) == (0, 0, 0) for r in rows.values())
-
-        until(settled, 60, "b back, and no run, frame or mailbox left on any host")
+        until(lambda: admin_hosts(address, token)[b.hosts[0]]["pid"] != before["pid"]
+              and settled(address, token), 60, "b back, and no run, frame or mailbox left on any host")
         x0 = np.arange(4, dtype=np.float32)
         np.testing.assert_allclose(loop(x0, np.int32(3)).numpy(),
                                    np.tanh(np.tanh(np.tanh(x0 * 0.5) * 0.5) * 0.5), rtol=1e-6)
@@ -325,19 +324,17 @@ def test_both_islands_restarted_at_once_know_each_other_s_new_executors(server):
 
         with ThreadPoolExecutor(2) as both:
             assert list(both.map(restart, ("a", "b"))) == [200, 200]
-        started = time.monotonic()
+        # At once: not refused (Conflict) for a compile that failed on a host being replaced.
         np.testing.assert_array_equal(there_and_back(c.put(x0, a)).numpy(), x0 + 3)
-        assert time.monotonic() - started < 60
 
 
 @contextmanager
-def sharing_a_host(tmp_path: Path, mesh: dict[str, int], island: str, tries: int) -> Iterator[tuple]:
-    """A server whose runs may hold a host another client waits on for 11 s (`max_hold_s`),
-    and two clients with a slice each on one host: (address, token, the waiting client, its
-    slice, the holding client, its slice, the host)."""
-    env = {"ISTHMUS_HEALTH_PROBE_S": "1", "ISTHMUS_MAX_HOLD_S": "11"}
-    with own_server(tmp_path / "state", env) as (address, token), \
-            isthmus.connect(address, token=token, name="waiting") as c, \
+def sharing_a_host(server: tuple[str, str], mesh: dict[str, int], island: str, tries: int) -> Iterator[tuple]:
+    """Two clients with a slice each on one host of the server, whose runs may hold a host
+    another client waits on for 4 s (`max_hold_s`): (address, token, the waiting client,
+    its slice, the holding client, its slice, the host)."""
+    address, token = server
+    with isthmus.connect(address, token=token, name="waiting") as c, \
             isthmus.connect(address, token=token, name="holding") as greedy:
         s = greedy.slice(mesh, island=island)
         host = s.hosts[0]
@@ -345,33 +342,31 @@ def sharing_a_host(tmp_path: Path, mesh: dict[str, int], island: str, tries: int
         yield address, token, c, mine, greedy, s, host
 
 
-def test_a_computation_holding_a_shared_host_past_max_hold_s_is_stopped_for_the_waiting_client(tmp_path):
+def test_a_computation_holding_a_shared_host_past_max_hold_s_is_stopped_for_the_waiting_client(server):
     """One client's computation that never ends holds a host another client's work waits
-    on: past `max_hold_s` (here 11 s) its executor is replaced, the waiting call runs, the
+    on: past `max_hold_s` (here 4 s) its executor is replaced, the waiting call runs, the
     other client's values on the host are kept, and the stopped run is not repeated when
     its output is read. Before, the waiting client hung for up to `max_run_s` (3600 s),
     while its neighbour kept its own client open (an attack run's finding)."""
-    with sharing_a_host(tmp_path, {"x": 4}, "a", 2) as (address, token, c, mine, greedy, s, host):
+    with sharing_a_host(server, {"x": 4}, "a", 2) as (address, token, c, mine, greedy, s, host):
         x0 = np.arange(8, dtype=np.float32)
         x = c.put(x0, mine)
         tripled = c.jit(lambda v: v * 3.0, slice=mine)(x)
         tripled.block_until_ready()
         out = spinning(greedy, s)
         until(lambda: admin_hosts(address, token)[host]["running"], 60, f"the computation running on {host}")
-        waited = time.monotonic()
         np.testing.assert_array_equal(c.jit(lambda v: v * 2.0, slice=mine)(x).numpy(), x0 * 2.0)
-        assert time.monotonic() - waited < 120
         with pytest.raises(isthmus.DataLoss, match="max_hold_s"):
             out.numpy()  # not run again: it would hold the host again
         np.testing.assert_array_equal(tripled.numpy(), x0 * 3.0)
         serving(greedy, s, 60)  # the other client is served too
 
 
-def test_a_loop_holding_a_shared_host_past_max_hold_s_ends_and_its_executor_stays(tmp_path):
+def test_a_loop_holding_a_shared_host_past_max_hold_s_ends_and_its_executor_stays(server):
     """A program's in-graph loop can be ended at its next test: past `max_hold_s` with
     another client waiting for the host, it ends failed naming the rule, and the host's
     executor (every value on it) stays."""
-    with sharing_a_host(tmp_path, {"x": 1}, "b", 4) as (address, token, c, mine, greedy, s, host):
+    with sharing_a_host(server, {"x": 1}, "b", 4) as (address, token, c, mine, greedy, s, host):
         lt, inc = greedy.jit(lambda i, n: i < n, slice=s), greedy.jit(lambda i: i + 1, slice=s)
 
         @greedy.program
