@@ -152,16 +152,17 @@ def test_refusals_and_the_causes_kept_for_their_ids_stay_short(c):
     assert max(len(f["detail"]) for f in failed) <= 8100
 
 
-def test_an_id_released_while_queued_work_reads_it_is_not_chosen_again_until_that_work_has_run(tmp_path):
+def test_an_id_released_while_queued_work_reads_it_is_not_chosen_again_until_that_work_has_run(
+        shared_servers):
     """Its delete waits for the work queued on it: a new value under the same id would be
     queued among that work, and freed by the delete numbered after it. So the id is refused
-    (409) until then, and holds a new value after."""
-    from servers import own_server
+    (409) until then, and holds a new value after (one submission in flight per island)."""
+    from servers import WINDOW_1
 
     import client as isthmus
 
-    with own_server(tmp_path / "state", {"ISTHMUS_GANG_WINDOW": "1"}) as (address, token), \
-            isthmus.connect(address, token=token, name="reuse") as c:
+    address, token = shared_servers(WINDOW_1)
+    with isthmus.connect(address, token=token, name="reuse") as c:
         s = c.slice({"x": 1})
         slow = c.jit(lambda m: jnp.tanh(m @ m) @ m, slice=s)
         m = c.put(np.full((256, 256), 1e-3, np.float32), s)

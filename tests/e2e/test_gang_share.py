@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from polling import until
+from servers import WINDOW_1, shared_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -16,17 +17,9 @@ WEIGHTS = (1, 2, 4, 8)
 RUNS = 24
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory):
-    """A server scheduling by proportional share, one submission at a time per island."""
-    from client.embedded import EmbeddedServer
-
-    state = tmp_path_factory.mktemp("isthmus-share")
-    srv = EmbeddedServer.start(state, env={"ISTHMUS_GANG_POLICY": "share", "ISTHMUS_GANG_WINDOW": "1"})
-    try:
-        yield srv.address, (state / "token").read_text().strip()
-    finally:
-        srv.stop()
+# A server scheduling by proportional share (the default policy), one submission at a time
+# per island; shared with other modules.
+shared = shared_server(WINDOW_1)
 
 
 def test_clients_get_the_island_in_proportion_to_their_weights(shared):
@@ -107,32 +100,27 @@ def test_clients_get_the_island_in_proportion_to_their_weights(shared):
             c.close()
 
 
-def test_by_default_one_client_s_backlog_does_not_hold_another_s_work_behind_all_of_it(tmp_path):
+def test_by_default_one_client_s_backlog_does_not_hold_another_s_work_behind_all_of_it(shared):
     """The default policy is proportional share: bob's one call, queued after 10 of eve's on
     the same island (one admitted at a time here), runs second, not eleventh. A FIFO
     island would finish every call of eve's first."""
     import client as isthmus
-    from client.embedded import EmbeddedServer
 
-    srv = EmbeddedServer.start(tmp_path / "state", env={"ISTHMUS_GANG_WINDOW": "1"})
-    token = (tmp_path / "state" / "token").read_text().strip()
-    try:
-        with isthmus.connect(srv.address, token=token, name="eve") as eve, \
-                isthmus.connect(srv.address, token=token, name="bob") as bob:
-            slow = eve.jit(lambda v: jax.lax.fori_loop(0, 300, lambda _, a: jnp.tanh(a @ a), v),
-                           slice=eve.slice({"x": 1}, island="a"))
-            quick = bob.jit(lambda v: v + 1, slice=bob.slice({"x": 1}, island="a"))
-            x = eve.put(np.eye(128, dtype=np.float32), slow.slice)
-            y = bob.put(np.zeros(4, np.float32), quick.slice)
-            slow(x).result()
-            quick(y).result()  # compiled: from here on, calls only
-            backlog = [slow(x) for _ in range(10)]
-            eve.flush()
-            np.testing.assert_array_equal(quick(y).numpy(), np.ones(4))
-            assert not backlog[-1].ready(), "bob's call waited for eve's whole backlog"
-            jax.block_until_ready(backlog)
-    finally:
-        srv.stop()
+    address, token = shared
+    with isthmus.connect(address, token=token, name="eve") as eve, \
+            isthmus.connect(address, token=token, name="bob") as bob:
+        slow = eve.jit(lambda v: jax.lax.fori_loop(0, 300, lambda _, a: jnp.tanh(a @ a), v),
+                       slice=eve.slice({"x": 1}, island="a"))
+        quick = bob.jit(lambda v: v + 1, slice=bob.slice({"x": 1}, island="a"))
+        x = eve.put(np.eye(128, dtype=np.float32), slow.slice)
+        y = bob.put(np.zeros(4, np.float32), quick.slice)
+        slow(x).result()
+        quick(y).result()  # compiled: from here on, calls only
+        backlog = [slow(x) for _ in range(10)]
+        eve.flush()
+        np.testing.assert_array_equal(quick(y).numpy(), np.ones(4))
+        assert not backlog[-1].ready(), "bob's call waited for eve's whole backlog"
+        jax.block_until_ready(backlog)
 
 
 def test_a_backlog_on_one_host_keeps_no_call_on_another_host_of_the_island_waiting(connect):

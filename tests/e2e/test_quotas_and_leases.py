@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 from polling import until
-from servers import module_server, own_server
+from servers import module_server
 
 import client as isthmus
 from client import connection as client_connection
@@ -402,27 +402,31 @@ def test_hosts_forget_executables_and_plans_no_client_uses(small):
     until(lambda: _hosts_caches(address, token) == before, 30, "every cache back to what it was")
 
 
-def test_a_client_killed_while_it_waits_is_closed_after_its_lease(tmp_path):
+def test_a_client_killed_while_it_waits_is_closed_after_its_lease(small):
     """Its wait for a computation that does not end stops counting once its connection is
-    gone, so the lease runs out and the client is closed, as one that sent nothing."""
+    gone, so the lease runs out and the client is closed, as one that sent nothing (and the
+    computation stops with its host's executor: the host is back up after)."""
     import socket
 
-    with own_server(tmp_path / "state", {"ISTHMUS_CLIENT_LEASE_S": str(LEASE_S)}) as (address, token):
-        c = isthmus.connect(address, token=token, name="waiter", close_at_exit=False)
-        c._lease.stop()  # (as a killed process would: no renewal)
-        s = c.slice({"x": 1})
-        hours = c.jit(lambda v: jax.lax.fori_loop(0, 2**31 - 1, lambda _, a: jnp.tanh(a @ a), v), slice=s)
-        out = hours(c.put(np.eye(32, dtype=np.float32), s))
-        c.flush()
-        host, port = address.removeprefix("http://").rsplit(":", 1)
-        waiting = socket.create_connection((host, int(port)), timeout=10)
-        waiting.sendall(f"GET /v1/buffers/{out.id}/data HTTP/1.1\r\nHost: x\r\n"
-                        f"Authorization: Bearer {c.secret}\r\n\r\n".encode())
-        admin = {"Authorization": f"Bearer {token}"}
+    address, token = small
+    c = isthmus.connect(address, token=token, name="waiter", close_at_exit=False)
+    c._lease.stop()  # (as a killed process would: no renewal)
+    s = c.slice({"x": 1})
+    hours = c.jit(lambda v: jax.lax.fori_loop(0, 2**31 - 1, lambda _, a: jnp.tanh(a @ a), v), slice=s)
+    out = hours(c.put(np.eye(32, dtype=np.float32), s))
+    c.flush()
+    host, port = address.removeprefix("http://").rsplit(":", 1)
+    waiting = socket.create_connection((host, int(port)), timeout=10)
+    waiting.sendall(f"GET /v1/buffers/{out.id}/data HTTP/1.1\r\nHost: x\r\n"
+                    f"Authorization: Bearer {c.secret}\r\n\r\n".encode())
+    admin = {"Authorization": f"Bearer {token}"}
 
-        def clients() -> dict[str, dict]:
-            return {r["id"]: r for r in httpx.get(f"{address}/v1/clients", headers=admin).json()}
+    def clients() -> dict[str, dict]:
+        return {r["id"]: r for r in httpx.get(f"{address}/v1/clients", headers=admin).json()}
 
-        until(lambda: clients()[c.id]["idle_s"] == 0.0, 30, "the wait in progress")
-        waiting.close()  # the process that waited is gone
-        until(lambda: c.id not in clients(), 60, "the client closed after its lease")
+    until(lambda: clients()[c.id]["idle_s"] == 0.0, 30, "the wait in progress")
+    waiting.close()  # the process that waited is gone
+    until(lambda: c.id not in clients(), 60, "the client closed after its lease")
+    until(lambda: all(h["status"] == "up" and not h["running"] for i in httpx.get(
+        f"{address}/v1/islands", headers=admin).json() for h in i["hosts"]), 120,
+          "the host back with a new executor")
