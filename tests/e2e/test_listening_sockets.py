@@ -1,9 +1,7 @@
 """Ray closed to the network (docs/security.md): what the embedded server listens on, and
 that the Ray servers there still refuse a peer without Ray's token (and each executor's
-channel one without the pool's secret); and that the server
-refuses to join an external Ray without token authentication unless told `--insecure-ray`.
-
-Each test starts its own server (and Ray) in its own process group and stops it by its pid.
+channel one without the pool's secret). The session's server, as `isthmus serve` starts it
+(a server joining a Ray it did not start: tests/e2e/test_joining_a_ray.py).
 """
 
 from __future__ import annotations
@@ -12,18 +10,13 @@ import ipaddress
 import os
 import pickle
 import socket
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
-from external_ray import start_ray_without_auth, stop
 from servers import daemon_processes
 
-from client.embedded import EmbeddedServer
 from executors.channel import HEADER, SECRET_BYTES
-from server.state import secret
 
 grpc = pytest.importorskip("grpc")
 psutil = pytest.importorskip("psutil")
@@ -114,18 +107,9 @@ def _status(call: grpc.UnaryUnaryMultiCallable, metadata: list[tuple[str, str]] 
         return e.code().name
 
 
-@pytest.fixture
-def embedded(tmp_path: Path) -> Iterator[EmbeddedServer]:
-    srv = EmbeddedServer.start(tmp_path / "state")
-    srv.state_dir = tmp_path / "state"  # type: ignore[attr-defined]
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
 @pytest.mark.timeout(300)
-def test_the_embedded_server_listens_on_loopback_and_ray_there_wants_its_token(embedded):
+def test_the_embedded_server_listens_on_loopback_and_ray_there_wants_its_token(server):
+    embedded = server
     sockets = listening(embedded.pid, daemon_processes(embedded.state_dir))  # Ray runs apart
     rest_port = int(embedded.address.rsplit(":", 1)[1])
     assert any(s.port == rest_port for s in sockets)
@@ -154,25 +138,3 @@ def test_the_embedded_server_listens_on_loopback_and_ray_there_wants_its_token(e
     channels = [s for s, how in refusing.items() if how == "closed unanswered"]
     assert {s.process for s in channels} == {"ray::RayHost"} and len(channels) == 4  # one per host
     assert len(metrics) <= 2  # the autoscaler's and the dashboard's, if prometheus_client is there
-
-
-@pytest.mark.timeout(420)
-def test_an_external_ray_without_token_auth_is_joined_only_with_insecure_ray(tmp_path):
-    head, address = start_ray_without_auth()
-    try:
-        state = tmp_path / "state"
-        secret(state / "ray_token")  # the server has a token; the cluster does not ask for one
-        # The server must resolve 127.0.0.1 as loopback too (Ray's single-machine mode).
-        env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-        with pytest.raises(RuntimeError) as refused:
-            EmbeddedServer.start(state, extra=["--ray-address", address], env=env).stop()
-        assert "does not require the token" in str(refused.value)
-        assert "--insecure-ray" in str(refused.value)
-
-        srv = EmbeddedServer.start(state, extra=["--ray-address", address, "--insecure-ray"], env=env)
-        try:
-            assert "--insecure-ray" in "".join(srv.log)  # the warning names what it allowed
-        finally:
-            srv.stop()
-    finally:
-        stop(head)
