@@ -38,6 +38,9 @@ def own_server(state: Path, env: dict[str, str]) -> Iterator[tuple[str, str]]:
 HEALING = {
     "ISTHMUS_HEALTH_PROBE_S": "1",  # a dead executor is noticed within a second
     "ISTHMUS_MAX_HOLD_S": "4",  # a run holding a host another client waits on is stopped
+    # a computation may take 8 TiB of temporaries: one asking for 4 TiB compiles, and fails
+    # only when it runs (no allocator gives it)
+    "ISTHMUS_EXECUTOR_TEMP_MB": str(8 << 20),
 }
 LIMITED = {
     "ISTHMUS_HEALTH_PROBE_S": "1",

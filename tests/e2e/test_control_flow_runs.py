@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hosts_settled import host_rows
-from servers import own_server
+from servers import HEALING
 
 import client as isthmus
 
@@ -17,13 +17,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")
-def roomy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[isthmus.Client]:
-    """A client of a server whose hosts let a computation take 8 TiB of temporaries: one
-    asking for 4 TiB compiles, and fails only when it runs (no allocator gives it)."""
-    env = {"ISTHMUS_EXECUTOR_TEMP_MB": str(8 << 20)}
-    with own_server(tmp_path_factory.mktemp("isthmus-roomy"), env) as (address, token):
-        with isthmus.connect(address, token=token, name="roomy") as c:
-            yield c
+def roomy(shared_servers) -> Iterator[isthmus.Client]:
+    """A client of a server whose hosts let a computation take 8 TiB of temporaries
+    (`servers.HEALING`): one asking for 4 TiB compiles, and fails only when it runs."""
+    with isthmus.connect(*shared_servers(HEALING), name="roomy") as c:
+        yield c
 
 
 def counters(c):
