@@ -5,7 +5,9 @@ Each of 4 clients chains `CALLS` calls, three on a 4-device slice for every one 
 8-device slice spanning both hosts of the other island (an all-reduce over gloo), issuing
 them without waiting; its slices overlap the other clients' on the same devices. Every
 chain's end equals the same chain run with `jax.jit` in this process. `ISTHMUS_STRESS_CALLS`
-makes it larger outside CI.
+and `ISTHMUS_STRESS_ROUNDS` make it larger outside CI (CI runs one round: 8 000 calls, 2 000
+of them cross-host all-reduces; `tests/integration/test_overlap_stress.py` stresses the
+executor's overlap itself).
 """
 
 import os
@@ -21,6 +23,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 CLIENTS = 4
 CALLS = int(os.environ.get("ISTHMUS_STRESS_CALLS", "2000"))  # per client
+ROUNDS = int(os.environ.get("ISTHMUS_STRESS_ROUNDS", "1"))
 EVERY = 4  # one call in EVERY is on the 8-device slice
 
 
@@ -60,7 +63,7 @@ def chains(c, k):
     return (f4, c.put(x4, s4, P("x")), x4), (f8, c.put(x8, s8, P("x")), x8)
 
 
-@pytest.mark.parametrize("round_", range(3))
+@pytest.mark.parametrize("round_", range(ROUNDS))
 def test_clients_chain_collective_calls_back_to_back_without_deadlock(grouped, round_):
     import client as isthmus
 
