@@ -2,6 +2,7 @@
 4-device computation chained by `jax.jit` op by op, in this process and in a plain Ray actor.
 
     python -m bench.actor_step --json /tmp/actor_step.json [--rounds 30] [--pause 0.2]
+    python -m bench.actor_step --smoke --json /tmp/actor_step.json   # seconds, for CI
 
 An Isthmus executor is a Ray actor issuing the executable `jax.jit` compiles, one call after
 another; this isolates the cost of the process it does so in. Both modes run the same code
@@ -10,15 +11,15 @@ simulated CPU devices, `NPROC` = 8 or `--nproc`, the actor at this process's pri
 taking turns round by round. `--pause` sleeps after each round, as `bench.dispatch`'s modes wait for each
 other's rounds; each value is checked against the round's expected end.
 
-Output (`--json PATH`): `us_per_step` (mode -> median µs per computation), `ratio`
-(`actor_vs_local`, the median of the per-round ratios: 1.0 is parity, larger is slower),
-`samples_us`, `machine`, `config`.
+`--smoke` runs both modes two short rounds (`SMOKE`), for CI; its figures mean nothing.
+Output (`--json PATH`, the keys `JSON_KEYS`): `us_per_step` (mode -> median µs per
+computation), `ratio` (`actor_vs_local`, the median of the per-round ratios: 1.0 is parity,
+larger is slower), `samples_us`, `machine`, `config`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -31,7 +32,11 @@ import ray
 
 from bench.call_latency import BenchError, local_ray, machine
 from bench.dispatch_modes import DEVICES, THREADS, jitted, local_mesh, oracle, trivial
+from bench.output import write_json
 from bench.paired import ratio
+
+SMOKE = {"rounds": 2, "steps": 8}
+JSON_KEYS = ("us_per_step", "ratio", "samples_us", "machine", "config")
 
 
 class Chain:
@@ -80,7 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pause", type=float, default=0.0, help="seconds idle after each round")
     p.add_argument("--nproc", type=int, default=THREADS,
                    help=f"XLA's CPU pool threads in both processes (default {THREADS}; fewer may deadlock)")
+    p.add_argument("--smoke", action="store_true", help=f"{SMOKE}: seconds, for CI")
     args = p.parse_args(argv)
+    if args.smoke:
+        vars(args).update(SMOKE)
     env = configure(args.nproc)  # before any JAX backend exists here
     want = oracle(trivial(), args.steps)
     samples: dict[str, list[float]] = {"local": [], "actor": []}
@@ -105,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"µs per step (median of {args.rounds} rounds of {args.steps}, pause {args.pause} s): "
           + ", ".join(f"{m} {v:.1f}" for m, v in result["us_per_step"].items())
           + f"; actor_vs_local {result['ratio']['actor_vs_local']:.3f}")
-    if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result, JSON_KEYS)
     return 0
 
 

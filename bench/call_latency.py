@@ -1,6 +1,7 @@
 """Per-call latency of a trivial computation through Isthmus, against JAX and a plain Ray actor.
 
     python -m bench.call_latency --json /tmp/call_latency.json [--iters 300] [--repeats 9]
+    python -m bench.call_latency --smoke --json /tmp/call_latency.json   # seconds: every mode, tiny
 
 The computation is `a + 1` on a float32[8] held on one CPU device, chained: each call's output
 is the next call's input. Six modes, all measured in one run on the same machine:
@@ -29,12 +30,16 @@ followed by a wait, which the server answers after a round trip to the host exec
 its channel (`Client.put(small).result()`, two requests).
 
 `--server URL` measures a running server instead of starting one (its admin token in
-ISTHMUS_TOKEN): `bench.multinode` points it at a server on a multi-node Ray.
+ISTHMUS_TOKEN): `bench.multinode` points it at a server on a multi-node Ray. The baselines'
+Ray is one of this process's own, started beside the server and stopped after, unless this
+process has joined a Ray already (then that one is used and left up).
 
-Output (`--json PATH`): `us_per_call` (mode -> median µs), `ratios` (A µs / baseline µs, the
-median of the per-repeat ratios, so 1.0 is parity and larger is slower; `bench.paired`),
-`ratios_of_medians`, `ratio_definition`, `components_us`, `components_definition`,
-`samples_us` (every repeat), `machine`, `iters`, `repeats`, `warmup`.
+`--smoke` runs every mode and component a few calls (`SMOKE`): seconds, for CI; its figures
+mean nothing. Output (`--json PATH`, the keys `JSON_KEYS`): `us_per_call` (mode -> median
+µs), `ratios` (A µs / baseline µs, the median of the per-repeat ratios, so 1.0 is parity
+and larger is slower; `bench.paired`), `ratios_of_medians`, `ratio_definition`,
+`components_us`, `components_definition`, `samples_us` (every repeat), `machine`, `iters`,
+`repeats`, `warmup`.
 """
 
 from __future__ import annotations
@@ -42,7 +47,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import json
 import os
 import statistics
 import sys
@@ -61,10 +65,14 @@ import ray
 
 import client as isthmus
 from bench.machine import describe
+from bench.output import write_json
 from bench.paired import ratio
 from client.embedded import EmbeddedServer
 
 SHAPE = (8,)
+SMOKE = {"iters": 5, "repeats": 2, "warmup": 2}
+JSON_KEYS = ("us_per_call", "ratios", "ratios_of_medians", "ratio_definition", "components_us",
+             "components_definition", "samples_us", "machine", "iters", "repeats", "warmup")
 
 RATIOS: dict[str, tuple[str, str]] = {
     "isthmus_sync_vs_jax_jit": ("isthmus_sync", "jax_jit"),
@@ -226,6 +234,12 @@ def fork_exec_allowed() -> Iterator[None]:
 
 @contextlib.contextmanager
 def local_ray() -> Iterator[None]:
+    """A Ray of this process's own for the baselines, stopped after; or, where this process
+    has joined a Ray already, that one, left as it is (a test running several benchmarks
+    in one process starts one Ray for all of them)."""
+    if ray.is_initialized():
+        yield
+        return
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     # Its workers at this process's priority, as Isthmus's own Ray runs its executors.
     os.environ.setdefault("RAY_worker_niceness", "0")
@@ -329,7 +343,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=20, help="untimed calls first (default 20)")
     p.add_argument("--server", help="a running server's address (admin token in ISTHMUS_TOKEN) "
                                     "instead of a local one")
+    p.add_argument("--smoke", action="store_true", help=f"a few calls per mode ({SMOKE}): seconds, for CI")
     args = p.parse_args(argv)
+    if args.smoke:
+        vars(args).update(SMOKE)
     if min(args.iters, args.repeats) < 1 or args.warmup < 1:
         p.error("--iters, --repeats and --warmup must be at least 1")
     # Every mode runs on CPU devices, so the baselines are the same hardware as the executors.
@@ -340,8 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"call latency, {args.iters} calls x {args.repeats} repeats (median); "
           f"{m['cpus_usable']} CPUs, python {m['python']}, jax {m['jax']}, ray {m['ray']}")
     print(table(result))
-    if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result, JSON_KEYS)
     return 0
 
 

@@ -1,6 +1,7 @@
 """Iterations/s of a loop in the graph, against the same loop driven by the client (Yu et al. §6).
 
-    python -m bench.control_flow --json /tmp/control_flow.json [--quick] [--plot docs/control_flow.png]
+    python -m bench.control_flow --json /tmp/control_flow.json [--plot docs/control_flow.png]
+    python -m bench.control_flow --smoke --json /tmp/control_flow.json   # seconds: every mode, tiny
 
 The loop's body is two small computations on two islands, `f(v) = v * 0.5 + 1` on island a
 and `g(v) = v - 0.25` on island b (float32[16], one device each), and its predicate `i < n`
@@ -25,6 +26,12 @@ mode's result is checked against a Python loop of the same float32 arithmetic.
 of the value still crossing to island b and back. The three are timed round by round in
 turn, so that drift on a shared machine touches them alike; `parallel_iterations` in the
 JSON maps 1, 4 and 16 to their rates.
+
+`--server URL` measures a running server (its admin token in ISTHMUS_TOKEN; islands a and
+b) instead of starting one. `--smoke` runs every mode a few iterations (`SMOKE`), the JSON
+and the plot in seconds, for CI; its figures mean nothing. Output (`--json PATH`, the keys
+`JSON_KEYS`): `iterations_per_s` (mode -> median), `ratios`, `parallel_iterations`,
+`config`, `machine`.
 """
 
 from __future__ import annotations
@@ -44,9 +51,13 @@ import numpy as np
 import client as isthmus
 from bench.call_latency import isthmus_client
 from bench.machine import describe
+from bench.output import write_json
 
 SIZE = 16
 PARALLEL = (1, 4, 16)  # parallel_iterations measured
+FULL = {"ingraph": 2000, "client_loop": 300, "jax_while": 100_000, "rounds": 5}
+SMOKE = {"ingraph": 20, "client_loop": 5, "jax_while": 1000, "rounds": 1}
+JSON_KEYS = ("iterations_per_s", "ratios", "parallel_iterations", "config", "machine")
 
 
 def f(v: Any) -> Any:
@@ -136,15 +147,20 @@ def jax_while(n: int, rounds: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.control_flow", description=__doc__.split("\n")[0])
     p.add_argument("--json", type=Path, default=None, help="write the results here")
-    p.add_argument("--quick", action="store_true", help="fewer iterations and rounds (a smoke run)")
+    p.add_argument("--smoke", action="store_true", help="every mode a few iterations: seconds, for CI")
     p.add_argument("--plot", type=Path, default=None, help="draw the rates into this PNG")
+    p.add_argument("--server", help="a running server's address (admin token in ISTHMUS_TOKEN) "
+                                    "instead of a local one")
     args = p.parse_args(argv)
-    n_graph, n_client, rounds = (200, 50, 3) if args.quick else (2000, 300, 5)
-    with isthmus_client() as c:
+    if args.plot is not None:
+        from bench.plot import plot_control_flow  # before the run: matplotlib may be missing
+    size = SMOKE if args.smoke else FULL
+    n_graph, n_client, n_jax, rounds = size["ingraph"], size["client_loop"], size["jax_while"], size["rounds"]
+    with isthmus_client(args.server) as c:
         rates = measure(c, n_graph, n_client, rounds)
         local = measure(c, n_graph * 5, n_client, rounds, one_host=True)
     rates |= {f"{mode}_one_host": rate for mode, rate in local.items()}
-    rates["jax_while"] = jax_while(100_000, rounds)
+    rates["jax_while"] = jax_while(n_jax, rounds)
     result = {
         "iterations_per_s": rates,
         "ratios": {"ingraph_vs_client_loop": rates["ingraph"] / rates["client_loop"],
@@ -152,18 +168,14 @@ def main(argv: list[str] | None = None) -> int:
                                                        / rates["client_loop_one_host"]),
                    "jax_while_vs_ingraph": rates["jax_while"] / rates["ingraph"]},
         "parallel_iterations": {str(p): rates[mode(p)] for p in PARALLEL},
-        "config": {"iterations": {"ingraph": n_graph, "client_loop": n_client, "jax_while": 100_000,
+        "config": {"iterations": {"ingraph": n_graph, "client_loop": n_client, "jax_while": n_jax,
                                   "ingraph_one_host": n_graph * 5},
                    "rounds": rounds, "size": SIZE},
         "machine": describe(),
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json is not None:
-        args.json.write_text(text + "\n")
+    print(json.dumps(result, indent=2))
+    write_json(args.json, result, JSON_KEYS)
     if args.plot is not None:
-        from bench.plot import plot_control_flow
-
         plot_control_flow(result, args.plot)
     return 0
 

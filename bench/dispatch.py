@@ -1,7 +1,8 @@
 """Dispatch throughput of a trivial computation: Isthmus beside JAX and plain Ray (Pathways §5.1).
 
-    python -m bench.dispatch --json /tmp/dispatch.json [--quick] [--plot /tmp/dispatch.png]
-    python -m bench.dispatch --platform gpu --json /tmp/dispatch_gpu.json [--quick]
+    python -m bench.dispatch --json /tmp/dispatch.json [--plot /tmp/dispatch.png]
+    python -m bench.dispatch --platform gpu --json /tmp/dispatch_gpu.json
+    python -m bench.dispatch --smoke --json /tmp/dispatch.json   # seconds: every mode, tiny
 
 The computation is a scalar all-reduce over 4 devices plus an add: on a mesh {"x": 4},
 `f(v) = v/2 + psum(v)/8 + 1` (`jax.shard_map`) on a float32[4] sharded P("x"); the mean of v
@@ -55,6 +56,14 @@ chain16 modes need four hosts, which one GPU host is not: they are absent (liste
 `config.absent_modes`; ratios that use them are null). Every process sharing the GPU grows
 its memory on demand (XLA_PYTHON_CLIENT_PREALLOCATE=false) rather than taking 75% of it
 first, which would leave the server's executor too little while this process holds some.
+
+`--smoke` (`dispatch_modes.SMOKE`) runs every mode, the sweep at one small size, the JSON
+and the plot in seconds, for CI; its figures mean nothing. Output (`--json PATH`, the keys
+`JSON_KEYS`): `computations_per_s` and `programs_per_s` (mode -> median), `ratios` (see
+`RATIO_DEFINITION`; null where a mode is absent), `ratios_of_medians`, `ratio_definition`,
+`smallest_matching_ms`, `smallest_matching_definition`, `size_sweep` (per n: JAX ms per
+computation, rates, rates relative to JAX), `samples_per_s` (every round), `machine`,
+`versions`, `config`.
 """
 
 from __future__ import annotations
@@ -82,9 +91,9 @@ from bench.call_latency import BenchError, fork_exec_allowed, local_ray, machine
 from bench.dispatch_modes import (
     AXIS,
     DEVICES,
-    GPU_QUICK_SIZES,
     GPU_SIZES,
-    QUICK,
+    GPU_SMOKE_SIZES,
+    SMOKE,
     THREADS,
     Config,
     Round,
@@ -100,12 +109,16 @@ from bench.dispatch_modes import (
     trivial,
 )
 from bench.machine import nvidia_gpus
+from bench.output import write_json
 from bench.paired import ratio
 from client.embedded import EmbeddedServer
 
 MATCH = 0.95  # a mode matches JAX op by op from this fraction of its throughput
 SWEEP_MODES = ("isthmus_opbyop", "isthmus_chained")
 CHAIN16_MODES = ("isthmus_chain16_parallel", "isthmus_chain16_sequential")
+JSON_KEYS = ("computations_per_s", "programs_per_s", "smallest_matching_ms", "ratios", "ratios_of_medians",
+             "ratio_definition", "smallest_matching_definition", "size_sweep", "samples_per_s", "machine",
+             "versions", "config")
 
 Samples = dict[str, list[float]]  # mode -> computations per second of each timed round
 
@@ -361,7 +374,7 @@ def gpu_target() -> Target:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.dispatch", description=__doc__.split("\n")[0])
     p.add_argument("--json", type=Path, default=None, help="write the results here")
-    p.add_argument("--quick", action="store_true", help="few rounds and small sizes (a smoke test)")
+    p.add_argument("--smoke", action="store_true", help="every mode once at a tiny size: seconds, for CI")
     p.add_argument("--plot", type=Path, default=None, help="draw the results into this PNG")
     p.add_argument("--platform", choices=("cpu", "gpu"), default="cpu",
                    help="run every mode on 4 simulated CPU devices (default) or on this machine's GPUs")
@@ -374,10 +387,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench.plot import plot_dispatch
         except ImportError as e:
             p.error(f"--plot needs matplotlib (pip install -e '.[bench]'): {e}")
-    cfg = QUICK if args.quick else Config()
+    cfg = SMOKE if args.smoke else Config()
     if args.platform == "gpu":
         target = gpu_target()
-        cfg = dataclasses.replace(cfg, sizes=GPU_QUICK_SIZES if args.quick else GPU_SIZES)
+        cfg = dataclasses.replace(cfg, sizes=GPU_SMOKE_SIZES if args.smoke else GPU_SIZES)
     else:
         configure_processes()
         target = Target("cpu", DEVICES)
@@ -388,8 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"dispatch, {cfg.steps} computations x {cfg.rounds} rounds (median); {m['cpus_usable']} CPUs, "
           f"python {m['python']}, jax {m['jax']}, ray {m['ray']}{on}")
     print(table(result))
-    if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result, JSON_KEYS)
     if args.plot is not None:
         plot_dispatch(result, args.plot)
     return 0

@@ -43,12 +43,13 @@ class Config:
     sweep_rounds: int = 5  # per n, the three modes taking turns in each
 
 
-QUICK = Config(rounds=2, warmup=1, programs=3, sizes=(64, 256), sweep_rounds=1)
+# `--smoke`: every mode and the sweep's code once, in seconds (CI); the figures mean nothing.
+SMOKE = Config(steps=8, rounds=1, warmup=1, programs=1, inflight=2, sizes=(32,), sweep_rounds=1)
 # On a GPU the CPU sizes all take microseconds; these reach milliseconds per computation.
 # (Not 12288: the benchmark's own JAX keeps what its op-by-op chain allocated, and the
 # executor sharing the GPU then runs out of memory for 576 MiB matrices.)
 GPU_SIZES = (256, 1024, 2048, 4096, 6144, 8192)
-GPU_QUICK_SIZES = (256, 2048)
+GPU_SMOKE_SIZES = (256,)
 
 
 @dataclass(frozen=True)

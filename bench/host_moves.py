@@ -1,6 +1,7 @@
 """Host-to-host moves inside a program: over the peers' channels, against Ray actor calls.
 
     python -m bench.host_moves --json /tmp/host_moves.json [--moves 200] [--rounds 5]
+    python -m bench.host_moves --smoke --json /tmp/host_moves.json   # seconds, for CI
 
 Two islands of one host each (a0, b0; one CPU device each), driven through `ExecutorPool`
 without the server. One program bounces a float32[8] between the hosts: a0 sends it to b0,
@@ -14,24 +15,25 @@ at a time), each warmed up by one round:
 - `ray`: the same program with `RayOptions(peer_links=False)`: each send is an actor call
   from executor to executor, through Ray.
 
-Every round's value is checked (a float32[8] comes back unchanged). Output (`--json PATH`):
-`us_per_move` (mode -> median over rounds), `ratio_ray_vs_link`, `samples_us`, `machine`,
-`moves`, `rounds`.
+Every round's value is checked (a float32[8] comes back unchanged). Where this process has
+joined a Ray already, both pools use it (and leave it up). `--smoke` runs both modes one
+round of two moves (`SMOKE`), for CI; its figures mean nothing. Output (`--json PATH`, the
+keys `JSON_KEYS`): `us_per_move` (mode -> median over rounds), `ratio_ray_vs_link`,
+`samples_us`, `machine`, `moves`, `rounds`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from bench.call_latency import machine
+from bench.call_latency import BenchError, machine
+from bench.output import write_json
 from executors import ExecutorPool, RayOptions, RunMessage
 from ir import DeviceMesh, Spec
 from ir.plan import HostPlan, Recv, Send
@@ -41,6 +43,8 @@ CLUSTER = ClusterSpec.from_json({"islands": [{"name": "a", "hosts": 1, "devices_
                                              {"name": "b", "hosts": 1, "devices_per_host": 1}]})
 ONE = DeviceMesh((0,), (("x", 1),))
 X = np.arange(8, dtype=np.float32)
+SMOKE = {"moves": 2, "rounds": 1}
+JSON_KEYS = ("us_per_move", "ratio_ray_vs_link", "samples_us", "machine", "moves", "rounds")
 
 
 def plans(moves: int) -> tuple[HostPlan, HostPlan, str]:
@@ -70,7 +74,7 @@ async def rounds(pool: ExecutorPool, moves: int, count: int) -> list[float]:
         elapsed = loop.time() - start
         got = np.frombuffer(await pool.fetch("a0", f"y{r}", 60), np.float32)
         if not np.array_equal(got, X):
-            raise SystemExit(f"round {r}: the value came back as {got}, expected {X}")
+            raise BenchError(f"round {r}: the value came back as {got}, expected {X}")
         pool.delete("a0", [f"y{r}"])
         if r:
             samples.append(elapsed / moves * 1e6)
@@ -88,12 +92,15 @@ def mode(peer_links: bool, moves: int, count: int) -> list[float]:
         loop.close()
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.host_moves", description=__doc__.splitlines()[0])
     p.add_argument("--json", type=Path, help="write the results here")
     p.add_argument("--moves", type=int, default=200, help="sends per round (even)")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--smoke", action="store_true", help=f"{SMOKE}: seconds, for CI")
     args = p.parse_args(argv)
+    if args.smoke:
+        vars(args).update(SMOKE)
     moves = max(2, args.moves - args.moves % 2)
     samples = {"link": mode(True, moves, args.rounds), "ray": mode(False, moves, args.rounds)}
     us = {m: statistics.median(s) for m, s in samples.items()}
@@ -102,10 +109,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for m, v in us.items():
         print(f"  {m:<6} {v:9.1f} us per move", file=sys.stderr)
     print(f"  ray / link: {out['ratio_ray_vs_link']:.2f}", file=sys.stderr)
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=2))
-    return out
+    write_json(args.json, out, JSON_KEYS)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

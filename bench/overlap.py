@@ -1,6 +1,7 @@
 """Overlapping 4-device all-reduces in one executor process: deadlocks, results and calls/s.
 
     python -m bench.overlap --json /tmp/overlap.json [--runs 10] [--calls 100] [--timeout 10]
+    python -m bench.overlap --smoke --json /tmp/overlap.json   # seconds, for CI
 
 Today an executor runs each computation to completion (`jax.block_until_ready`) before it
 starts the next, because XLA's CPU client deadlocks on back-to-back asynchronous 4-device
@@ -41,7 +42,10 @@ fails on every device (a `jax.pure_callback` that raises, compiled with `jax.jit
 serialize a host callback into an artifact) in the middle of a chain, then independent
 calls: the failure must reach its dependents and only them, and nothing may hang.
 
-Output (`--json PATH`): `settings` (name -> `env`, `in_flight`, `runs` (attempted),
+`--smoke` runs one short run of three settings (run to completion, a bound, unbounded; all
+with the pool that cannot deadlock) and the failure experiment (`SMOKE`), for CI; its
+figures mean nothing. Output (`--json PATH`, the keys `JSON_KEYS`): `settings` (name ->
+`env`, `in_flight`, `runs` (attempted),
 `completed`, `deadlocks`, `not_run`, `mismatches`, `calls_per_s` {chained, independent}
 (median over completed runs), `run_to_completion_calls_per_s_same_process`,
 `ratio_vs_run_to_completion_same_process` (median of the per-run ratios of the two),
@@ -72,6 +76,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.machine import describe
+from bench.output import write_json
 
 DEVICES = 4
 RUN_TO_COMPLETION = "run_to_completion"
@@ -106,6 +111,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("pool8_unbounded", 0, POOL8),
 )
 CHOSEN = Setting("pool8_b8", 8, POOL8)  # the mechanism the failure experiment runs under
+SMOKE = {"runs": 1, "calls": 8, "settings": "pool8_b2,pool8_unbounded", "max_deadlocks": 1}
+JSON_KEYS = ("settings", "failure", "chosen", "machine", "runs", "calls", "elements", "timeout_s",
+             "max_deadlocks", "wall_s")
 
 
 # -- the worker (a subprocess: one JAX client, one setting) ------------------------------------
@@ -483,7 +491,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--settings", default=None,
                    help="comma-separated setting names (default: all; run_to_completion always runs)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--smoke", action="store_true", help=f"{SMOKE}: seconds, for CI")
     args = p.parse_args(argv)
+    if args.smoke:
+        vars(args).update(SMOKE)
     if args.worker is not None:
         worker(json.loads(args.worker))
         return 0
@@ -511,8 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(result))
     brief = {k: v for k, v in failure.items() if k not in ("failed_calls", "expected_failed_calls")}
     print(f"failure under {CHOSEN.name}: {json.dumps(brief)}")
-    if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result, JSON_KEYS)
     return 0
 
 

@@ -1,6 +1,7 @@
 """A soak: clients run programs while a driver kills hosts' executors and the server itself.
 
     python -m bench.soak --json /tmp/soak.json [--seconds 90] [--clients 3] [--every 8]
+    python -m bench.soak --smoke --json /tmp/soak.json   # for CI: 8 s, a fault every 2.5 s or so
 
 One local server (its own Ray daemon, islands a and b of two hosts each, a health probe
 every second), on a fixed port and state dir. Each client thread, until the end: uploads an
@@ -10,7 +11,7 @@ against the same arithmetic in NumPy. Meanwhile, every `--every` seconds or so (
 driver in turn SIGKILLs a host's executor chosen at random (its pid as the admin sees it),
 or SIGKILLs the server and starts it again on the same port and state dir.
 
-Counts (`soak` in the JSON; the figures of issue 13):
+Counts (`soak` in the JSON):
 - `runs`: program runs submitted; `succeeded`: runs whose result read back right;
   `typed_failures`: runs or reads that failed with an Isthmus error (a host or the server
   down at that moment, a run in flight when its host or the server died); `wrong`: results
@@ -26,6 +27,10 @@ Counts (`soak` in the JSON; the figures of issue 13):
   faults `TAIL_S` before the end, so the last one has time to show it).
 A client whose run fails waits `BACKOFF_S` before the next (as a client would while the
 server restarts), so `typed_failures` counts attempts, not a busy loop.
+
+`--smoke` soaks 8 s with 2 clients and a fault every 2.5 s or so (`SMOKE`), for CI; its
+counts mean little. Output (`--json PATH`, the keys `JSON_KEYS`): `soak` (the counts above),
+`server_restart_s` (median, kill to serving), `config`, `machine`.
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ import httpx
 import numpy as np
 
 import client as isthmus
+from bench.machine import describe
+from bench.output import write_json
 from client.embedded import EmbeddedServer
 from executors.ray_watcher import read_record, session_members
 
@@ -58,6 +65,8 @@ SETTLE_S = 120.0  # the longest the ledger waits for the islands to drain
 RECOVER_S = 60.0  # a fault is recovered from when every client succeeds again within this
 TAIL_S = 20.0  # the chaos-free end of the soak
 BACKOFF_S = 0.2
+SMOKE = {"seconds": 8.0, "clients": 2, "every": 2.5}
+JSON_KEYS = ("soak", "server_restart_s", "config", "machine")
 
 
 @dataclass
@@ -320,23 +329,27 @@ def soak(seconds: float, clients: int, every: float, seed: int, workdir: Path) -
     return counts, server.restart_s
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.splitlines()[0])
     p.add_argument("--json", type=Path, help="write the results here")
     p.add_argument("--seconds", type=float, default=90.0, help="how long the driver kills things")
     p.add_argument("--clients", type=int, default=3)
     p.add_argument("--every", type=float, default=8.0, help="mean seconds between kills")
     p.add_argument("--seed", type=int, default=13)
+    p.add_argument("--smoke", action="store_true", help=f"{SMOKE}: for CI")
     args = p.parse_args(argv)
+    if args.smoke:
+        vars(args).update(SMOKE)
     with tempfile.TemporaryDirectory(prefix="isthmus-soak-") as tmp:
         counts, restarts = soak(args.seconds, args.clients, args.every, args.seed, Path(tmp))
     out = {"soak": {**asdict(counts), "recovery_rate": counts.recovery_rate},
-           "server_restart_s": statistics.median(restarts) if restarts else None}
+           "server_restart_s": statistics.median(restarts) if restarts else None,
+           "config": {k: getattr(args, k) for k in ("seconds", "clients", "every", "seed")},
+           "machine": describe()}
     print(json.dumps(out, indent=2), file=sys.stderr)
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
-    return out
+    write_json(args.json, out, JSON_KEYS)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
