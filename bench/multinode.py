@@ -1,13 +1,15 @@
 """The cost of a real multi-node Ray: `bench.call_latency` and `bench.dispatch` on a cluster of
 network namespaces, beside the same benchmarks on the embedded default.
 
-    python -m bench.multinode --json /tmp/multinode.json [--quick]
+    python -m bench.multinode --json /tmp/multinode.json
+    python -m bench.multinode --smoke --json /tmp/multinode.json   # for CI: the benchmarks' --smoke
 
 Needs root (`bench.netns`). Both runs have the same shape, 2 islands x 2 hosts x 4
 simulated CPU devices, on the same machine, one after the other:
 
-- `embedded`: each benchmark as it is (`python -m bench.<name>`): the server starts its own
-  Ray on this machine, one node, every executor on it.
+- `embedded`: each benchmark as it is: the server starts its own Ray on this machine, one
+  node, every executor on it (`--server URL`: a running server of that shape instead, its
+  admin token in ISTHMUS_TOKEN).
 - `multinode`: a Ray of five nodes, each in a network namespace with its own address on a
   bridge (the head; a0, a1 labelled island a; b0, b1 labelled island b), token
   authentication on; the server runs on the head's node, joins the cluster
@@ -16,58 +18,80 @@ simulated CPU devices, on the same machine, one after the other:
   (`--server`). The baselines (JAX here, a plain Ray actor on a Ray of the benchmark's own)
   run in both, so each run's ratios stand on their own.
 
-`--quick` passes `--quick` to `bench.dispatch` (few rounds, small sizes). Output (`--json
-PATH`): `embedded` and `multinode` (benchmark -> its whole JSON), and
+The benchmarks run in this process, one after the other (`main(argv)`, their JSON read
+back), with this process set up as `bench.dispatch` wants it before JAX starts.
+`--smoke` passes `--smoke` to both, for CI; its figures mean nothing. Output (`--json
+PATH`, the keys `JSON_KEYS`): `embedded` and `multinode` (benchmark -> its whole JSON), and
 `multinode_vs_embedded`: for call latency, multi-node µs per call over embedded µs per call
 (`isthmus_sync`, `isthmus_pipelined`); for dispatch, embedded computations/s over multi-node
 computations/s (`isthmus_opbyop`, `isthmus_chained`, `isthmus_chain16_parallel`, ...), so
-1.0 is no cost and 1.5 is half again as slow; `machine`.
+1.0 is no cost and 1.5 is half again as slow; `machine`, `workers`, `devices_per_host`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from bench.call_latency import machine
+from bench.dispatch import configure_processes
 from bench.netns import netns_cluster, unusable
+from bench.output import write_json
 
 WORKERS = {"a0": "a", "a1": "a", "b0": "b", "b1": "b"}
 DEVICES = 4
 LATENCY_MODES = ("isthmus_sync", "isthmus_pipelined")
 DISPATCH_MODES = ("isthmus_opbyop", "isthmus_chained", "isthmus_chained_pipelined",
                   "isthmus_chain16_parallel", "isthmus_chain16_sequential")
-ROOT = Path(__file__).resolve().parents[1]
+JSON_KEYS = ("embedded", "multinode", "multinode_vs_embedded", "machine", "workers", "devices_per_host")
 
 
-def bench(name: str, out: Path, extra: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", f"bench.{name}", "--json", str(out), *extra]
-    print("  " + " ".join(cmd[1:]), file=sys.stderr)
-    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, timeout=3600, check=False,
-                          stdout=subprocess.DEVNULL)
-    if done.returncode != 0:
-        raise SystemExit(f"bench.{name} failed ({done.returncode})")
-    return json.loads(out.read_text())
+@contextmanager
+def environment(env: dict[str, str]) -> Iterator[None]:
+    """`env` set in this process's environment for the block, then put back as it was."""
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
-def both(tmp: Path, tag: str, dispatch_extra: list[str], server: list[str],
-         env: dict[str, str] | None = None) -> dict[str, Any]:
-    return {"call_latency": bench("call_latency", tmp / f"{tag}_call_latency.json", server, env),
-            "dispatch": bench("dispatch", tmp / f"{tag}_dispatch.json", dispatch_extra + server, env)}
+def bench(name: str, out: Path, extra: list[str], env: dict[str, str]) -> dict[str, Any]:
+    """`bench.<name>`'s main, run here with `env` set; its JSON."""
+    argv = ["--json", str(out), *extra]
+    print(f"  bench.{name} {' '.join(argv)}", file=sys.stderr)
+    with environment(env):
+        importlib.import_module(f"bench.{name}").main(argv)
+    return dict(json.loads(out.read_text()))
 
 
-def multinode(tmp: Path, dispatch_extra: list[str]) -> dict[str, Any]:
+def both(tmp: Path, tag: str, extra: list[str], server: str | None, token: str | None) -> dict[str, Any]:
+    """Both benchmarks against the server at `server` (its admin token `token`), or each
+    starting its own where None."""
+    at = [] if server is None else ["--server", server]
+    env = {} if token is None else {"ISTHMUS_TOKEN": token}
+    return {"call_latency": bench("call_latency", tmp / f"{tag}_call_latency.json", extra + at, env),
+            "dispatch": bench("dispatch", tmp / f"{tag}_dispatch.json", extra + at, env)}
+
+
+def multinode(tmp: Path, extra: list[str]) -> dict[str, Any]:
     with netns_cluster(tmp, WORKERS, devices=DEVICES) as cluster:
         server, token = cluster.start_server(tmp / "state")
         try:
-            return both(tmp, "multinode", dispatch_extra, ["--server", server.address],
-                        {"ISTHMUS_TOKEN": token})
+            return both(tmp, "multinode", extra, server.address, token)
         finally:
             server.stop()
 
@@ -87,23 +111,25 @@ def ratios(embedded: dict[str, Any], multi: dict[str, Any]) -> dict[str, float |
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.multinode", description=__doc__.splitlines()[0])
     p.add_argument("--json", type=Path, help="write the results here")
-    p.add_argument("--quick", action="store_true", help="bench.dispatch --quick")
+    p.add_argument("--smoke", action="store_true", help="both benchmarks with --smoke: for CI")
+    p.add_argument("--server", help="a running server of the embedded default's shape for the embedded "
+                                    "half (admin token in ISTHMUS_TOKEN) instead of one per benchmark")
     args = p.parse_args(argv)
     why = unusable()
     if why is not None:
         p.error(f"a multi-node cluster of network namespaces {why}")
-    extra = ["--quick"] if args.quick else []
+    configure_processes()  # before JAX starts here: the devices and pool bench.dispatch needs
+    extra = ["--smoke"] if args.smoke else []
     with tempfile.TemporaryDirectory(prefix="isthmus-multinode-") as tmp:
         print("embedded (one node)", file=sys.stderr)
-        embedded = both(Path(tmp), "embedded", extra, [])
+        embedded = both(Path(tmp), "embedded", extra, args.server, os.environ.get("ISTHMUS_TOKEN"))
         print(f"multi-node ({len(WORKERS)} workers and a head, each in a network namespace)", file=sys.stderr)
         multi = multinode(Path(tmp), extra)
     result = {"embedded": embedded, "multinode": multi, "multinode_vs_embedded": ratios(embedded, multi),
               "machine": machine(), "workers": WORKERS, "devices_per_host": DEVICES}
     for k, v in result["multinode_vs_embedded"].items():
         print(f"  {k:<44} {'-' if v is None else f'{v:.2f}'}", file=sys.stderr)
-    if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result, JSON_KEYS)
     return 0
 
 
