@@ -318,10 +318,13 @@ class BatchCreate(BaseModel):
     settled: list[Id] = Field(default_factory=list, max_length=MAX_SETTLED, description=(
         "buffers to look at once the wait is over (without waiting for them): the answer's "
         "`ready` lists those of them that are ready then"))
+    known: list[Id] = Field(default_factory=list, max_length=MAX_BATCH_IDS, description=(
+        "ids named by operations whose answer the client lost (the connection dropped): the "
+        "answer's `unknown` and `unfinished` say what the server has of them"))
 
     @model_validator(mode="after")
     def _ids_in_all(self) -> BatchCreate:
-        n = sum(_ids(op) for op in self.ops) + len(self.settled)
+        n = sum(_ids(op) for op in self.ops) + len(self.settled) + len(self.known)
         if n > MAX_BATCH_IDS:
             raise ValueError(f"ops: {n} ids in all their lists, more than {MAX_BATCH_IDS} in one batch")
         return self
@@ -354,3 +357,8 @@ class BatchPublic(BaseModel):
     failed: list[OpFailure] = Field(description="the operations refused, in order; every other was submitted")
     wait: Outcome | None = Field(None, description="why the buffer waited for failed, if it did")
     ready: list[str] = Field(default_factory=list, description="those of the `settled` buffers ready")
+    unknown: list[str] = Field(default_factory=list, description=(
+        "those of the `known` ids the server has no buffer of (never made, or released)"))
+    unfinished: list[str] = Field(default_factory=list, description=(
+        "those of the `known` ids whose value was lost because the server restarted before the "
+        "computation making it had finished"))

@@ -16,6 +16,11 @@ queued in order, without waiting for each answer. The contract:
 - `wait` names a buffer to wait for once every operation is submitted, so a client that
   blocks on a result sends what it queued and waits in one round trip; `settled` names
   buffers whose state the answer gives once the wait is over (`ready`), waiting for none.
+- `known` names ids of a batch whose answer the client lost (the connection dropped, the
+  server restarted): the answer says which of them the server has no buffer of (`unknown`:
+  the operation naming it as an output was not taken, or its output was released since)
+  and which it lost because it restarted before their computation finished (`unfinished`).
+  The client sends again what was not taken (`client.sender`).
 """
 
 from __future__ import annotations
@@ -28,12 +33,13 @@ from fastapi import APIRouter
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ir import Aval, InvalidArgument, IsthmusError, Spec
+from ir import Aval, InvalidArgument, IsthmusError, NotFound, RemoteError, Spec
 from server import errors, reads
 from server.deps import ClientDep, ServiceDep
 from server.errors import Unauthorized, shown, status_of
 from server.guard import replay
 from server.records import ClientRecord
+from server.recovery import UNFINISHED
 from server.routes.buffers import remembered
 from server.schemas import (
     BatchCreate,
@@ -113,7 +119,24 @@ async def batch(body: BatchCreate, client: ClientDep, service: ServiceDep) -> Ba
         except IsthmusError as e:
             waited = outcome(e)
     ready = await reads.ready_among(service, client, body.settled) if body.settled else []
-    return BatchPublic(failed=failed, wait=waited, ready=ready)
+    unknown, unfinished = fates(client, service, body.known)
+    return BatchPublic(failed=failed, wait=waited, ready=ready, unknown=unknown, unfinished=unfinished)
+
+
+def fates(client: ClientRecord, service: Service, buffer_ids: list[str]) -> tuple[list[str], list[str]]:
+    """Those of the client's ids it has no buffer of, and those lost unfinished at a restart."""
+    unknown, unfinished = [], []
+    for b in dict.fromkeys(buffer_ids):
+        try:
+            service.buffer(client, b)
+        except RemoteError:  # an output of a refused operation: the refusal is its answer
+            continue
+        except NotFound:
+            unknown.append(b)
+            continue
+        if service.lost.get(b) == UNFINISHED:
+            unfinished.append(b)
+    return unknown, unfinished
 
 
 async def direct(scope: Scope, receive: Receive, send: Send, client: ClientRecord, app: ASGIApp) -> None:
