@@ -5,11 +5,14 @@ Below the client every value is plain data: an aval (shape, dtype) and bytes. A 
 scalar, as JAX types it), or as typed PRNG keys (`jax.random.key`), which travel and are
 stored as their key data (`jax.random.key_data`: uint32, the key's shape plus the
 implementation's trailing dimensions) and are wrapped again inside each computation.
+`Shaped` is what every array-like value of the client (a `Buffer`, a traced value) shows of
+its aval and view.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +20,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ir import InvalidArgument, Spec
+from ir import Aval, InvalidArgument, Spec, parse_dtype
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +59,8 @@ def leaf_specs(specs: Any, tree: Any, what: str) -> list[Spec]:
         return [_spec(specs, what)] * len(paths)
     spec_leaves, spec_tree = jax.tree_util.tree_flatten(specs, is_leaf=_is_spec)
     try:
-        subtrees = spec_tree.flatten_up_to(tree)
+        # (jaxlib's PyTreeDef has it; the type JAX declares for it here does not say so)
+        subtrees = spec_tree.flatten_up_to(tree)  # type: ignore[attr-defined]
     except (ValueError, TypeError) as e:
         raise InvalidArgument(f"{what}: not a prefix of the structure {what[:-6]}: {e}") from None
     out: list[Spec] = []
@@ -171,3 +175,51 @@ def unwrap(value: Any) -> tuple[Any, View]:
 def _weak_scalar(x: Any) -> bool:
     """A Python scalar, which JAX types weakly (np.float64 subclasses float but is not one)."""
     return type(x) in (int, float, complex)
+
+
+class Shaped:
+    """Shape, dtype and rank from an `aval` (its data) and how it is `shown` (`client.arrays`): what
+    every array-like value of the client shows. Typed keys show the keys' shape and dtype."""
+
+    __slots__ = ()
+
+    @property
+    def aval(self) -> Aval:
+        """The aval of its data (for typed keys, of their key data)."""
+        raise NotImplementedError
+
+    @property
+    def shown(self) -> View:
+        """How the client shows its value: weakly typed, typed PRNG keys, or plainly."""
+        raise NotImplementedError
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        if self.shown.key is None:
+            return self.aval.shape
+        trailing, _ = key_type(self.shown.key)
+        return self.aval.shape[:len(self.aval.shape) - trailing]
+
+    @property
+    def dtype(self) -> Any:
+        return parse_dtype(self.aval.dtype) if self.shown.key is None else key_type(self.shown.key)[1]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """The number of elements (of keys, for typed keys), as `jax.Array.size`."""
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes its value takes (its key data's, for typed keys)."""
+        return self.aval.nbytes
+
+    def __len__(self) -> int:
+        """The first dimension, as `len` of a `jax.Array` (no data needed)."""
+        if not self.shape:
+            raise TypeError("len() of unsized object")
+        return self.shape[0]

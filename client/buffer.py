@@ -14,8 +14,6 @@ below; it never sees the `Client`.
 
 from __future__ import annotations
 
-import contextvars
-import math
 import operator
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -25,16 +23,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from client.arrays import PLAIN, View, key_type
+from client.arrays import PLAIN, Shaped, View
+from client.context import current_trace, jitted_here
+from client.slices import Slice
 from ir import Aval, InvalidArgument, IsthmusError, NotFound, Spec, parse_dtype
-
-# The jitted function being traced in this context, if any: a buffer it closes over cannot be
-# read there (its value is on the executors; it would be fetched and embedded).
-TRACING: contextvars.ContextVar[str | None] = contextvars.ContextVar("isthmus_tracing", default=None)
 
 
 def _closed_over(buffer: Buffer) -> InvalidArgument | None:
-    fn = TRACING.get()
+    """The error reading `buffer` raises in a jitted function being traced (`client.context`)."""
+    fn = jitted_here()
     if fn is None:
         return None
     return InvalidArgument(f"{fn}: it closes over buffer {buffer.id} ({buffer.aval}): a jitted function "
@@ -75,7 +72,7 @@ class Futures(Protocol):
     """What a `Buffer` asks of the session that made it."""
 
     client_id: str  # the client it is a session of (a client may have several)
-    slices: dict[str, Any]  # the client's slices (`client.session.Slice`), by id
+    slices: dict[str, Slice]  # the client's slices, by id
     deleted_slices: dict[str, None]  # the newest slices the client deleted, with their buffers
 
     def release(self, buffer_id: str) -> None: ...
@@ -91,50 +88,11 @@ class Futures(Protocol):
                kwargs: dict[str, Any]) -> Buffer: ...
 
 
-class Shaped:
-    """Shape, dtype and rank from an `aval` (its data) and how it is `shown` (`client.arrays`): what
-    every array-like value of the client shows. Typed keys show the keys' shape and dtype."""
-
-    __slots__ = ()
-    aval: Aval
-    shown: View
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        if self.shown.key is None:
-            return self.aval.shape
-        trailing, _ = key_type(self.shown.key)
-        return self.aval.shape[:len(self.aval.shape) - trailing]
-
-    @property
-    def dtype(self) -> Any:
-        return parse_dtype(self.aval.dtype) if self.shown.key is None else key_type(self.shown.key)[1]
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        """The number of elements (of keys, for typed keys), as `jax.Array.size`."""
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        """The bytes its value takes (its key data's, for typed keys)."""
-        return self.aval.nbytes
-
-    def __len__(self) -> int:
-        """The first dimension, as `len` of a `jax.Array` (no data needed)."""
-        if not self.shape:
-            raise TypeError("len() of unsized object")
-        return self.shape[0]
-
-
 class Buffer(Shaped):
     __slots__ = ("__weakref__", "_deleted", "_futures", "_value", "_view", "aval", "error", "id",
                  "known_ready", "slice_id", "spec")
     __array_priority__ = 100  # numpy defers its operators to a buffer's (`np.ones(4) + b`), as to JAX's
+    aval: Aval  # (a slot: `Shaped.aval` made a plain attribute)
 
     def __init__(self, futures: Futures, buffer_id: str, slice_id: str, aval: Aval, spec: Spec,
                  view: View = PLAIN) -> None:
@@ -184,7 +142,7 @@ class Buffer(Shaped):
     def _freed_with_slice(self) -> bool:
         return self.slice_id in getattr(self._futures, "deleted_slices", ())
 
-    def live(self, reader: Futures | None = None) -> Buffer:
+    def live(self, reader: object = None) -> Buffer:
         """This buffer, to be read by a call (of the session `reader`); `NotFound` if it was
         deleted, `InvalidArgument` if another session made it (one freed with its slice is
         the server's to refuse, on the call's futures). Each session orders its own calls
@@ -272,6 +230,11 @@ class Buffer(Shaped):
         """An integer scalar as an index (`operator.index`, `range(n)`), as for a JAX array."""
         return operator.index(self.numpy())
 
+    def __getitem__(self, key: Any) -> Buffer:
+        """`x[i]`, `x[:4]`, `x[..., 0]` on the executors, on the buffer's slice (`client.eager`)."""
+        _eager_here(self, "indexing")
+        return self._futures.index(self, key)
+
     def __round__(self, ndigits: int | None = None) -> Buffer:
         """`round(x)`, `round(x, 2)`: on the executors, as `round` rounds a JAX array (to an
         integer dtype without `ndigits`)."""
@@ -303,7 +266,7 @@ class Buffer(Shaped):
         """Fetch typed PRNG keys as a JAX key array (as `jax.random.key` makes them)."""
         if self.key is None:
             raise TypeError(f"buffer {self.id} holds {self.aval}, not PRNG keys: .numpy() fetches it")
-        return jax.random.wrap_key_data(self._data(), impl=self.key)
+        return jax.random.wrap_key_data(jnp.asarray(self._data()), impl=self.key)
 
     def _data(self) -> np.ndarray:
         if (error := _closed_over(self)) is not None:  # (not fetched: JAX formats it in its errors)
@@ -312,9 +275,8 @@ class Buffer(Shaped):
         if self._freed_with_slice():  # (its value may have been fetched before)
             raise NotFound(f"buffer {self.id!r} was freed with its slice {self.slice_id}, deleted")
         if self._value is None:
-            self.fetched(self._futures.fetch(live))
-        else:
-            self._futures.check_open()  # a value fetched before the client closed is refused too
+            return self.fetched(self._futures.fetch(live))
+        self._futures.check_open()  # a value fetched before the client closed is refused too
         return self._value
 
     @property
@@ -334,7 +296,7 @@ class Buffer(Shaped):
         if self.key is not None:
             # `jax.device_get(tree)` takes what this returns: keys come back as JAX's key
             # arrays, as from jax.device_get of keys. numpy refuses them (as in JAX).
-            return self.keys()  # type: ignore[no-any-return]
+            return self.keys()
         value = self.numpy()
         return value.astype(dtype) if dtype is not None else np.array(value) if copy else value
 
@@ -389,12 +351,6 @@ def _operator(symbol: str, op: Callable[..., Any], reflected: bool = False) -> C
     return apply
 
 
-def _getitem(self: Buffer, key: Any) -> Buffer:
-    """`x[i]`, `x[:4]`, `x[..., 0]` on the executors, on the buffer's slice (`client.eager`)."""
-    _eager_here(self, "indexing")
-    return self._futures.index(self, key)
-
-
 def _method(name: str) -> Callable[..., Any]:
     def method(self: Buffer, *args: Any, **kwargs: Any) -> Buffer:
         _eager_here(self, f".{name}()")
@@ -417,18 +373,15 @@ def _eager_here(buffer: Buffer, what: str) -> None:
     would run outside the program)."""
     if (error := _closed_over(buffer)) is not None:
         raise error
-    from client.trace import current_trace
-
     if current_trace() is not None:
         raise InvalidArgument(f"buffer {buffer.id}: {what} on a buffer inside @program would run outside it, "
                               "as it is traced; do it inside a jitted function (c.jit)")
 
 
-# Operators, indexing and some of `jax.Array`'s methods run on the executors (`client.eager`),
+# Operators and some of `jax.Array`'s methods run on the executors (`client.eager`),
 # as JAX runs them op by op on an array (set after the class: a buffer is hashed by identity
 # still). Item assignment, iteration and `.at[...]` are refused by name: a buffer's value is
 # on the executors, not here.
-Buffer.__getitem__ = _getitem  # type: ignore[method-assign]
 for _name in METHODS:
     setattr(Buffer, _name, _method(_name))
 for _name in PROPERTIES:
@@ -437,8 +390,8 @@ for _name, (_symbol, _op) in BINARY.items():
     setattr(Buffer, f"__{_name}__", _operator(_symbol, _op))
     if _name not in ("eq", "ne", "lt", "le", "gt", "ge"):  # (Python reflects those itself)
         setattr(Buffer, f"__r{_name}__", _operator(_symbol, _op, reflected=True))
-for _name, (_symbol, _op) in UNARY.items():
-    setattr(Buffer, f"__{_name}__", _operator(_symbol, _op))
+for _name, (_symbol, _unary) in UNARY.items():
+    setattr(Buffer, f"__{_name}__", _operator(_symbol, _unary))
 for _symbol, _name in (("item assignment", "setitem"), ("iteration", "iter")):
     setattr(Buffer, f"__{_name}__", _refused(_symbol))
 
@@ -453,4 +406,4 @@ Buffer.at = property(_at)  # type: ignore[attr-defined]
 
 
 def _keys(data: np.ndarray, impl: str) -> Any:
-    return jax.random.wrap_key_data(data, impl=impl)
+    return jax.random.wrap_key_data(jnp.asarray(data), impl=impl)

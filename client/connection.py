@@ -1,9 +1,16 @@
-"""`connect()` and the `Client`: slices, buffers, jitted functions, device status."""
+"""`connect()` and the `Client`: slices, buffers, jitted functions, device status.
+
+Beneath the API, for tests and tools, a client also offers the REST API itself
+(`raw_request`, `raw_json`, `raw_call`), the count of requests it made (`requests_sent`)
+and its lease (`lease`); a `Function` its registrations and exports, a `ProgramFunction`
+its traces (`client.jit`, `client.program`).
+"""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import os
 import types
 import weakref
@@ -22,14 +29,16 @@ from client.donation import Donated
 from client.jit import Function
 from client.lease import Lease
 from client.program import ProgramFunction
-from client.session import Session, Slice, mesh_axis_types
+from client.session import Session
+from client.slices import Slice, mesh_axis_types
 from client.statics import Statics
-from client.transport import Transport, Unauthorized
+from client.transport import Response, Transport, Unauthorized
 from ir import Aval, InvalidArgument, IsthmusError, NotFound, Spec
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8470"
 JITTED_KEPT = 256  # functions whose `Function` (or program) `Client.jit` (`.program`) gives again
 EXIT_TIMEOUT_S = 5.0  # for closing, as the process exits, a session it opened
+RESTART_GRACE_S = 30.0  # how long a request waits for the server to come back (`connect`)
 
 
 def state_dir() -> Path:
@@ -62,11 +71,13 @@ class Client:
     """
 
     def __init__(self, address: str, token: str | None = None, name: str = "", timeout: float = 600.0,
-                 weight: float = 1.0, secret: str | None = None, close_at_exit: bool = True) -> None:
+                 weight: float = 1.0, secret: str | None = None, close_at_exit: bool = True,
+                 restart_grace_s: float = RESTART_GRACE_S) -> None:
         if token is None and secret is None:
             raise InvalidArgument("connect: needs the server's admin token or a client secret")
         self._admin_token = token
-        transport = Transport(address, secret or token or "", timeout)
+        grace = seconds(restart_grace_s, "restart_grace_s")
+        transport = Transport(address, secret or token or "", timeout, grace)
         if secret is None:
             record = transport.json("POST", "/v1/clients", json={"name": name, "weight": weight})
             transport.credential = record["secret"]
@@ -91,28 +102,50 @@ class Client:
         """This session's credential: `connect(secret=...)` opens it from another process."""
         return self._session.transport.credential
 
-    # -- what tests and tools reach under the API -------------------------------------------
+    # -- beneath the API: the REST API itself, for tests and tools ---------------------------
 
-    @property
-    def _transport(self) -> Transport:
-        return self._session.transport
+    def raw_request(self, method: str, path: str, *, params: dict[str, Any] | None = None,
+                    json: Any = None, content: bytes | None = None, headers: dict[str, str] | None = None,
+                    credential: str | None = None, safe: bool | None = None) -> Response:
+        """One request to the REST API (`GET /v1/islands`, say), sent after what is queued,
+        with this client's secret (or `credential`) as its bearer: the `Response` (status,
+        headers, content). An error status raises its `IsthmusError`, as every request of
+        the client does; `safe` says whether it may be sent again after the server may have
+        acted on it, while the server restarts (default: a GET may)."""
+        return self._session.request(method, path, params=params, json_body=json, content=content,
+                                     headers=headers, credential=credential, safe=safe)
 
-    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
-        """One request (after what is queued), answered as JSON."""
-        return self._session.json(method, path, **kwargs)
+    def raw_json(self, method: str, path: str, *, params: dict[str, Any] | None = None,
+                 json: Any = None, credential: str | None = None, safe: bool | None = None) -> Any:
+        """`raw_request`, answered as JSON."""
+        answer = self.raw_request(method, path, params=params, json=json, credential=credential, safe=safe)
+        return answer.json()
 
-    def _call(self, computation_id: str, inputs: list[str]) -> list[Buffer]:
-        """A raw call, waited for: `POST /v1/calls`, outputs typed by the server's answer (for a
-        computation registered by hand, whose signature the client does not know)."""
-        record = self._json("POST", "/v1/calls", json={"computation_id": computation_id, "inputs": inputs})
+    def raw_call(self, computation_id: str, inputs: list[str]) -> list[Buffer]:
+        """A call of a computation registered by hand (`POST /v1/computations`), whose
+        signature the client does not know: `POST /v1/calls`, its outputs typed by the
+        server's answer."""
+        record = self.raw_json("POST", "/v1/calls", json={"computation_id": computation_id, "inputs": inputs})
         return [Buffer(self._session, o["id"], o["slice_id"], Aval(tuple(o["shape"]), o["dtype"]),
                        Spec.from_json(o["spec"])) for o in record["outputs"]]
+
+    @property
+    def requests_sent(self) -> int:
+        """The requests this client has made to the server (a request tried again while the
+        server restarts counts once; the lease's renewals not at all)."""
+        return self._session.transport.requests
+
+    @property
+    def lease(self) -> Lease:
+        """The thread that renews this client's lease (`Lease.stop()` stops it, as a killed
+        process would)."""
+        return self._lease
 
     # -- API -------------------------------------------------------------------------------
 
     def devices(self) -> DeviceTable:
         """Islands, hosts and devices, with their status and load."""
-        return DeviceTable(self._json("GET", "/v1/islands"), self._json("GET", "/v1/devices"))
+        return DeviceTable(self.raw_json("GET", "/v1/islands"), self.raw_json("GET", "/v1/devices"))
 
     def restart_island(self, island: str) -> int:
         """New executors for the island's hosts (its JAX group formed again); returns how many
@@ -121,7 +154,7 @@ class Client:
         if self._admin_token is None:
             raise Unauthorized("restart_island needs the admin token: connect(token=...)")
         path = f"/v1/islands/{island}/restart"
-        return int(self._json("POST", path, credential=self._admin_token)["lost_buffers"])
+        return int(self.raw_json("POST", path, credential=self._admin_token)["lost_buffers"])
 
     def slice(self, mesh: dict[str, int], island: str | None = None,
               device_kind: str | None = None, axis_types: Any = None) -> Slice:
@@ -134,7 +167,7 @@ class Client:
         unless `out_specs` says otherwise."""
         types = None if axis_types is None else mesh_axis_types(axis_types, mesh)
         body = {"mesh": mesh, "island": island, "device_kind": device_kind}
-        s = Slice(self._session, self._json("POST", "/v1/slices", json=body), types)
+        s = Slice(self._session, self.raw_json("POST", "/v1/slices", json=body), types)
         self._session.slices[s.id] = s
         return s
 
@@ -227,12 +260,15 @@ class Client:
 
     def buffers(self) -> list[dict[str, Any]]:
         """The server's records of this client's live buffers."""
-        return self._json("GET", "/v1/buffers")
+        return self.raw_json("GET", "/v1/buffers")
 
     def close(self) -> None:
-        """Free every buffer and slice of this client on the server."""
+        """Free every buffer and slice of this client on the server. A call of another thread
+        waiting for a restarting server stops waiting (it raises why it waited); closing
+        does not wait either."""
         if self._closed:
             return
+        self._session.transport.stop_waiting()
         self._lease.stop()
         with contextlib.suppress(IsthmusError):  # closing frees it all, whatever became of it
             self._session.flush()  # what was queued is submitted (and then freed), in order
@@ -293,7 +329,8 @@ def _one_of(value: Any, alias: Any, name: str, alias_name: str) -> Any:
 
 
 def connect(address: str | None = None, token: str | None = None, name: str = "",
-            weight: float = 1.0, secret: str | None = None, close_at_exit: bool = True) -> Client:
+            weight: float = 1.0, secret: str | None = None, close_at_exit: bool = True,
+            restart_grace_s: float | None = None) -> Client:
     """Connect to an Isthmus server (default: `ISTHMUS_ADDRESS`, else the local one).
 
     With the admin `token` (default: `ISTHMUS_TOKEN`, else the local server's token file) a
@@ -301,12 +338,33 @@ def connect(address: str | None = None, token: str | None = None, name: str = ""
     `ISTHMUS_CLIENT_SECRET`), that session is used. `weight` is the new session's share of
     an island when the server schedules by proportional share (`ISTHMUS_GANG_POLICY=share`).
     A session opened here is closed when this process exits unless `close_at_exit` is False
-    (its secret handed to other processes that go on using it, say)."""
+    (its secret handed to other processes that go on using it, say).
+
+    `restart_grace_s` (default: `ISTHMUS_RESTART_GRACE_S`, else 30): how long a request
+    waits for a server that cannot be reached (restarting, say) before it raises; 0 does
+    not wait. docs/client.md says which requests are sent again."""
     address = address or os.environ.get("ISTHMUS_ADDRESS") or DEFAULT_ADDRESS
     secret = secret or (None if token else os.environ.get("ISTHMUS_CLIENT_SECRET"))
+    if restart_grace_s is None:
+        grace = seconds(os.environ.get("ISTHMUS_RESTART_GRACE_S", RESTART_GRACE_S), "ISTHMUS_RESTART_GRACE_S")
+    else:
+        grace = seconds(restart_grace_s, "restart_grace_s")
     if secret:
-        return Client(address, token, name=name, weight=weight, secret=secret)
-    return Client(address, token or find_token(), name=name, weight=weight, close_at_exit=close_at_exit)
+        return Client(address, token, name=name, weight=weight, secret=secret, restart_grace_s=grace)
+    return Client(address, token or find_token(), name=name, weight=weight, close_at_exit=close_at_exit,
+                  restart_grace_s=grace)
+
+
+def seconds(value: Any, name: str) -> float:
+    """A number of seconds, 0 or more (a number, or its text from the environment)."""
+    try:
+        s = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        s = math.nan
+    if not math.isfinite(s) or s < 0:
+        raise InvalidArgument(f"{name}: expected a number of seconds, 0 or more (0: requests do not "
+                              f"wait for a restarting server), got {value!r}")
+    return s
 
 
 __all__ = ["Client", "PartitionSpec", "Slice", "connect"]

@@ -26,19 +26,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from client.arrays import PLAIN, View, is_key
+from client.jit import Function
+from client.slices import Slice
 from client.trace import Names, Trace, Traced, current_trace, tracing
 from ir import Aval, InvalidArgument, ProgramBuilder, Spec, Type, parse_dtype
 from ir.ops import check_parallel_iterations
-
-if TYPE_CHECKING:
-    from client.session import Slice
 
 __all__ = ["cond", "fori_loop", "while_loop"]
 
@@ -172,8 +171,7 @@ def _while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], 
         return _while_loop(cond_fun, body_fun, promoted, parallel_iterations, what, carried)
     results = []
     for k, (v, path) in enumerate(zip(out_leaves, paths, strict=True)):
-        found = body.values[v].aval
-        if found != avals[k] or body.values[v].view.key != views[k].key:
+        if body.values[v].aval != avals[k] or body.values[v].view.key != views[k].key:
             leaf = path.removeprefix(carried) or "(the whole carry)"
             raise InvalidArgument(f"{what}: carry leaf {leaf}: body_fun returns {_shown(body, v)}, "
                                   f"the carry (init_val) is {_shown(trace, init[k])}")
@@ -183,15 +181,15 @@ def _while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], 
             if t.values[a].type is None:
                 t.values[a].type = want
         results.append(_settle(trace, body, v, want))
-    carried = [body.typed(a) for a in body_args]
-    init = [trace.use(v, trace.slices[t.slice], t.spec) for v, t in zip(init, carried, strict=True) if t]
+    kept = [body.typed(a) for a in body_args]
+    init = [trace.use(v, trace.slices[t.slice], t.spec) for v, t in zip(init, kept, strict=True) if t]
     if cond.typed(pred) is None:  # a constant: where the carry is (now that the body has typed it)
         pred = cond.use(pred, _slice_of(trace, init, what), Spec(()))
     captured = _captured([cond, body], [])
     cond_args += [cond.captures[v] for v in captured]
     body_args += [body.captures[v] for v in captured]
     results += [body.captures[v] for v in captured]  # invariants: returned unchanged
-    outputs = [trace.new_value(a, w, t) for a, w, t in zip(avals, views, carried, strict=True)]
+    outputs = [trace.new_value(a, w, t) for a, w, t in zip(avals, views, kept, strict=True)]
     unused = [trace.new_value(trace.values[v].aval, trace.values[v].view, trace.typed(v)) for v in captured]
     trace.add(_While(init + captured, cond, body, cond_args, body_args, pred, results, outputs + unused,
                      parallel))
@@ -203,8 +201,6 @@ def _promoted(trace: Trace, init_val: Any, init: Sequence[int], returned: Sequen
     """`init_val` with each weakly typed leaf (a Python scalar's) whose type the body's result
     changes converted to the type the two promote to, as `jax.lax.while_loop` does; None if
     there is none."""
-    from client.jit import Function
-
     leaves, treedef = jax.tree_util.tree_flatten(init_val, is_leaf=_is_traced)
     changed = False
     for k, (v, out) in enumerate(zip(init, returned, strict=True)):
@@ -312,8 +308,6 @@ def _slice_of(trace: Trace, values: Sequence[int], what: str) -> Slice:
 
 def _predicate(trace: Trace, p: int, where: Slice) -> int:
     """`p` as a bool[] scalar on a slice: a number is true when it is not 0 (`lax.cond`)."""
-    from client.jit import Function
-
     t = trace.typed(p)
     if trace.values[p].aval == BOOL:
         return trace.local(p) if t is not None else trace.use(p, where, Spec(()))
@@ -331,12 +325,10 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any, Any], Any], init_
     bound's signed integer type (else refused); with both bounds constants, `int()` of each
     and a weakly typed int counter, as `jax.lax.fori_loop` counts a loop of known length.
     `parallel_iterations` as in `while_loop`."""
-    from client.jit import Function
-
     trace = _trace("fori_loop")
     dtype = _counter_dtype(trace, lower, upper)
     leaves, treedef, _ = _flatten(trace, init_val)
-    typed = [trace.values[v].type for v in leaves if trace.values[v].type is not None]
+    typed = [t for v in leaves if (t := trace.values[v].type) is not None]
     if not typed and not trace.slices:  # the slice of the body's first jitted function, then
         _probe(trace, body_fun, leaves, treedef)
     if not typed and not trace.slices:
@@ -421,8 +413,6 @@ def _constant_bound(x: Any, what: str) -> int:
 def _as(where: Slice, x: Any, dtype: np.dtype) -> Any:
     """The loop's first counter: `x` (a bound) as `dtype`, converted as jax.lax.fori_loop
     converts it (a computed one by a jitted function, where its type differs)."""
-    from client.jit import Function
-
     if not _computed(x):
         return np.asarray(x, dtype)
     if x.dtype == dtype:

@@ -38,18 +38,23 @@ import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
 from client.buffer import Buffer
-from client.jit import Function
+from client.jit import Calls, Function
+from client.slices import Slice
 from ir import InvalidArgument
 
-if TYPE_CHECKING:
-    from client.session import Session
+
+class Operating(Calls, Protocol):
+    """What the operators ask of their session: its calls, and its slices by id."""
+
+    slices: dict[str, Slice]
+
 
 KEPT = 64
 LOCAL = (int, float, complex, np.ndarray, np.generic, jax.Array)  # what JAX takes beside an array
@@ -62,7 +67,7 @@ ELEMENTWISE = frozenset({".astype", ".clip", ".round", ".conj", ".real", ".imag"
 class Operators:
     """One session's operators on buffers."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Operating) -> None:
         self._session = session
         self._kept: OrderedDict[tuple[Any, ...], Function] = OrderedDict()
         self._lock = threading.Lock()
@@ -99,7 +104,7 @@ class Operators:
             return x[tuple(next(given) if p is TAKEN else slice(*p[1:]) if isinstance(p, tuple) else p
                            for p in shape)]
 
-        return self.apply("indexing", take, (buffer, *taken), layout=shape)  # type: ignore[no-any-return]
+        return self.apply("indexing", take, (buffer, *taken), layout=shape)
 
     def method(self, buffer: Buffer, name: str, args: tuple[Any, ...] | None,
                kwargs: dict[str, Any]) -> Buffer:
@@ -133,7 +138,7 @@ class Operators:
             return attribute(*(next(given) if a is TAKEN else a for a in fixed),
                              **{k: next(given) if v is TAKEN else v for k, v in named})
 
-        return self.apply(f".{name}", call, (buffer, *taken), layout=static)  # type: ignore[no-any-return]
+        return self.apply(f".{name}", call, (buffer, *taken), layout=static)
 
     def apply(self, symbol: str, op: Callable[..., Any], operands: tuple[Any, ...],
               layout: tuple[Any, ...] = ()) -> Any:

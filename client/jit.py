@@ -4,6 +4,9 @@ Arguments and results are pytrees. The function is exported over flat leaves wit
 `jax.export` against the slice's `AbstractMesh`, so the client needs no accelerator; the
 tree structure stays here. `in_specs` / `out_specs` are either one spec for every leaf or a
 pytree prefix of the arguments / results, as in `jax.jit`'s shardings.
+
+A `Function` reaches the session that calls it through `Calls` alone; inside a program
+being traced (`client.context`) a call becomes one node of the program instead.
 """
 
 from __future__ import annotations
@@ -13,8 +16,7 @@ import contextlib
 import inspect
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import jax
 import numpy as np
@@ -32,20 +34,23 @@ from client.arrays import (
     unwrap,
     wrap,
 )
-from client.buffer import TRACING, Buffer
+from client.buffer import Buffer
+from client.context import current_trace, jitting
 from client.donation import Donated
-from client.registrations import Registrations
+from client.exported import Export, split_float0, with_fixed
+from client.registrations import LetGo, Registrations
+from client.slices import Output, Slice
 from client.specials import checking
 from client.statics import StaticKey, Statics
-from client.trace import current_trace
 from ir import Aval, InvalidArgument, IsthmusError, NotFound, Spec, dtype_name, parse_dtype
 
-if TYPE_CHECKING:
-    from client.session import Output, Session, Slice
+# (a flag of JAX's with no public context manager; without it, artifacts only differ more)
+_full_tracebacks: Any
+try:
+    from jax._src import config as _jax_config
 
-try:  # (a flag of JAX's with no public context manager; without it, artifacts only differ more)
-    from jax._src.config import include_full_tracebacks_in_locations as _full_tracebacks
-except ImportError:  # pragma: no cover
+    _full_tracebacks = _jax_config.include_full_tracebacks_in_locations
+except (ImportError, AttributeError):  # pragma: no cover
     _full_tracebacks = None
 
 __all__ = ["Export", "Function", "as_array", "leaf_specs"]
@@ -61,34 +66,21 @@ NAME_KEPT = 200  # characters of a function's name the server takes (longer ones
 Signature = tuple[Any, StaticKey, tuple[tuple[tuple[int, ...], str, View], ...], tuple[Spec | None, ...]]
 
 
-@dataclass(frozen=True)
-class Export:
-    """One signature of a `Function`, exported: the artifact and what it reads and returns."""
+class Calls(LetGo, Protocol):
+    """What a `Function` asks of the session that calls it (`client.session.Session`)."""
 
-    artifact: bytes
-    in_specs: list[Spec]
-    out_specs: list[Spec]
-    out_avals: list[Aval]
-    out_views: list[View]
-    out_tree: Any
-    outputs: list[Output]
-    fixed: tuple[tuple[int, np.ndarray], ...] = ()  # leaves known when traced (float0), by position
+    deleted_slices: dict[str, None]  # the newest slices the client deleted
 
-    def tree(self, outs: Sequence[Any]) -> Any:
-        """The results' pytree: `outs`, one per computed leaf, with the fixed leaves put back."""
-        return with_fixed(self.out_tree, self.fixed, outs)
-
-
-def with_fixed(treedef: Any, fixed: Sequence[tuple[int, np.ndarray]], outs: Sequence[Any]) -> Any:
-    """The pytree of `outs` with the `fixed` leaves put back at their positions."""
-    leaves = list(outs)
-    for i, value in fixed:  # (in increasing position)
-        leaves.insert(i, value)
-    return jax.tree_util.tree_unflatten(treedef, leaves)
+    def call(self, computation_id: str, inputs: list[str], outputs: list[Output],
+             donated: Sequence[Buffer] = ()) -> list[Buffer]: ...
+    def put(self, array: np.ndarray, slice_id: str, spec: Spec, view: View = PLAIN) -> Buffer: ...
+    def register(self, path: str, body: dict[str, Any]) -> dict[str, Any]: ...
+    def check_specials(self, name: str, slice: Slice, outs: Sequence[Buffer], nans: bool,
+                       infs: bool) -> None: ...
 
 
 class Function:
-    def __init__(self, session: Session | None, fn: Callable[..., Any], slice: Slice,
+    def __init__(self, session: Calls | None, fn: Callable[..., Any], slice: Slice,
                  in_specs: Any = None, out_specs: Any = None, name: str | None = None,
                  statics: Statics | None = None, donated: Donated | None = None) -> None:
         self._session = session  # None: traced inside programs only (the tests of the tracer)
@@ -183,19 +175,17 @@ class Function:
         its axes. A function that names a mesh of its own, which JAX refuses under a context
         that differs from it (a concrete `Mesh` given to `shard_map`), is traced again
         without one; if that fails too, the first error is the one raised."""
-        tracing = TRACING.set(self.name)  # a buffer it closes over is refused by name
-        try:
-            with use_abstract_mesh(self.slice.abstract_mesh):
-                return self._export(args, kwargs, *sig)
-        except IsthmusError:
-            raise
-        except Exception as in_context:
-            try:  # its own mesh must still be the slice's (axis types aside), as under jax.jit
-                return self._export(args, kwargs, *sig, own_mesh=True)
-            except Exception:
-                raise in_context from None
-        finally:
-            TRACING.reset(tracing)
+        with jitting(self.name):  # a buffer it closes over is refused by name
+            try:
+                with use_abstract_mesh(self.slice.abstract_mesh):
+                    return self._export(args, kwargs, *sig)
+            except IsthmusError:
+                raise
+            except Exception as in_context:
+                try:  # its own mesh must still be the slice's (axis types aside), as under jax.jit
+                    return self._export(args, kwargs, *sig, own_mesh=True)
+                except Exception:
+                    raise in_context from None
 
     def _export(self, args: Any, kwargs: dict[str, Any], in_tree: Any, static: StaticKey,
                 leaves: Sequence[tuple[tuple[int, ...], str, View]], own: Sequence[Spec | None],
@@ -227,11 +217,12 @@ class Function:
         out_box: list[Any] = []
 
         def flat(*flat_args: Any) -> tuple[Any, ...]:
-            data = iter(flat_args)
-            full = [np.zeros(shape, jax.dtypes.float0) if z else next(data)
+            given = iter(flat_args)
+            full = [np.zeros(shape, jax.dtypes.float0) if z else next(given)
                     for (shape, _, _), z in zip(every, zero, strict=True)]
             wrapped = [wrap(a, v) for a, v in zip(full, views, strict=True)]
-            fargs, fkwargs = Statics.join(*jax.tree_util.tree_unflatten(in_tree, wrapped), static)
+            given_args, given_kwargs = jax.tree_util.tree_unflatten(in_tree, wrapped)
+            fargs, fkwargs = Statics.join(given_args, given_kwargs, static)
             out_leaves, out_tree = jax.tree_util.tree_flatten(self.fn(*fargs, **fkwargs))
             # float0 results (the gradients of integer inputs) hold no data: made here, as jax.jit does
             kept, fixed = split_float0(out_leaves)
@@ -254,9 +245,9 @@ class Function:
         if self.out_specs is None and s.explicit:  # results keep their types' shardings
             out_specs = [Spec.of(spec) for spec in type_specs]
         else:  # (one spec per leaf, the fixed ones' left out)
-            every = leaf_specs(self.out_specs, with_fixed(out_tree, fixed, shapes), "out_specs")
+            each = leaf_specs(self.out_specs, with_fixed(out_tree, fixed, shapes), "out_specs")
             at = {i for i, _ in fixed}
-            out_specs = [spec for i, spec in enumerate(every) if i not in at]
+            out_specs = [spec for i, spec in enumerate(each) if i not in at]
         out_avals = [Aval(tuple(a.shape), dtype_name(a.dtype)) for a in shapes]
         for i, (spec, a) in enumerate(zip(out_specs, out_avals, strict=True)):
             spec.check(a, axes, f"out_specs (leaf {i})")
@@ -280,7 +271,7 @@ class Function:
         outputs = [(s.id, a, sp, v) for a, sp, v in zip(out_avals, out_specs, out_views, strict=True)]
         return Export(artifact, in_specs, out_specs, out_avals, out_views, out_tree, outputs, fixed)
 
-    def _register(self, session: Session, exported: Export) -> str:
+    def _register(self, session: Calls, exported: Export) -> str:
         try:
             record = session.register("/v1/computations", {
                 "slice_id": self.slice.id,
@@ -298,20 +289,19 @@ class Function:
                 "arguments instead") from None
         return record["id"]
 
+    @property
+    def registrations(self) -> tuple[str, ...]:
+        """The ids of the computations its kept signatures registered on the server, oldest
+        first (none before it is first called): what the REST API names them by."""
+        return () if self._registered is None else tuple(self._registered.values())
+
+    @property
+    def exports(self) -> tuple[Export, ...]:
+        """Its exported signatures (each one's artifact, specs and avals), oldest first."""
+        return tuple(self._exports.values())
+
     def __repr__(self) -> str:
         return f"isthmus.Function({self.name} on {self.slice.id})"
-
-
-def split_float0(leaves: Sequence[Any]) -> tuple[list[Any], list[tuple[int, np.ndarray]]]:
-    """The leaves that hold data, and the float0 ones (an integer input's gradient, which has
-    none) as numpy arrays by position, as jax.jit returns them."""
-    kept, fixed = [], []
-    for i, x in enumerate(leaves):
-        if is_float0(x):
-            fixed.append((i, np.zeros(np.shape(x), jax.dtypes.float0)))
-        else:
-            kept.append(x)
-    return kept, fixed
 
 
 def _type_spec(value: Any) -> Any:

@@ -18,23 +18,34 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import jax
 import numpy as np
 
-from client.arrays import View, as_array, leaf_array
+from client.arrays import PLAIN, View, as_array, leaf_array
 from client.buffer import Buffer
-from client.jit import SIGNATURES_KEPT, default_name, split_float0, with_fixed
-from client.registrations import Registrations
+from client.exported import split_float0, with_fixed
+from client.jit import SIGNATURES_KEPT, default_name
+from client.registrations import LetGo, Registrations
+from client.slices import Output, Slice
 from client.trace import DATA_LESS, Trace, Traced, current_trace, tracing
 from ir import Aval, InvalidArgument, Program, Spec, Type, print_program, to_wire
 from ir.ops import check_parallel_iterations
 
-if TYPE_CHECKING:
-    from client.session import Output, Session
-
 DISPATCH = ("parallel", "sequential")
+
+
+class Runs(LetGo, Protocol):
+    """What a `ProgramFunction` asks of the session that runs it (`client.session.Session`)."""
+
+    slices: dict[str, Slice]  # the client's slices, by id
+    deleted_slices: dict[str, None]  # the newest slices the client deleted
+
+    def run(self, program_id: str, inputs: list[str], dispatch: str | None,
+            outputs: list[Output]) -> list[Buffer]: ...
+    def put(self, array: np.ndarray, slice_id: str, spec: Spec, view: View = PLAIN) -> Buffer: ...
+    def register(self, path: str, body: dict[str, Any]) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -51,7 +62,7 @@ class Registered:
 
 
 class ProgramFunction:
-    def __init__(self, session: Session, fn: Callable[..., Any], dispatch: str | None = None,
+    def __init__(self, session: Runs, fn: Callable[..., Any], dispatch: str | None = None,
                  name: str | None = None, fuse: bool | None = None, parallel_iterations: int = 1) -> None:
         if dispatch is not None and dispatch not in DISPATCH:
             raise ValueError(f"dispatch: expected one of {DISPATCH} or None, got {dispatch!r}")
@@ -131,6 +142,12 @@ class ProgramFunction:
         outputs = [(r["slice_id"], Aval(tuple(r["shape"]), r["dtype"]), Spec.from_json(r["spec"]), view)
                    for r, view in zip(record["results"], views, strict=True)]
         return Registered(record["id"], program, arg_types, bound, out_tree, outputs, fixed)
+
+    @property
+    def traces(self) -> tuple[Registered, ...]:
+        """Its kept signatures' traced programs, oldest first: each one's IR program and the
+        id the server registered it under."""
+        return tuple(self._cache.values())
 
     def __repr__(self) -> str:
         return f"isthmus.ProgramFunction({self.name})"

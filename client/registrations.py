@@ -2,25 +2,28 @@
 only, and let go of (`Session.let_go`) when a signature is evicted or the function is gone.
 
 `Function` keeps computation ids, `ProgramFunction` its traced programs; `id_of` names the
-server's record in what is kept.
+server's record in what is kept. The session is reached through `LetGo` alone.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
-
-if TYPE_CHECKING:
-    from client.session import Session
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 V = TypeVar("V")
 Kind = Literal["computations", "programs"]
 
 
+class LetGo(Protocol):
+    """What registrations ask of the session: to forget, on the server, those let go of."""
+
+    def let_go(self, kind: Kind, record_ids: Iterable[str]) -> None: ...
+
+
 class Registrations(Generic[V]):
-    def __init__(self, owner: object, session: Session, kind: Kind, id_of: Callable[[V], str]) -> None:
+    def __init__(self, owner: object, session: LetGo, kind: Kind, id_of: Callable[[V], str]) -> None:
         self._session, self._kind, self._id_of = session, kind, id_of
         self._kept: OrderedDict[Any, V] = OrderedDict()  # the newest signatures, oldest first
         weakref.finalize(owner, _let_go_all, session, kind, self._kept, id_of).atexit = False
@@ -48,6 +51,6 @@ class Registrations(Generic[V]):
         return kept, evicted
 
 
-def _let_go_all(session: Session, kind: Kind, kept: dict[Any, V], id_of: Callable[[V], str]) -> None:
+def _let_go_all(session: LetGo, kind: Kind, kept: dict[Any, V], id_of: Callable[[V], str]) -> None:
     """A function is gone: let go of what its signatures registered."""
     session.let_go(kind, [id_of(v) for v in kept.values()])

@@ -18,15 +18,18 @@ Contract:
 - Everything else that talks to the server (`json`, `request`, `wait`, `ready`, `fetch`)
   first sends what is queued, so the server sees the session's requests in the order they
   were made. `wait` sends the queued operations and waits in the same request.
+- While the server restarts, requests wait for it (the transport's `restart_grace_s`); a
+  batch whose answer was lost is sent again as what the server did not take of it
+  (`client.sender`).
 - Errors: an operation the server refuses fails its own buffers with that error (by status:
   `Conflict`, `OverQuota`, `InvalidArgument`, ...); the server then refuses whatever reads
   them with the same cause (`RemoteError`). A batch that could not be sent or was refused
   whole (the server unreachable, say) fails every buffer in it, and the next blocking call
   raises that error too, once.
 
-Thread-safety: any thread may queue, release or block. The queue is a `deque` (appends are
-atomic, so a release from a finalizer cannot deadlock); `_sending` is held while a batch is
-in flight, and the queue is drained only under it, so batches leave in queue order.
+Thread-safety: any thread may queue, release or block. The queue is the sender's
+(`client.sender`): drained only under its lock, held while a batch is in flight, so batches
+leave in queue order.
 """
 
 from __future__ import annotations
@@ -35,136 +38,36 @@ import base64
 import json
 import os
 import sys
-import threading
-import time
 import weakref
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
-from jax.sharding import AbstractMesh, AxisType
 
 from client.arrays import PLAIN, View
 from client.buffer import Buffer
 from client.eager import Operators
+from client.jit import Function
+from client.sender import MAX_BATCH, MAX_BATCH_IDS, Pending, Sender, refusal
+from client.slices import Output, Slice
 from client.specials import Specials
-from client.transport import ERRORS, Transport, Unauthorized, Unsent
-from ir import Aval, InvalidArgument, IsthmusError, MeshAxes, Spec, Unavailable, dtype_name
+from client.transport import Dropped, Transport, Unauthorized
+from ir import Aval, IsthmusError, Spec, dtype_name
 
-MAX_BATCH = 1000  # operations in one batch (the server takes up to 10 000)
-MAX_BATCH_BYTES = 16 << 20  # inline array bytes in one batch (the server's JSON limit is 64 MiB)
-MAX_RELEASES = 10_000  # ids in one release operation (the server takes up to 100 000)
-MAX_BATCH_IDS = 200_000  # ids in one batch, its operations' together (the server's bound)
-MAX_FORGETS = 20_000  # registrations forgotten in one batch
+__all__ = ["MAX_BATCH", "MAX_BATCH_IDS", "Session", "new_id"]
+
 INLINE_BYTES = 64 << 10  # arrays up to this size are uploaded inside a batch, base64
 SETTLED_ASKED = 10_000  # buffers a wait asks the state of (the server takes up to 10 000)
 WAITS_BEFORE_ASKING = 2  # waits in a row, nothing queued between, after which a wait asks
 FETCH_IDS = 10_000  # buffers fetched together in one request (the server's bound)
 FETCH_BYTES = 64 << 20  # their bytes in all (the server takes up to 256 MiB)
 DELETED_SLICES_KEPT = 4096  # deleted slice ids remembered, for the error a use of one gets
-# How long the woken sender waits before it takes the queue: a blocking call made just after
-# (`f(x).result()`) then carries the queue and its wait in one request, not two.
-LINGER_S = 200e-6
-Output = tuple[str, Aval, Spec, View]  # an output's slice, aval, spec and view (weakly typed, keys)
 
 
 def new_id(client_id: str) -> str:
     """A buffer id: the client's id and a dot (where the server lets the client choose), then
     random, so no two sessions on one client ever choose the same one."""
     return f"{client_id}.{os.urandom(16).hex()}"
-
-
-def refusal(status: int, error: str, detail: str) -> IsthmusError:
-    """The error an operation the server refused raises, by its status, named as the
-    transport names a refused request."""
-    return ERRORS.get(status, IsthmusError)(f"POST /v1/batch: {detail}")
-
-
-@dataclass
-class Pending:
-    """One queued operation: its body as sent, and the buffers it makes. They are held
-    weakly: one dropped while its operation waits in the queue is released at once (its
-    release is queued after the operation), and no one is left to see it fail."""
-
-    body: dict[str, Any]
-    outputs: list[weakref.ref[Buffer]]
-    size: int = 0  # inline bytes it carries
-    ids: int = 1  # buffer ids it names
-    donors: list[Buffer] = field(default_factory=list)  # donated to it: theirs again if it is refused
-
-    def fail(self, error: IsthmusError) -> None:
-        for ref in self.outputs:
-            b = ref()
-            if b is not None and b.error is None:
-                b.error = error
-
-
-def mesh_axis_types(axis_types: Any, mesh: dict[str, int]) -> tuple[AxisType, ...]:
-    """`Client.slice`'s `axis_types`: one `AxisType` for every axis, or one per axis; Auto
-    or Explicit (Manual axes are `shard_map`'s, inside a function)."""
-    if not isinstance(mesh, dict):
-        raise InvalidArgument(f"mesh: expected a dict of axis names to sizes, got {type(mesh).__name__}")
-    types = (axis_types,) * len(mesh) if isinstance(axis_types, AxisType) else axis_types
-    if not isinstance(types, tuple | list) or len(types) != len(mesh) or not all(
-            t in (AxisType.Auto, AxisType.Explicit) for t in types):
-        raise InvalidArgument(
-            f"axis_types: expected AxisType.Auto or AxisType.Explicit, or one of them per mesh "
-            f"axis {tuple(mesh)}; got {axis_types!r}")
-    return tuple(types)
-
-
-class Slice:
-    """A virtual slice: named mesh axes mapped by the server onto physical devices."""
-
-    def __init__(self, session: Session | None, record: dict[str, Any],
-                 axis_types: tuple[AxisType, ...] | None = None) -> None:
-        self._session = session
-        self.id: str = record["id"]
-        self.mesh: dict[str, int] = dict(record["mesh"])
-        self.axis_types = axis_types or (AxisType.Auto,) * len(self.mesh)
-        self.island: str = record["island"]
-        self.hosts: list[str] = record["hosts"]
-        self.device_ids: list[int] = record["device_ids"]
-        self.platform: str = record["platform"]
-
-    @property
-    def mesh_axes(self) -> MeshAxes:
-        return MeshAxes.of(self.mesh)
-
-    @property
-    def abstract_mesh(self) -> AbstractMesh:
-        """The slice's mesh without devices: the context mesh its functions are traced in,
-        and what `shard_map` inside them names. Its axes are Auto unless the slice was asked
-        for with others (`Client.slice`'s `axis_types`); the executors run the same
-        shardings whichever the types."""
-        return AbstractMesh(tuple(self.mesh.values()), tuple(self.mesh), axis_types=self.axis_types)
-
-    @property
-    def explicit(self) -> bool:
-        """Whether an axis is Explicit: functions then trace in JAX's explicit sharding mode."""
-        return AxisType.Explicit in self.axis_types
-
-    @property
-    def size(self) -> int:
-        return self.mesh_axes.size
-
-    @property
-    def export_platform(self) -> str:
-        return {"gpu": "cuda"}.get(self.platform, self.platform)
-
-    def delete(self) -> None:
-        assert self._session is not None, "a slice made without a session is a description only"
-        self._session.request("DELETE", f"/v1/slices/{self.id}")
-        self._session.slices.pop(self.id, None)
-        deleted = self._session.deleted_slices
-        deleted[self.id] = None
-        if len(deleted) > DELETED_SLICES_KEPT:
-            del deleted[next(iter(deleted))]
-
-    def __repr__(self) -> str:
-        return f"Slice({self.id}, {self.mesh}, island={self.island}, devices={self.device_ids})"
 
 
 class Session:
@@ -177,15 +80,7 @@ class Session:
         self.slices: dict[str, Slice] = {}  # the slices this client created, by id
         # the newest it deleted, so that a buffer freed with one is told apart from a stranger's
         self.deleted_slices: dict[str, None] = {}  # the newest `DELETED_SLICES_KEPT`, in order
-        self._queue: deque[Pending | str] = deque()  # operations, and released ids
-        self._sending = threading.Lock()
-        self._wake = threading.Event()
-        self._stopped = False
-        self._deferred: IsthmusError | None = None  # a background send's failure, for the next blocking call
-        # registrations let go of ("computations" or "programs", id), to be forgotten on the
-        # server, which counts each id's registrations (an id once for each: `_forgets`)
-        self._unheld: list[tuple[str, str]] = []
-        self._unheld_lock = threading.Lock()  # (a finalizer may let go in any thread)
+        self._sender = Sender(transport, self.release, background)
         # Buffers made here not yet known to exist, and those asked to be fetched together
         # (`prefetch`), by id; a release drops its id from both (a dict's pop is atomic, so a
         # finalizer needs no lock). `_waits`: waits in a row with nothing queued between.
@@ -193,9 +88,8 @@ class Session:
         self._prefetch: dict[str, weakref.ref[Buffer]] = {}
         self._waits = 0
         self._operators = Operators(self)  # a buffer's operators, run on its slice
-        self._specials = Specials(self)  # jax_debug_nans / jax_debug_infs
-        if background:
-            threading.Thread(target=self._send_forever, name="isthmus-sender", daemon=True).start()
+        # jax_debug_nans / jax_debug_infs, checked by a function of the slice
+        self._specials = Specials(lambda fn, s, name: Function(self, fn, s, name=name))
 
     # -- queueing ---------------------------------------------------------------------------
 
@@ -240,10 +134,30 @@ class Session:
             return buf
         params = {"slice_id": slice_id, "dtype": aval.dtype, "shape": ",".join(map(str, aval.shape)),
                   "spec": json.dumps(spec.to_json()), "id": buf.id}
-        self.request("POST", "/v1/buffers", params=params, content=data,
-                     headers={"Content-Type": "application/octet-stream"})
+        self.flush()
+        self._upload(buf.id, params, data)
         self._unsettle([buf])
         return buf
+
+    def _upload(self, buffer_id: str, params: dict[str, str], data: bytes) -> None:
+        """`POST /v1/buffers`. Its answer lost (within the grace), it is sent again if the
+        server has no buffer of its id, or lost it unfinished at a restart (released first),
+        as a batch's put is (`client.sender`)."""
+        def post() -> None:
+            self.transport.request("POST", "/v1/buffers", params=params, content=data,
+                                   headers={"Content-Type": "application/octet-stream"})
+
+        try:
+            post()
+        except Dropped:
+            if self.transport.retry.grace_s <= 0 or self.transport.retry.stopped:
+                raise
+            unknown, unfinished = self._sender.fates([buffer_id])
+            if unfinished:  # (released first: its id is free again)
+                release = {"op": "release", "ids": sorted(unfinished)}
+                self.transport.json("POST", "/v1/batch", json={"ops": [release]}, safe=True)
+            if unknown or unfinished:
+                post()
 
     def operate(self, symbol: str, op: Callable[..., Any], operands: tuple[Any, ...]) -> Any:
         """An operator on buffers, run on their slice (`client.eager`)."""
@@ -264,8 +178,7 @@ class Session:
         return self._operators.method(buffer, name, args, kwargs)
 
     def release(self, buffer_id: str) -> None:
-        if not self._stopped:
-            self._queue.append(buffer_id)
+        self._sender.release(buffer_id)
         self._unsettled.pop(buffer_id, None)
         self._prefetch.pop(buffer_id, None)
 
@@ -291,142 +204,32 @@ class Session:
         """Registrations that are gone (a signature evicted, a function dropped), an id once
         for each: forgotten on the server after everything queued before (which may still
         use them). Like a release, this rides with the next batch."""
-        with self._unheld_lock:
-            self._unheld += [(kind, r) for r in record_ids]
-
-    def _take_unheld(self) -> list[tuple[str, str]]:
-        """The registrations let go of, up to a batch's share of ids (the rest wait)."""
-        with self._unheld_lock:
-            taken, self._unheld = self._unheld[:MAX_FORGETS], self._unheld[MAX_FORGETS:]
-        return taken
-
-    def _keep_unheld(self, taken: list[tuple[str, str]]) -> None:
-        """Registrations taken to be forgotten, not sent after all: first in line again."""
-        with self._unheld_lock:
-            self._unheld[:0] = taken
+        self._sender.let_go([(kind, r) for r in record_ids])
 
     def _enqueue(self, op: Pending) -> None:
-        self._queue.append(op)
+        self._sender.enqueue(op)
         self._waits = 0
-        self._wake.set()
 
-    # -- sending ----------------------------------------------------------------------------
-
-    def _take(self, ids: int = MAX_BATCH_IDS) -> tuple[list[dict[str, Any]], list[Pending | None]]:
-        """The next batch from the queue (under `_sending`), naming at most `ids` buffer ids:
-        bodies, and whose each is."""
-        ops: list[dict[str, Any]] = []
-        owners: list[Pending | None] = []
-        released: list[str] = []
-        size = 0
-        while self._queue and len(ops) < MAX_BATCH and size <= MAX_BATCH_BYTES:
-            item = self._queue[0]
-            ids -= 1 if isinstance(item, str) else item.ids
-            if ids < 0 and (ops or released):  # (an operation alone always fits)
-                break
-            self._queue.popleft()
-            if isinstance(item, str):
-                released.append(item)
-                if len(released) == MAX_RELEASES:
-                    ops.append({"op": "release", "ids": released})
-                    owners.append(None)
-                    released = []
-                continue
-            if released:  # the releases queued before this operation go before it
-                ops.append({"op": "release", "ids": released})
-                owners.append(None)
-                released = []
-            ops.append(item.body)
-            owners.append(item)
-            size += item.size
-        if released:
-            ops.append({"op": "release", "ids": released})
-            owners.append(None)
-        return ops, owners
-
-    def _send(self, wait: Buffer | None = None, releases: bool = True,
-              asked: Sequence[str] = ()) -> dict[str, Any] | None:
-        """Send what is queued, in batches; `wait` rides on the last one, and `asked` (ids
-        whose state the answer gives). Returns the last answer (None: nothing was queued,
-        so nothing waited). `releases` False: a queue of releases only stays queued. Hold
-        `_sending`."""
-        while True:
-            # Taken before the operations: each was let go of after every operation that
-            # used it had been queued, so those are in this batch or an earlier one.
-            unheld = self._take_unheld()
-            ops, owners = self._take(MAX_BATCH_IDS - len(unheld) - len(asked))
-            last = not self._queue
-            # Forgets go last, after whatever may still use what they name, and like releases
-            # ride with operations.
-            forgets = _forgets(unheld) if last and (releases or any(owners)) else []
-            if unheld and not forgets:
-                self._keep_unheld(unheld)
-            ops, owners = [*ops, *forgets], [*owners, *[None] * len(forgets)]
-            try:
-                if not ops:
-                    return None
-                if not releases and not any(owners):  # they wait for the next batch
-                    self._queue.extendleft(reversed([b for op in ops for b in op["ids"]]))
-                    return None
-                body: dict[str, Any] = {"ops": ops, "wait": wait.id if wait is not None and last else None}
-                if asked and last:
-                    body["settled"] = list(asked)
-                answer = self.transport.json("POST", "/v1/batch", json=body)
-                failed = [(owners[f["index"]], refusal(f["status"], f["error"], f["detail"]))
-                          for f in answer["failed"]]
-            except Exception as e:  # sent or not, none of these can be trusted to exist
-                error = e if isinstance(e, IsthmusError) else Unavailable(
-                    f"POST /v1/batch: an answer the client cannot read: {type(e).__name__}: {e}")
-                failed = [(p, error) for p in owners]
-                answer = None
-                # A batch the server answered with a refusal took nothing: its forgets are
-                # sent again. One that may have been taken is not: the server counts them.
-                if forgets and not isinstance(error, Unavailable):
-                    self._keep_unheld(unheld)
-            for p, error in failed:
-                if p is not None:
-                    p.fail(error)
-                    for b in p.donors:  # refused or never sent: the caller's again; unknown: freed
-                        unknown = isinstance(error, Unavailable) and not isinstance(error, Unsent)
-                        if answer is None and unknown:
-                            self.release(b.id)
-                        else:
-                            b.undonate()
-            if answer is None:
-                raise error
-            if last:
-                return answer
-
-    def _send_forever(self) -> None:
-        while True:
-            self._wake.wait()
-            if self._stopped:
-                return
-            self._wake.clear()
-            time.sleep(LINGER_S)
-            with self._sending:
-                try:
-                    self._send(releases=False)  # a blocking call may have sent the operations
-                except IsthmusError as e:
-                    self._deferred = e
-
-    def _raise_deferred(self) -> None:
-        error, self._deferred = self._deferred, None
-        if error is not None:
-            raise error
+    def delete_slice(self, slice_id: str) -> None:
+        """`Slice.delete`: freed on the server (after what is queued), then remembered as
+        deleted, so that a buffer freed with it says so."""
+        self.request("DELETE", f"/v1/slices/{slice_id}")
+        self.slices.pop(slice_id, None)
+        self.deleted_slices[slice_id] = None
+        if len(self.deleted_slices) > DELETED_SLICES_KEPT:
+            del self.deleted_slices[next(iter(self.deleted_slices))]
 
     def check_open(self) -> None:
         """`Unauthorized` once the client is closed: what it made cannot be used any more."""
-        if self._stopped:
+        if self._sender.stopped:
             raise Unauthorized("this client is closed (by close(), or dropped, or as its process "
                                "exits): what it made cannot be used any more; connect again")
 
     def flush(self) -> None:
         """Send what is queued now; return once the server has taken it (not run it)."""
         self.check_open()
-        with self._sending:
-            self._send()
-        self._raise_deferred()
+        self._sender.send()
+        self._sender.raise_deferred()
 
     # -- blocking ---------------------------------------------------------------------------
 
@@ -448,12 +251,11 @@ class Session:
             self.check_open()
             self._waits += 1
             asked = self._asked(buffer) if self._waits > WAITS_BEFORE_ASKING else []
-            with self._sending:
-                answer = self._send(wait=buffer, asked=asked)
-            self._raise_deferred()
+            answer = self._sender.send(wait=buffer.id, asked=asked)
+            self._sender.raise_deferred()
             if buffer.error is None and answer is None:
                 if asked:
-                    answer = self.transport.json("POST", "/v1/batch", json={
+                    answer = self.transport.json("POST", "/v1/batch", safe=True, json={
                         "ops": [], "wait": buffer.id, "settled": asked})
                 else:
                     self.transport.json("GET", f"/v1/buffers/{buffer.id}", params={"wait": True})
@@ -484,17 +286,24 @@ class Session:
         return self.transport.json("GET", f"/v1/buffers/{buffer.id}")["state"] in ("ready", "failed")
 
     def fetch(self, buffer: Buffer) -> bytes:
-        """The buffer's bytes. One asked to be fetched with others (`prefetch`) comes with
-        those others, up to `FETCH_IDS` of them and `FETCH_BYTES`, in one request; if that
-        is refused, each is fetched alone (and raises its own error)."""
+        """The buffer's bytes. What is queued is sent first, with a wait for the buffer (one
+        request, as a flush: its answer comes once the value exists, so an answer lost to a
+        server restart covers the work, `client.sender`). One asked to be fetched with
+        others (`prefetch`) comes with those others, up to `FETCH_IDS` of them and
+        `FETCH_BYTES`, in one request; if that is refused, each is fetched alone (and raises
+        its own error)."""
         if buffer.error is None:
-            self.flush()
+            self.check_open()
+            answer = self._sender.send(wait=None if buffer.known_ready else buffer.id)
+            self._sender.raise_deferred()
+            if buffer.error is None and answer is not None and answer["wait"] is not None:
+                raise refusal(**answer["wait"])
         if buffer.error is not None:
             raise buffer.error
         group = self._prefetched(buffer)
         if len(group) > 1:
             try:
-                data = self.transport.request("POST", "/v1/buffers/data",
+                data = self.transport.request("POST", "/v1/buffers/data", safe=True,
                                               json_body={"ids": [b.id for b in group]}).content
             except IsthmusError:
                 data = None
@@ -530,18 +339,7 @@ class Session:
 
     def close(self) -> None:
         """Stop the sender; what is still queued is dropped (closing frees it all anyway)."""
-        self._stopped = True
-        self._wake.set()
-        self._queue.clear()
-
-
-def _forgets(unheld: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    """The forget operations for registrations let go of (an id once for each)."""
-    by_kind: dict[str, list[str]] = {"computations": [], "programs": []}
-    for kind, r in unheld:
-        by_kind[kind].append(r)
-    return [{"op": "forget", kind: ids[i:i + MAX_RELEASES]}
-            for kind, ids in by_kind.items() for i in range(0, len(ids), MAX_RELEASES)]
+        self._sender.stop()
 
 
 def little_endian(array: np.ndarray) -> np.ndarray:

@@ -17,21 +17,21 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from client.buffer import Buffer
+from client.slices import Slice
 from ir import parse_dtype
 
-if TYPE_CHECKING:
-    from client.jit import Function
-    from client.session import Session, Slice
-
 __all__ = ["Specials", "checking"]
+
+# `_flags` jitted for a slice, under a name (the session's `client.jit.Function`)
+Jit = Callable[[Callable[..., Any], Slice, str], Callable[..., Any]]
 
 
 def checking() -> tuple[bool, bool]:
@@ -47,11 +47,11 @@ def _flags(*values: jax.Array) -> jax.Array:
 
 
 class Specials:
-    """One session's checks, a `Function` of `_flags` per slice."""
+    """One session's checks, a jitted `_flags` per slice (made by `jit`)."""
 
-    def __init__(self, session: Session) -> None:
-        self._session = session
-        self._checks: dict[str, Function] = {}
+    def __init__(self, jit: Jit) -> None:
+        self._jit = jit
+        self._checks: dict[str, Callable[..., Any]] = {}
 
     def check(self, name: str, slice: Slice, outs: Sequence[Buffer], nans: bool, infs: bool) -> None:
         """Raise FloatingPointError if `outs`, the results of `name` on `slice`, hold what
@@ -61,9 +61,7 @@ class Specials:
             return
         fn = self._checks.get(slice.id)
         if fn is None:
-            from client.jit import Function  # (client.jit calls this module)
-
-            fn = self._checks[slice.id] = Function(self._session, _flags, slice, name="debug_nans")
+            fn = self._checks[slice.id] = self._jit(_flags, slice, "debug_nans")
         has_nan, has_inf = fn(*floating).numpy()
         for found, wanted, what in ((has_nan, nans, "nan"), (has_inf, infs, "inf")):
             if found and wanted:

@@ -19,39 +19,41 @@ Contract:
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import re
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import jax
 import numpy as np
 
-from client.arrays import FLOAT0, PLAIN, NotAnArray, View, as_array, is_float0
-from client.buffer import Buffer, Shaped
+from client import context
+from client.arrays import FLOAT0, PLAIN, NotAnArray, Shaped, View, as_array, is_float0
+from client.buffer import Buffer
+from client.context import tracing
+from client.exported import Export
+from client.slices import Slice
 from client.statics import StaticKey
 from ir import Aval, InvalidArgument, MeshAxes, NotFound, Program, ProgramBuilder, Spec, Type, dtype_name
 
-if TYPE_CHECKING:
-    from client.jit import Function
-    from client.session import Slice
-
-_CURRENT: contextvars.ContextVar[Trace | None] = contextvars.ContextVar("isthmus_trace", default=None)
+__all__ = ["DATA_LESS", "Names", "Trace", "Traceable", "Traced", "current_trace", "tracing"]
 
 
 def current_trace() -> Trace | None:
-    return _CURRENT.get()
+    """The program being traced in this context (`client.context`), if any."""
+    trace = context.current_trace()
+    assert trace is None or isinstance(trace, Trace), "only the tracer's traces are set as one"
+    return trace
 
 
-@contextlib.contextmanager
-def tracing(trace: Trace) -> Iterator[Trace]:
-    token = _CURRENT.set(trace)
-    try:
-        yield trace
-    finally:
-        _CURRENT.reset(token)
+class Traceable(Protocol):
+    """What the tracer asks of a jitted function called in a program (`client.jit.Function`)."""
+
+    name: str
+    slice: Slice
+
+    def own_specs(self, placed: Sequence[tuple[str, Spec] | None]) -> tuple[Spec | None, ...]: ...
+    def export(self, args: Any, kwargs: dict[str, Any], sig: Any) -> Export: ...
 
 
 @dataclass
@@ -72,7 +74,7 @@ class Traced(Shaped):
         self._id = value_id
 
     @property
-    def aval(self) -> Aval:  # type: ignore[override]
+    def aval(self) -> Aval:
         return self._trace.values[self._id].aval
 
     @property
@@ -180,7 +182,7 @@ class Trace:
         """`slices`: the client's slices; `deleted`: ids of slices it deleted (a buffer freed
         with one is then `NotFound`, not a stranger's)."""
         self.parent = parent
-        self._deleted = deleted if parent is None else parent._deleted
+        self._deleted: Collection[str] = deleted if parent is None else parent._deleted
         self.root: Trace = self if parent is None else parent.root
         self.parallel_iterations = parallel_iterations  # the program's default for its loops
         self._known = slices or {}  # the client's slices, for buffers on a slice no call uses
@@ -313,7 +315,7 @@ class Trace:
 
     # -- the one operation -------------------------------------------------------------------
 
-    def apply(self, fn: Function, args: tuple[Any, ...], kwargs: dict[str, Any], static: StaticKey) -> Any:
+    def apply(self, fn: Traceable, args: tuple[Any, ...], kwargs: dict[str, Any], static: StaticKey) -> Any:
         """A call of `fn` on its dynamic arguments (`static`: the static ones' values)."""
         leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=lambda x: isinstance(x, Traced))
         # float0 leaves (an integer input's gradient) hold no data: the export makes them
@@ -325,13 +327,13 @@ class Trace:
         ), fn.own_specs([None if v is None or (t := self.typed(v)) is None else (t.slice, t.spec)
                          for v in values]))
         exported = fn.export(args, kwargs, sig)
-        values = [v for v in values if v is not None]
+        data = [v for v in values if v is not None]
         if not exported.outputs:  # nothing to compute (`Function.__call__`)
             return exported.tree([])
         self._slices[fn.slice.id] = fn.slice
         self.root._slices[fn.slice.id] = fn.slice
         e = exported  # short, for the lines below
-        inputs = tuple(self.use(v, fn.slice, spec) for v, spec in zip(values, e.in_specs, strict=True))
+        inputs = tuple(self.use(v, fn.slice, spec) for v, spec in zip(data, e.in_specs, strict=True))
         outputs = tuple(
             self._new(aval, view, Type(aval, spec, fn.slice.id))
             for aval, view, spec in zip(e.out_avals, e.out_views, e.out_specs, strict=True)
