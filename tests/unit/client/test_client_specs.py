@@ -82,22 +82,26 @@ def test_python_ints_past_the_canonical_range_overflow_as_in_jax_jit():
 
 def test_an_artifact_past_the_server_s_body_limit_says_to_pass_closed_over_arrays_as_arguments():
     import jax.numpy as jnp
-    from test_trace import make_slice, trace
+    from test_trace import make_slice
 
     from client.jit import Function
 
-    class Refusing:  # the server's 413 for a body past its max_json_mb
+    class Refusing:  # a session whose server answers 413 for a body past its max_json_mb
+        deleted_slices: dict[str, None] = {}
+
         def register(self, path, body):
             raise InvalidArgument("POST /v1/computations: body: larger than the 64 MiB limit of "
                                   "/v1/computations")
 
+        def let_go(self, kind, record_ids):
+            pass
+
     table = np.arange(1000, dtype=np.float32)
-    f = Function(None, lambda i: jnp.asarray(table)[i], make_slice("s", {"x": 1}, "a"))
-    trace(f, (np.int32(1), PLAIN))
-    (exported,) = f._exports.values()
+    f = Function(Refusing(), lambda i: jnp.asarray(table)[i], make_slice("s", {"x": 1}, "a"))
     with pytest.raises(InvalidArgument, match=r"its exported program is \d+ bytes, past what the server "
                                               r"takes \(.*64 MiB.*\)\. Arrays the function closes over"):
-        f._register(Refusing(), exported)
+        f(np.int32(1))  # exported, then registered on its first call
+    assert len(f.exports) == 1 and f.registrations == ()
 
 
 def test_a_leaf_that_is_no_array_is_named_and_told_to_be_static():

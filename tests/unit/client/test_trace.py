@@ -125,7 +125,7 @@ def test_a_float0_argument_is_made_inside_the_export_not_sent():
     computes = [n for n in program.nodes if n.op is Op.COMPUTE]
     assert [len(n.inputs) for n in computes] == [2, 1]  # g reads v and n; h only g's data leaf
 
-    [exported] = h._exports.values()  # the one signature the trace exported
+    [exported] = h.exports  # the one signature the trace exported
     assert len(exported.in_specs) == 1
     run = jax.export.deserialize(bytearray(exported.artifact))
     v = np.arange(4, dtype=np.float32)
