@@ -8,6 +8,6 @@ def host_rows(c) -> dict:
     has reported its part done: the condition itself, polled, within a bound)."""
     deadline = time.monotonic() + 60
     while True:
-        islands = c._json("GET", "/v1/islands")
+        islands = c.raw_json("GET", "/v1/islands")
         if all(isl["in_flight"] == 0 for isl in islands) or time.monotonic() > deadline:
             return {h["name"]: h for isl in islands for h in isl["hosts"]}

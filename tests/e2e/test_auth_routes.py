@@ -114,8 +114,8 @@ def alice(server: Any, token: str) -> Iterator[Alice]:
         step = a.program(lambda v: f(f(v)))
         run = step(x)
         np.testing.assert_array_equal(run.numpy(), np.arange(4) * 4)
-        [computation] = a._json("GET", "/v1/computations")
-        [program] = a._json("GET", "/v1/programs")
+        [computation] = a.raw_json("GET", "/v1/computations")
+        [program] = a.raw_json("GET", "/v1/programs")
         rep = NamedSharding(s.abstract_mesh, P())
         artifact = jax.export.export(jax.jit(lambda v: v * 3, in_shardings=rep, out_shardings=rep),
                                      platforms=["cpu"])(jax.ShapeDtypeStruct((4,), jnp.float32))
@@ -127,7 +127,7 @@ def alice(server: Any, token: str) -> Iterator[Alice]:
             "artifact": base64.b64encode(artifact.serialize()).decode(),
             "in_specs": [[]], "out_specs": [[]], "dtype": "float32", "shape": "4", "spec": "[]",
         }
-        yield Alice(a, values, x, y, run, step, a._json("GET", "/v1/clients/self"))
+        yield Alice(a, values, x, y, run, step, a.raw_json("GET", "/v1/clients/self"))
     finally:
         a.close()
 

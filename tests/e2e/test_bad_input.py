@@ -49,14 +49,14 @@ def test_unknown_ids(http, stored):
     check(http.get("/v1/buffers/b-nope/data"), 404, "b-nope")
     check(upload(http, "s-nope", np.zeros(4, np.float32).tobytes()), 404, "s-nope")
     check(http.post("/v1/calls", json={"computation_id": "c-nope", "inputs": []}), 404, "c-nope")
-    cid = next(iter(f._registered.values()))
+    cid = f.registrations[0]
     check(http.post("/v1/calls", json={"computation_id": cid, "inputs": ["b-nope"]}), 404, "b-nope")
     check(http.delete("/v1/slices/s-nope"), 404, "s-nope")
 
 
 def test_inputs_that_do_not_match_the_artifact(c, http, stored):
     s, x, f = stored
-    cid = next(iter(f._registered.values()))
+    cid = f.registrations[0]
     wrong_shape = c.put(np.zeros(6, np.float32), s)
     wrong_dtype = c.put(np.zeros(4, np.int32), s)
     for b, words in ((wrong_shape, ("input 0", "float32[4]", "float32[6]")),

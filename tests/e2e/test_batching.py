@@ -24,7 +24,7 @@ def test_back_to_back_calls_travel_in_a_few_requests_and_equal_jax(c):
     f = c.jit(step, slice=s, in_specs=(P("x"), P()), out_specs=P("x"))
     x = c.put(np.linspace(0, 1, 8, dtype=np.float32), s, P("x"))
     f(x, np.float32(2)).result()  # registered and compiled: from here on, only calls
-    sent = c._transport.requests
+    sent = c.requests_sent
     y = x
     for k in range(200):
         y = f(y, np.float32(k % 3))  # an array argument: its upload is queued too
@@ -34,7 +34,7 @@ def test_back_to_back_calls_travel_in_a_few_requests_and_equal_jax(c):
         want = local(want, np.float32(k % 3))
     np.testing.assert_array_equal(y.numpy(), np.asarray(want))
     # 200 calls and 200 uploads: a handful of batches and the fetch, never one per call.
-    assert c._transport.requests - sent < 40, c._transport.requests - sent
+    assert c.requests_sent - sent < 40, c.requests_sent - sent
 
 
 def test_a_chain_waited_for_is_one_request(c):
@@ -42,9 +42,9 @@ def test_a_chain_waited_for_is_one_request(c):
     inc = c.jit(lambda v: v + 1, slice=s)
     y = inc(c.put(np.zeros(4, np.float32), s)).result()
     for _ in range(5):
-        sent = c._transport.requests
+        sent = c.requests_sent
         y = inc(y).result()  # the call rides on the wait's request, unless the sender took it first
-        assert c._transport.requests - sent in (1, 2)
+        assert c.requests_sent - sent in (1, 2)
     np.testing.assert_array_equal(y.numpy(), np.full(4, 6, np.float32))
 
 
@@ -98,8 +98,8 @@ def test_an_id_released_and_named_again_in_one_batch_holds_its_new_value(c):
                 "data": data}
 
     ops = [put(1.0), {"op": "release", "ids": [x]}, put(2.0)]
-    assert c._transport.json("POST", "/v1/batch", json={"ops": ops, "wait": x})["failed"] == []
-    data = c._transport.request("GET", f"/v1/buffers/{x}/data").content
+    assert c.raw_json("POST", "/v1/batch", json={"ops": ops, "wait": x})["failed"] == []
+    data = c.raw_request("GET", f"/v1/buffers/{x}/data").content
     np.testing.assert_array_equal(np.frombuffer(data, np.float32), np.full(4, 2.0, np.float32))
 
 
@@ -117,7 +117,7 @@ def test_a_client_chooses_ids_only_in_its_own_part_of_the_namespace(connect):
         data = base64.b64encode(np.zeros(4, np.float32).tobytes()).decode()
         op = {"op": "put", "id": ident, "slice_id": s.id, "dtype": "float32", "shape": [4], "spec": [],
               "data": data}
-        return who._transport.json("POST", "/v1/batch", json={"ops": [op]})["failed"]
+        return who.raw_json("POST", "/v1/batch", json={"ops": [op]})["failed"]
 
     unheld = f"{alice.id}.{'cd' * 16}"
     held, free = put(bob, sb, xa.id), put(bob, sb, unheld)
@@ -137,13 +137,13 @@ def test_refusals_and_the_causes_kept_for_their_ids_stay_short(c):
     s = c.slice({"x": 1})
     inc = c.jit(lambda v: v + 1, slice=s)
     inc(np.zeros(4, np.float32)).result()
-    comp = next(iter(inc._registered.values()))
+    comp = inc.registrations[0]
     ids = [f"{c.id}.chain-{k:06d}" for k in range(301)]
     ops = [{"op": "put", "id": ids[0], "slice_id": s.id, "dtype": "float32", "shape": [4],
             "spec": [["x"] * 100_000], "data": base64.b64encode(bytes(16)).decode()}]
     ops += [{"op": "call", "computation_id": comp, "inputs": [ids[k]], "ids": [ids[k + 1]]}
             for k in range(300)]
-    answer = c._transport.request("POST", "/v1/batch", json_body={"ops": ops})
+    answer = c.raw_request("POST", "/v1/batch", json={"ops": ops})
     failed = answer.json()["failed"]
     assert [f["index"] for f in failed] == list(range(301))
     assert "spec" in failed[0]["detail"] and "characters left out" in failed[0]["detail"]
@@ -167,7 +167,7 @@ def test_an_id_released_while_queued_work_reads_it_is_not_chosen_again_until_tha
         slow = c.jit(lambda m: jnp.tanh(m @ m) @ m, slice=s)
         m = c.put(np.full((256, 256), 1e-3, np.float32), s)
         slow(m).result()
-        (computation,) = slow._registered.values()
+        (computation,) = slow.registrations
         x = f"{c.id}.reused_id_0001"
 
         def put(value):
@@ -180,13 +180,13 @@ def test_an_id_released_while_queued_work_reads_it_is_not_chosen_again_until_tha
 
         ops = [put(1.0), *(call([m.id], f"filler{i:04d}") for i in range(8)), call([x], "reads_old"),
                {"op": "release", "ids": [x]}, put(2.0)]
-        failed = c._transport.json("POST", "/v1/batch", json={"ops": ops})["failed"]
+        failed = c.raw_json("POST", "/v1/batch", json={"ops": ops})["failed"]
         assert [f["index"] for f in failed] == [len(ops) - 1] and "was released" in str(failed), failed
-        old = c._transport.request("GET", f"/v1/buffers/{c.id}.reads_old/data").content
+        old = c.raw_request("GET", f"/v1/buffers/{c.id}.reads_old/data").content
         want = jax.jit(lambda v: jnp.tanh(v @ v) @ v)(np.ones((256, 256), np.float32))
         np.testing.assert_allclose(np.frombuffer(old, np.float32).reshape(256, 256), want, rtol=1e-5)
-        assert c._transport.json("POST", "/v1/batch", json={"ops": [put(3.0)], "wait": x})["failed"] == []
-        data = c._transport.request("GET", f"/v1/buffers/{x}/data").content
+        assert c.raw_json("POST", "/v1/batch", json={"ops": [put(3.0)], "wait": x})["failed"] == []
+        data = c.raw_request("GET", f"/v1/buffers/{x}/data").content
         np.testing.assert_array_equal(np.frombuffer(data, np.float32), np.full(256 * 256, 3.0, np.float32))
 
 
@@ -196,15 +196,15 @@ def test_a_pytree_is_waited_for_and_fetched_in_a_few_requests(c):
     of the leaves from one wait that asks their states, and fetches them together."""
     s = c.slice({"x": 2})
     tree = {f"layer{i}": {"w": np.full(3, i, np.float32), "b": np.int32(i)} for i in range(300)}
-    sent = c._transport.requests
+    sent = c.requests_sent
     t = jax.block_until_ready(c.put(tree, s))
-    assert c._transport.requests - sent < 10, c._transport.requests - sent
+    assert c.requests_sent - sent < 10, c.requests_sent - sent
     f = c.jit(lambda t: jax.tree.map(lambda v: v * 2 + 1, t), slice=s)
     jax.block_until_ready(f(t))  # registered and compiled
-    sent = c._transport.requests
+    sent = c.requests_sent
     y = jax.block_until_ready(f(t))
     got = jax.device_get(y)
-    assert c._transport.requests - sent < 10, c._transport.requests - sent
+    assert c.requests_sent - sent < 10, c.requests_sent - sent
     want = jax.device_get(jax.jit(lambda t: jax.tree.map(lambda v: v * 2 + 1, t))(tree))
     assert jax.tree.structure(got) == jax.tree.structure(want)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):

@@ -41,18 +41,17 @@ def test_two_clients_see_only_their_own_buffers_and_slices(connect):
     f = alice.jit(lambda a: a + 1, slice=sa)
     ya = f(xa)
     sb = bob.slice({"x": 2})
-    assert [s["id"] for s in bob._transport.json("GET", "/v1/slices")] == [sb.id]
+    assert [s["id"] for s in bob.raw_json("GET", "/v1/slices")] == [sb.id]
     assert bob.buffers() == []
     for path in (f"/v1/buffers/{xa.id}", f"/v1/buffers/{xa.id}/data", f"/v1/slices/{sa.id}"):
         with pytest.raises(isthmus.NotFound):
-            bob._transport.json("GET", path)
+            bob.raw_json("GET", path)
     with pytest.raises(isthmus.NotFound, match="does not exist"):
-        bob._transport.json("POST", "/v1/calls",
-                            json={"computation_id": next(iter(f._registered.values())), "inputs": []})
+        bob.raw_json("POST", "/v1/calls", json={"computation_id": f.registrations[0], "inputs": []})
     with pytest.raises(isthmus.NotFound):
-        bob._transport.request("DELETE", f"/v1/buffers/{xa.id}")
+        bob.raw_request("DELETE", f"/v1/buffers/{xa.id}")
     # Releasing ids it does not own is a no-op for bob (a bulk release skips unknown ids).
-    bob._transport.request("POST", "/v1/buffers/delete", json_body={"ids": [xa.id]})
+    bob.raw_request("POST", "/v1/buffers/delete", json={"ids": [xa.id]})
     assert xa.id in {b["id"] for b in alice.buffers()}
     np.testing.assert_array_equal(ya.numpy(), np.arange(4) + 1)  # untouched by bob's attempts
 
@@ -189,8 +188,8 @@ def test_values_made_by_functions_since_dropped_are_made_again_after_a_restart(c
     z = twice(c.jit(lambda a: a - 1, slice=s))(y)
     gc.collect()  # the functions and the program are let go of, forgotten with the next request
     z.result()
-    assert c._json("GET", "/v1/programs") == []  # (after what is queued)
-    assert c._json("GET", "/v1/computations") == []
+    assert c.raw_json("GET", "/v1/programs") == []  # (after what is queued)
+    assert c.raw_json("GET", "/v1/computations") == []
     want_y = ((x0 * 2 + 0) * 2 + 1) * 2 + 2
     assert c.restart_island("b") >= 2  # y and z, lost
     np.testing.assert_array_equal(z.numpy(), want_y - 2)

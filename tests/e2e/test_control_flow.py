@@ -105,8 +105,8 @@ def test_a_loop_whose_body_spans_islands_a_and_b(c, fns):
     assert_no_state_left(c)
     # The lowered per-host graphs show each host's state machine: the five primitives, and
     # the predicate island a sends island b each iteration.
-    program_id = next(iter(loop._cache.values())).program_id
-    shown = c._json("GET", f"/v1/programs/{program_id}/text")
+    program_id = loop.traces[0].program_id
+    shown = c.raw_json("GET", f"/v1/programs/{program_id}/text")
     assert "while" in shown["text"] and "send" in shown["lowered"]
     texts = {p["host"]: "\n".join(p["text"]) for p in shown["plans"]}
     (on_b,) = [t for h, t in texts.items() if h in fns["sb"].hosts]

@@ -112,4 +112,4 @@ def test_a_malformed_loop_is_a_400_naming_the_node(c):
     loop = next(n for n in wire["graph"]["nodes"] if n["op"] == "while")
     loop["attrs"]["cond"]["nodes"][-1]["inputs"] = [loop["attrs"]["cond"]["nodes"][0]["outputs"][0]]
     with pytest.raises(isthmus.InvalidArgument, match=r"while cond results: expected one bool\[\] scalar"):
-        c._json("POST", "/v1/programs", json={"program": wire})
+        c.raw_json("POST", "/v1/programs", json={"program": wire})

@@ -75,7 +75,7 @@ def test_dropped_buffers_are_freed_and_close_frees_everything(connect):
     c.close()
     other = connect()
     with pytest.raises(isthmus.NotFound):
-        other._transport.json("GET", f"/v1/buffers/{kept.id}")
+        other.raw_json("GET", f"/v1/buffers/{kept.id}")
 
 
 MISSING_KERNEL = "tpu_custom_call"  # a stable custom-call target with no handler on CPU hosts
@@ -100,10 +100,10 @@ def test_a_failed_computation_fails_its_dependents_with_the_same_cause(c):
     artifact = missing_kernel_artifact(s.abstract_mesh, (4,))
     body = {"slice_id": s.id, "artifact": base64.b64encode(artifact).decode(),
             "in_specs": [[]], "out_specs": [[]], "name": "missing-kernel"}
-    bad = c._transport.json("POST", "/v1/computations", json=body)
+    bad = c.raw_json("POST", "/v1/computations", json=body)
     x = c.put(np.zeros(4, np.float32), s)
     try:
-        out = c._call(bad["id"], [x.id])[0]
+        out = c.raw_call(bad["id"], [x.id])[0]
     except isthmus.Conflict as e:  # compiling had already failed: the call is refused at once
         assert MISSING_KERNEL in str(e)
         return
@@ -116,7 +116,7 @@ def test_a_failed_computation_fails_its_dependents_with_the_same_cause(c):
     assert str(second.value).split(": ", 1)[1] == cause
     # The compile's own answer reaches the server's record on another path than the run's
     # failure: it may land just after the client has seen the failure.
-    until(lambda: c._transport.json("GET", f"/v1/computations/{bad['id']}")["status"] == "failed", 30,
+    until(lambda: c.raw_json("GET", f"/v1/computations/{bad['id']}")["status"] == "failed", 30,
           f"computation {bad['id']} marked failed")
 
 
@@ -128,7 +128,7 @@ def test_specs_that_contradict_the_artifact_are_refused_by_name(c):
     body = {"slice_id": s.id, "artifact": base64.b64encode(exported.serialize()).decode(),
             "in_specs": [["x"]], "out_specs": [[]], "name": "mis-declared"}
     with pytest.raises(isthmus.InvalidArgument, match=r"in_specs\[0\]: declared P\('x'\), but the artifact"):
-        c._transport.json("POST", "/v1/computations", json=body)
+        c.raw_json("POST", "/v1/computations", json=body)
 
 
 def test_an_artifact_exported_by_hand_over_pytrees_runs_on_its_flat_leaves(c):
@@ -154,10 +154,10 @@ def test_an_artifact_exported_by_hand_over_pytrees_runs_on_its_flat_leaves(c):
         artifact = jax.export.export(fn, platforms=["cpu"])(*args).serialize()
         body = {"slice_id": s.id, "artifact": base64.b64encode(artifact).decode(),
                 "in_specs": ins, "out_specs": outs, "name": "by-hand"}
-        comp = c._transport.json("POST", "/v1/computations", json=body)
+        comp = c.raw_json("POST", "/v1/computations", json=body)
         leaves = [np.arange(a.shape[0], dtype=np.float32) + 1 for a in jax.tree_util.tree_leaves(args)]
         inputs = [c.put(x, s, P(*spec)) for x, spec in zip(leaves, ins, strict=True)]
-        got = [b.numpy() for b in c._call(comp["id"], [b.id for b in inputs])]
+        got = [b.numpy() for b in c.raw_call(comp["id"], [b.id for b in inputs])]
         tree = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(args), leaves)
         want = jax.tree_util.tree_leaves(jax.jit(local)(*tree))
         for g, w in zip(got, want, strict=True):

@@ -111,8 +111,8 @@ def test_values_move_into_and_out_of_a_slice_spanning_hosts(c):
         got_y, got_u = prog(x)
         np.testing.assert_array_equal(got_y.numpy(), want_y)
         np.testing.assert_array_equal(got_u.numpy(), want_w - 1)
-    (registered,) = prog._cache.values()
-    lowered = c._json("GET", f"/v1/programs/{registered.program_id}/text")["lowered"]
+    (registered,) = prog.traces
+    lowered = c.raw_json("GET", f"/v1/programs/{registered.program_id}/text")["lowered"]
     assert "from a0,a1 tag" in lowered and "to a0,a1 tag" in lowered  # one send/recv per move
 
 
@@ -160,9 +160,9 @@ def test_a_program_on_a_slice_spanning_hosts_is_one_message_per_host(c):
 
     x = c.put(np.arange(64, dtype=np.float32), s, P("x"))
     first = chain(x).result()
-    before = {h["name"]: h["dispatch_messages"] for i in c._json("GET", "/v1/islands") for h in i["hosts"]}
+    before = {h["name"]: h["dispatch_messages"] for i in c.raw_json("GET", "/v1/islands") for h in i["hosts"]}
     outs = [chain(x) for _ in range(5)]
-    after = {h["name"]: h["dispatch_messages"] for i in c._json("GET", "/v1/islands") for h in i["hosts"]}
+    after = {h["name"]: h["dispatch_messages"] for i in c.raw_json("GET", "/v1/islands") for h in i["hosts"]}
     assert {h: after[h] - before[h] for h in ("a0", "a1")} == {"a0": 5, "a1": 5}
     want = np.arange(64, dtype=np.float32)
     local = local_jit(step, (8,), ("x",), (P("x"),), P("x"))

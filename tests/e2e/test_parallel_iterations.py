@@ -22,8 +22,8 @@ def fns(c):
 
 
 def plan_texts(c, program):
-    program_id = next(iter(program._cache.values())).program_id
-    return "\n".join(line for p in c._json("GET", f"/v1/programs/{program_id}/text")["plans"]
+    program_id = program.traces[0].program_id
+    return "\n".join(line for p in c.raw_json("GET", f"/v1/programs/{program_id}/text")["plans"]
                      for line in p["text"])
 
 
@@ -97,4 +97,4 @@ def test_a_hostile_parallel_iterations_is_a_400_naming_the_field(c, fns):
     for bad in (10**9, -1, "many", True):
         loop["attrs"]["parallel_iterations"] = bad
         with pytest.raises(isthmus.InvalidArgument, match="parallel_iterations"):
-            c._json("POST", "/v1/programs", json={"program": wire})
+            c.raw_json("POST", "/v1/programs", json={"program": wire})

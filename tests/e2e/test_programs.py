@@ -70,14 +70,14 @@ def test_ir_size_does_not_depend_on_shard_count(c):
         hi = c.jit(h, slice=sb, in_specs=P("y"), out_specs=P("y"))
         prog = c.program(lambda x, fi=fi, hi=hi: hi(fi(x), fi(x)))
         out = prog(np.ones(8, np.float32))
-        record = c._json("GET", f"/v1/programs/{next(iter(prog._cache.values())).program_id}")
+        record = c.raw_json("GET", f"/v1/programs/{prog.traces[0].program_id}")
         stats.append((record["nodes"], record["edges"]))
         assert out.numpy().shape == (8,)
     assert stats[0] == stats[1]
 
 
 def host_counters(c):
-    rows = [h for isl in c._json("GET", "/v1/islands") for h in isl["hosts"]]
+    rows = [h for isl in c.raw_json("GET", "/v1/islands") for h in isl["hosts"]]
     return {h["name"]: (h["requests"], h["dispatch_messages"]) for h in rows}
 
 
@@ -93,13 +93,13 @@ def test_a_128_node_run_is_one_submission_and_one_message_per_host(c):
 
     x = c.put(np.zeros(4, np.float32), sa)
     first = chain(x).result()  # trace, register, compile; kept, so no release rides along
-    program = next(iter(chain._cache.values())).program
+    program = chain.traces[0].program
     assert program.stats()["nodes"] >= 128
     hosts = set(sa.hosts) | set(sb.hosts)
-    before, sent = host_counters(c), c._transport.requests
+    before, sent = host_counters(c), c.requests_sent
     out = chain(x)
     c.flush()  # the run leaves the client's queue (in the background or here)
-    assert c._transport.requests - sent == 1  # the client made one submission
+    assert c.requests_sent - sent == 1  # the client made one submission
     out.result()
     after = host_counters(c)
     for h in hosts:
@@ -154,15 +154,15 @@ def test_a_failure_inside_a_program_reaches_its_results_and_the_server_keeps_ser
     (y,) = b.compute("broken", missing_kernel_artifact(sa.abstract_mesh, (4,)), sa.id, [x],
                      [(Aval((4,), "float32"), ())])
     b.result(y)
-    record = c._json("POST", "/v1/programs", json={"program": to_wire(b.build())})
+    record = c.raw_json("POST", "/v1/programs", json={"program": to_wire(b.build())})
     buf = c.put(np.zeros(4, np.float32), sa)
     try:
-        outs = c._json("POST", "/v1/runs", json={"program_id": record["id"], "inputs": [buf.id]})
+        outs = c.raw_json("POST", "/v1/runs", json={"program_id": record["id"], "inputs": [buf.id]})
     except Conflict as e:  # compiling had already failed: the run is refused at once
         assert MISSING_KERNEL in str(e)
     else:
         with pytest.raises(RemoteError, match=MISSING_KERNEL):
-            c._json("GET", f"/v1/buffers/{outs['outputs'][0]['id']}", params={"wait": True})
+            c.raw_json("GET", f"/v1/buffers/{outs['outputs'][0]['id']}", params={"wait": True})
     np.testing.assert_array_equal(good(np.zeros(2, np.float32)).numpy(), np.ones(2, np.float32))
 
 
@@ -172,18 +172,18 @@ def test_bad_programs_and_runs_are_4xx_naming_the_fault(c):
     prog = c.program(lambda v: f(v))
     x = c.put(np.zeros(3, np.float32), s)
     prog(x).result()
-    pid = next(iter(prog._cache.values())).program_id
+    pid = prog.traces[0].program_id
     with pytest.raises(InvalidArgument, match="takes 1 inputs; got 2"):
-        c._json("POST", "/v1/runs", json={"program_id": pid, "inputs": [x.id, x.id]})
+        c.raw_json("POST", "/v1/runs", json={"program_id": pid, "inputs": [x.id, x.id]})
     y = c.put(np.zeros(4, np.float32), s)
     with pytest.raises(InvalidArgument, match=r"input 0 \(buffer .*\): expected float32\[3\]"):
-        c._json("POST", "/v1/runs", json={"program_id": pid, "inputs": [y.id]})
+        c.raw_json("POST", "/v1/runs", json={"program_id": pid, "inputs": [y.id]})
     with pytest.raises(InvalidArgument, match=r"\$.format"):
-        c._json("POST", "/v1/programs", json={"program": {"format": "nope"}})
-    wire = __import__("ir").to_wire(next(iter(prog._cache.values())).program)
+        c.raw_json("POST", "/v1/programs", json={"program": {"format": "nope"}})
+    wire = __import__("ir").to_wire(prog.traces[0].program)
     wire["slices"][0]["name"] = "sl-000000000000"
     with pytest.raises(Exception, match="sl-000000000000"):
-        c._json("POST", "/v1/programs", json={"program": wire})
+        c.raw_json("POST", "/v1/programs", json={"program": wire})
     np.testing.assert_array_equal(prog(x).numpy(), np.ones(3, np.float32))  # still serving
 
 
@@ -320,11 +320,11 @@ def test_a_registration_is_answered_once_its_hosts_have_compiled_it(c):
     g = c.jit(lambda v: v * 3.0, slice=s)
     x = np.ones((4, 4), np.float32)
     y = f(x)  # registered, then queued
-    [cid] = f._registered.values()
-    assert c._transport.json("GET", f"/v1/computations/{cid}")["status"] == "ready"
+    [cid] = f.registrations
+    assert c.raw_json("GET", f"/v1/computations/{cid}")["status"] == "ready"
     run = c.program(lambda v: g(f(v)))
     out = run(y)
-    [traced] = run._cache.values()
-    assert c._transport.json("GET", f"/v1/programs/{traced.program_id}")["status"] == "ready"
+    [traced] = run.traces
+    assert c.raw_json("GET", f"/v1/programs/{traced.program_id}")["status"] == "ready"
     np.testing.assert_allclose(out.numpy(), np.asarray(jax.jit(lambda v: (jnp.tanh(v) @ jnp.tanh(v).T) * 3.0)(
         jax.jit(lambda v: jnp.tanh(v) @ jnp.tanh(v).T)(x))), rtol=1e-6)

@@ -303,7 +303,7 @@ def test_what_the_state_dir_keeps_of_a_client_is_bounded(small):
         with pytest.raises(isthmus.OverQuota, match=r"stored bytes: \d+ bytes held.*the artifact, kept "
                                                     r"in the state dir.*limit of 1048576"):
             second(np.int32(3)).result()
-        (computation,) = first._registered.values()
+        (computation,) = first.registrations
         assert httpx.delete(f"{address}/v1/computations/{computation}",
                             headers={"Authorization": f"Bearer {c.secret}"}).status_code == 204
         assert second(np.int32(3)).numpy() == 4.0
@@ -410,7 +410,7 @@ def test_a_client_killed_while_it_waits_is_closed_after_its_lease(small):
 
     address, token = small
     c = isthmus.connect(address, token=token, name="waiter", close_at_exit=False)
-    c._lease.stop()  # (as a killed process would: no renewal)
+    c.lease.stop()  # (as a killed process would: no renewal)
     s = c.slice({"x": 1})
     hours = c.jit(lambda v: jax.lax.fori_loop(0, 2**31 - 1, lambda _, a: jnp.tanh(a @ a), v), slice=s)
     out = hours(c.put(np.eye(32, dtype=np.float32), s))

@@ -70,8 +70,8 @@ def api(server: Any, fuzzed: isthmus.Client) -> Any:
     ids = {
         "slices": [s.id],
         "buffers": [x.id, y.id],
-        "computations": [c["id"] for c in fuzzed._json("GET", "/v1/computations")],
-        "programs": [p["id"] for p in fuzzed._json("GET", "/v1/programs")],
+        "computations": [c["id"] for c in fuzzed.raw_json("GET", "/v1/computations")],
+        "programs": [p["id"] for p in fuzzed.raw_json("GET", "/v1/programs")],
         "dtypes": ["float32", "int32", "bfloat16", "bool"],
         "shapes": ["4", "2,2", ""],
         "specs": ["[]", '["x"]', '[null, "x"]'],

@@ -267,7 +267,7 @@ def test_a_buffer_is_read_by_a_jitted_function_only_as_an_argument(c):
     for closes_over in (lambda v: v * w, lambda v: jnp.dot(v, w), lambda v: v + jnp.asarray(w)):
         with pytest.raises(isthmus.InvalidArgument, match=f"closes over buffer {w.id}.*pass it as one"):
             c.jit(closes_over, slice=s)(x)
-    assert w._value is None  # nothing fetched to say so
+    assert not w.has_value  # nothing fetched to say so
     np.testing.assert_array_equal(c.jit(lambda v, u: v * u, slice=s)(x, w).numpy(), np.arange(4))
     with pytest.raises(isthmus.InvalidArgument, match=r"buffer .*: iteration is not done on a buffer.*numpy"):
         list(w)
