@@ -3,10 +3,11 @@
     python -m bench.overlap --json /tmp/overlap.json [--runs 10] [--calls 100] [--timeout 10]
     python -m bench.overlap --smoke --json /tmp/overlap.json   # seconds, for CI
 
-Today an executor runs each computation to completion (`jax.block_until_ready`) before it
-starts the next, because XLA's CPU client deadlocks on back-to-back asynchronous 4-device
-all-reduces when its thread pool is small. This measures what decides that deadlock and what
-overlapping would gain, at the JAX level (no Ray, no server).
+XLA's CPU client deadlocks on back-to-back asynchronous 4-device all-reduces when its thread
+pool is small. An executor issues computations without waiting for each, under the setting
+this chose (`CHOSEN`: a pool of 2 x devices threads, at most 8 unfinished;
+docs/architecture.md). This measures what decides that deadlock and what overlapping gains
+over running each computation to completion, at the JAX level (no Ray, no server).
 
 What decides it (jaxlib 0.10.2; XLA's xla/pjrt/cpu/cpu_client.{h,cc} and
 xla/pjrt/common_pjrt_client.cc): the client's PJRT thread pool, max(PJRT_NPROC, else NPROC,
