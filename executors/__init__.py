@@ -4,8 +4,22 @@ This is the only package that imports Ray.
 """
 
 from executors.host import Host
-from executors.messages import State
-from executors.pool import ExecutorPool, RayOptions
+from executors.messages import Lost, State
+from executors.options import RayOptions
+from executors.pool import ExecutorPool
 from executors.runner import RunMessage
+from executors.stats import Answered, Held, HostStats, PeerSends, StatsAnswer
 
-__all__ = ["ExecutorPool", "Host", "RayOptions", "RunMessage", "State"]
+__all__ = [
+    "Answered",
+    "ExecutorPool",
+    "Held",
+    "Host",
+    "HostStats",
+    "Lost",
+    "PeerSends",
+    "RayOptions",
+    "RunMessage",
+    "State",
+    "StatsAnswer",
+]

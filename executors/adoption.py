@@ -47,8 +47,9 @@ async def take_over(candidates: Mapping[str, str], namespace: str, groups: Mappi
     async def one(host: str, name: str) -> tuple[Any, Adopted] | None:
         try:
             handle = ray.get_actor(name, namespace=namespace)
-            ref = handle.adopt.remote(cause)
-            return handle, await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout)
+            ref: ray.ObjectRef[Adopted] = handle.adopt.remote(cause)
+            adopted: Adopted = await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout)
+            return handle, adopted
         except (TimeoutError, ValueError, ray.exceptions.RayError) as e:
             log.warning("host %s: its executor %s was not taken over: %s", host, name, e)
             return None

@@ -3,8 +3,8 @@
 Contract:
 - Every request that touches the buffer store carries a sequence number, given by the
   server per host, and the host takes requests strictly in that order on one dispatch
-  thread, whatever order they arrive in. Because the server numbers requests in one global
-  order, hosts never wait on each other in a cycle.
+  thread, whatever order they arrive in (`executors.dispatch`). Because the server numbers
+  requests in one global order, hosts never wait on each other in a cycle.
 - Computations run only as program runs (`executors.runner`; a single call is a one-node
   program). The dispatch thread is the only thread that issues computations to XLA, and
   issues them without waiting for each (at most `in_flight` unfinished): with XLA's CPU
@@ -12,7 +12,9 @@ Contract:
   (docs/architecture.md, "Executors overlap").
 - Buffers are futures twice over: a store entry exists from the moment its producer is
   taken, and holds a `jax.Array` that may still be computing. Readers wait off the event
-  loop and answer `Ready` or `Failed` (`executors.messages`).
+  loop and answer `Ready` or `Failed` (`executors.messages`, `executors.reading`).
+- Executables are compiled once per key, off the dispatch thread (`executors.executables`).
+- `stats()` says what the host is doing and holds (`executors.stats.HostStats`).
 - A failure never hangs: a failed computation fails its outputs with the remote traceback,
   and every computation reading a failed buffer fails with the same cause.
 
@@ -25,34 +27,27 @@ import asyncio
 import gc
 import logging
 import os
-import threading
 import time
 import traceback
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 
-from executors.compile import compile_artifact, host_copy, make_mesh, place
-from executors.issued import computed
-from executors.memory import MACHINE, Budget, working_bytes
-from executors.memory import check as check_working
+from executors.compile import place
+from executors.dispatch import Dispatch
+from executors.executables import Executables
+from executors.memory import MACHINE, Budget
 from executors.messages import Abort, Adopted, Failed, Payload, Ran, Ready, Reply, State
+from executors.reading import finished, kept, quick, raw, raw_shards, sound_among
 from executors.runner import IN_FLIGHT, RunMessage, Runner
-from executors.settler import Settler
-from executors.shards import Index, distinct_shards
+from executors.shards import Index
+from executors.stats import HostStats
 from executors.store import BufferStore, Failure
 from ir import DeviceMesh, HostPlan, Spec, parse_dtype
 
 log = logging.getLogger("isthmus.executors")
-QUICK_BYTES = 1 << 16  # a computed buffer this small is read on the event loop
-# How long the idle dispatch thread waits before it looks again whether the computations it
-# issued have finished, to let go of their outputs: from the first, doubling up to the second
-# (seconds). Answers do not wait for this: the settler's thread wakes when they may go.
-PRUNE_S = (1e-3, 0.1)
-FORGOTTEN_KEPT = 65_536  # forgotten executable keys remembered (a late call on one fails at once)
 
 
 def _cause() -> str:
@@ -67,29 +62,12 @@ class Host:
         self.buffer_budget = budget.buffer_bytes()  # buffers it may hold (the server counts them)
         self.wait_timeout_s = wait_timeout_s  # the longest a request waits for an executable
         self.store = BufferStore()
-        self._executables: dict[str, Future[Any]] = {}
-        self._building: set[str] = set()
-        # Executables forgotten (their computations deleted), by key: the number of compile
-        # requests for the key the server had sent when it asked. Bounded: oldest go first.
-        self._forgotten: OrderedDict[str, int] = OrderedDict()
-        self._compiles: dict[str, int] = {}  # key -> the latest compile request's number
-        self._ops: dict[int, tuple[Callable[[], None], str, str]] = {}  # seq -> (op, label, run)
-        self._next = 0
-        self._cond = threading.Condition()
-        self._completed = 0
-        self._running: str | None = None
-        self._running_run = ""  # the run of the op now running, if it is one
-        self._settler = Settler(f"settle-{host}")  # answers waiting for their computations
-        self._started = 0.0  # when the op now running started (perf_counter)
-        self._busy_s = 0.0
+        self.executables = Executables(host, self.temp_budget)
         self.collective_error: str | None = None  # the first failed cross-host collective
-        self._closed = False
-        self._requests = 0
         self._frozen = False  # start-up's objects frozen out of garbage collection (`info`)
-        self.runner = Runner(host, self.store, self._usable, self._deliver, self._failed, in_flight,
-                             self.temp_budget)
-        self._thread = threading.Thread(target=self._dispatch, name=f"dispatch-{host}", daemon=True)
-        self._thread.start()
+        self.runner = Runner(host, self.store, self.executables.usable, self._deliver, self._failed,
+                             in_flight, self.temp_budget)
+        self.dispatch = Dispatch(host, self.runner.issued)
 
     # -- the island's JAX distributed group ------------------------------------------------
 
@@ -136,13 +114,11 @@ class Host:
             out.append({"platform": d.platform, "kind": d.device_kind, "memory_bytes": memory})
         return out
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> HostStats:
         """What the host is doing; `waiting_for` names a sequence number that later requests
         wait behind (a request the server numbered that has not arrived yet)."""
-        with self._cond:
-            queued = len(self._ops)
-            gap = self._next if self._ops and self._next not in self._ops else None
-        running, started, run = self._running, self._started, self._running_run
+        turn = self.dispatch.now()
+        running, started, run = turn.running, turn.started, turn.run
         oldest = self.runner.issued.oldest_running()  # issued, and still running on the devices
         # The run this host has been busy with the longest: its op's, or one whose computation
         # still runs on the devices after its op went on (`server.healing` stops one that
@@ -155,29 +131,16 @@ class Host:
                 running, started = label, issued
         now = time.perf_counter()
         since, longest = min(busy, default=(now, None))
-        return {
-            "host": self.host,
-            "pid": os.getpid(),
-            "queued": queued,
-            "requests": self._requests,
-            "completed": self._completed,
-            "running": running,
-            "running_s": now - started if running is not None else None,
-            "longest_run": longest,
-            "longest_run_s": now - since if longest else None,
-            "waiting_for": gap,
-            "buffers": len(self.store),
-            "arrays": self._arrays(),
-            "executables": len(self._executables),
-            "plans": self.runner.plans,
-            **self.runner.open_state(),  # runs, loop frames and mailboxes still open
-            "busy_s": self._busy_s,
-            "unfinished": len(self.runner.issued),  # computations issued, not known finished
-            "in_flight": self.runner.issued.bound,
-            "temp_budget_bytes": self.temp_budget,
-            "buffer_budget_bytes": self.buffer_budget,
-            "collective_error": self.collective_error,
-        }
+        return HostStats(
+            host=self.host, pid=os.getpid(), queued=turn.queued, requests=turn.requests,
+            completed=turn.completed, running=running,
+            running_s=now - started if running is not None else None,
+            longest_run=longest, longest_run_s=now - since if longest else None,
+            waiting_for=turn.waiting_for, buffers=len(self.store), arrays=self._arrays(),
+            executables=len(self.executables), plans=self.runner.plans, held=self.runner.held(),
+            busy_s=turn.busy_s, unfinished=len(self.runner.issued), in_flight=self.runner.issued.bound,
+            temp_budget_bytes=self.temp_budget, buffer_budget_bytes=self.buffer_budget,
+            collective_error=self.collective_error)
 
     def _arrays(self) -> int:
         """Arrays alive in this process's JAX (device memory held), once JAX has started here
@@ -196,64 +159,10 @@ class Host:
             log.error("host %s: a cross-host collective failed; the island's group is broken: %s",
                       self.host, self.collective_error)
 
-    # -- the dispatch thread ---------------------------------------------------------------
-
-    def _submit(self, seq: int, op: Callable[[], Any], label: str, settle: bool = False,
-                run: str = "") -> Future[Any]:
-        """Queue `op` at its sequence number; the future settles with what it returns once
-        it has run (None if it raised). With `settle`, `op` returns the computations it left
-        unfinished, and the future settles (with None) only once they have finished."""
-        finished: Future[Any] = Future()
-
-        def go() -> None:
-            result = None
-            try:
-                result = op()
-            finally:
-                if settle and result and (self._settler or not computed(result)):
-                    self._settler.add(finished, result)
-                else:
-                    finished.set_result(None if settle else result)
-
-        with self._cond:
-            self._requests += 1
-            self._ops[seq] = (go, label, run)
-            self._cond.notify()
-        return finished
-
-    def _dispatch(self) -> None:
-        while True:
-            with self._cond:
-                pause = PRUNE_S[0]
-                while self._next not in self._ops and not self._closed:
-                    self.runner.issued.prune()
-                    # Idle with computations recorded: look again after a pause that
-                    # doubles, or at once when a request comes.
-                    self._cond.wait(pause if self.runner.issued else None)
-                    pause = min(2 * pause, PRUNE_S[1])
-                if self._closed:
-                    return
-                op, label, run = self._ops.pop(self._next)
-                self._next += 1
-                start = self._started = time.perf_counter()
-                self._running_run = run
-                self._running = label  # after `_started`: stats read them in the other order
-            try:
-                op()
-            except Exception:  # an op fails its own outputs; this keeps the thread alive regardless
-                log.exception("host %s: a request failed outside its own error handling", self.host)
-            finally:
-                self._busy_s += time.perf_counter() - start
-                self._completed += 1
-                self._running = None
-                self._running_run = ""
-            self.runner.issued.prune()
+    # -- the dispatch thread (`executors.dispatch`) -------------------------------------------
 
     def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-        self._settler.close()
+        self.dispatch.close()
 
     def adopt(self, cause: str) -> Adopted:
         """A new server takes this host over (the one that numbered its requests is gone):
@@ -261,13 +170,8 @@ class Host:
         fail with `cause`, the loops of runs taken so far end at their next test (`cancel`),
         and compile numbers start again. Executables, plans and buffers
         stay. Returns where the new server's numbering starts, and the buffers held."""
-        with self._cond:
-            dropped = len(self._ops)
-            self._next = max([self._next, *(k + 1 for k in self._ops)])
-            self._ops.clear()
-            base = self._next
-        self._forgotten.clear()
-        self._compiles.clear()
+        dropped, base = self.dispatch.take_over()
+        self.executables.restart()
         # What is held, as it stood when the old server stopped: a run stopped below fails
         # its results, which the new server reads as unfinished (lost) all the same.
         held = self.store.states()
@@ -282,34 +186,13 @@ class Host:
 
     def skip(self, seq: int) -> None:
         """Fill a sequence number whose request could not be sent."""
-        self._submit(seq, lambda: None, "skip")
+        self.dispatch.skip(seq)
 
-    # -- compile (not sequenced: a call waits for its executable) -----------------------------
-
-    def _executable(self, key: str) -> Future[Any]:
-        fut = self._executables.get(key)
-        return fut if fut is not None else self._executables.setdefault(key, Future())
-
-    def _usable(self, key: str) -> Future[Any]:
-        """The executable a step runs: a forgotten one fails at once (a call queued before its
-        computation was deleted), where an unknown one is waited for (still compiling)."""
-        if key in self._forgotten:
-            raise Failure(f"executable {key} was deleted with its computation on host {self.host}")
-        return self._executable(key)
+    # -- compile (not sequenced: a call waits for its executable; `executors.executables`) ----
 
     def expect(self, key: str, number: int) -> bool:
-        """A compile request numbered `number` for `key` is on its way: runs that need the
-        executable wait for it rather than fail as deleted. The pool says so over the fast
-        channel before it sends the (large) request through Ray, which may come after runs
-        sent later. False, and nothing changes, for a request older than a forget of the key."""
-        forgotten_at = self._forgotten.get(key)
-        if forgotten_at is not None:
-            if number <= forgotten_at:
-                return False
-            del self._forgotten[key]
-        self._compiles[key] = max(number, self._compiles.get(key, 0))
-        self._executable(key)
-        return True
+        """A compile request numbered `number` for `key` is on its way (`Executables.expect`)."""
+        return self.executables.expect(key, number)
 
     async def compile(
         self, key: str, artifact: bytes, mesh: DeviceMesh,
@@ -319,28 +202,7 @@ class Host:
 
         `number` counts the server's compile requests for the key on this host: one older
         than a `forget` of the key arrives late for a deleted computation and is refused."""
-        if not self.expect(key, number):
-            return f"executable {key} was deleted on host {self.host}"
-        fut = self._executable(key)
-        if not fut.done() and key not in self._building:
-            self._building.add(key)
-            ins = [Spec.from_json(s) for s in in_specs]
-            outs = [Spec.from_json(s) for s in out_specs]
-
-            def build() -> None:
-                try:
-                    exe = compile_artifact(artifact, make_mesh(mesh), ins, outs)
-                    check_working(*working_bytes(exe), self.temp_budget, self.host)
-                    fut.set_result(exe)
-                except Exception as e:  # the compiler's message is the user's answer
-                    fut.set_exception(Failure(f"compiling failed: {type(e).__name__}: {e}"))
-
-            await asyncio.to_thread(build)
-        try:
-            await asyncio.wrap_future(fut)
-        except Failure as f:
-            return f.cause
-        return None
+        return await self.executables.compile(key, artifact, mesh, in_specs, out_specs, number)
 
     # -- sequenced requests ------------------------------------------------------------------
 
@@ -354,7 +216,7 @@ class Host:
             except Exception:
                 self.store.fail(buffer_id, Failure(f"upload of {buffer_id} failed:\n{_cause()}"))
 
-        self._submit(seq, op, f"upload {buffer_id}")
+        self.dispatch.submit(seq, op, f"upload {buffer_id}")
 
     async def _settled(self, seq: int, buffer_id: str, read: Callable[[Any], Any]) -> Reply:
         """The buffer, once its turn has come and its value exists, passed through `read`
@@ -367,10 +229,11 @@ class Host:
             except Failure as f:
                 taken.set_exception(f)
 
-        self._submit(seq, op, f"read {buffer_id}")
+        self.dispatch.submit(seq, op, f"read {buffer_id}")
         try:
-            value = await asyncio.wrap_future(await asyncio.wrap_future(taken))
-            if _quick(value):  # computed and small: reading it costs less than a thread hop
+            stored: Future[Any] = await asyncio.wrap_future(taken)  # its turn has come
+            value = await asyncio.wrap_future(stored)
+            if quick(value):  # computed and small: reading it costs less than a thread hop
                 return Ready(read(value))
             return Ready(await asyncio.to_thread(read, value))
         except Failure as f:
@@ -380,16 +243,16 @@ class Host:
 
     async def wait(self, seq: int, buffer_id: str) -> Reply:
         """`Ready(None)` once the buffer's value exists, or `Failed(cause)`; nothing is copied."""
-        return await self._settled(seq, buffer_id, read=_finished)
+        return await self._settled(seq, buffer_id, read=finished)
 
     async def fetch(self, seq: int, buffer_id: str) -> Reply:
         """`Ready(raw bytes)` or `Failed(cause)`."""
-        return await self._settled(seq, buffer_id, read=_raw)
+        return await self._settled(seq, buffer_id, read=raw)
 
     async def fetch_shards(self, seq: int, buffer_id: str) -> Reply:
         """`Ready([(index, raw bytes), ...])`: the shards this host holds of a buffer on a
         slice spanning hosts, one per distinct index (the server assembles them)."""
-        return await self._settled(seq, buffer_id, read=_raw_shards)
+        return await self._settled(seq, buffer_id, read=raw_shards)
 
     # -- programs ------------------------------------------------------------------------
 
@@ -397,7 +260,8 @@ class Host:
         """Run a range of this host's plan for one program run (see `executors.runner`);
         answers once the message is taken (the ack sequential dispatch waits for before it
         sends the next node)."""
-        self._submit(seq, self.runner.accept(message, plan), f"run {message.run_id}", run=message.run_id)
+        self.dispatch.submit(seq, self.runner.accept(message, plan), f"run {message.run_id}",
+                             run=message.run_id)
 
     async def run_batch(self, items: Sequence[tuple[int, RunMessage, HostPlan | None]]) -> list[Ran]:
         """Run messages the server wants told of once they have run (`executors.outbox`
@@ -405,25 +269,14 @@ class Host:
         collective if any and the results it closed that are computed without error, once
         its steps are issued and the computations they issued have finished; the answers
         come together. The dispatch thread meanwhile goes on."""
-        taken = [self._submit(seq, self.runner.accept(message, plan), f"run {message.run_id}", settle=True,
-                              run=message.run_id)
+        taken = [self.dispatch.submit(seq, self.runner.accept(message, plan), f"run {message.run_id}",
+                                      settle=True, run=message.run_id)
                  for seq, message, plan in items]
         for fut in taken:
             await asyncio.wrap_future(fut)
         closed = [[b for _, b in message.results] if message.final else [] for _, message, _ in items]
-        return [Ran(self.collective_error, self._ready(ids)) for ids in closed]
-
-    def _ready(self, buffer_ids: Sequence[str]) -> tuple[str, ...]:
-        """Those of the buffers this host holds computed without error (the server then
-        answers a wait for them without asking)."""
-        ready = []
-        for b in buffer_ids:
-            try:
-                if self.store.state(b) is State.READY and _sound(self.store.value(b)):
-                    ready.append(b)
-            except Failure:  # released by the dispatch thread between the two reads
-                continue
-        return tuple(ready)
+        # The results computed without error: the server answers a wait for them without asking.
+        return [Ran(self.collective_error, sound_among(self.store, ids)) for ids in closed]
 
     def deliver(self, run_id: str, tag: str, payload: Payload) -> None:
         """A peer host's `Send` for one of this host's `Recv`s (unsequenced)."""
@@ -459,22 +312,14 @@ class Host:
         keys, plan_keys = dict(executables), list(plans)
 
         def op() -> None:
-            for key, number in keys.items():
-                if self._compiles.get(key, 0) > number:
-                    continue
-                self._executables.pop(key, None)
-                self._building.discard(key)
-                self._compiles.pop(key, None)
-                self._forgotten[key] = number
-                while len(self._forgotten) > FORGOTTEN_KEPT:
-                    self._forgotten.popitem(last=False)
+            self.executables.forget(keys)
             self.runner.forget(plan_keys, list(keys))
 
-        self._submit(seq, op, f"forget {len(keys)} executables, {len(plan_keys)} plans")
+        self.dispatch.submit(seq, op, f"forget {len(keys)} executables, {len(plan_keys)} plans")
 
     def delete(self, seq: int, buffer_ids: Sequence[str]) -> None:
         ids = list(buffer_ids)
-        self._submit(seq, lambda: self.store.delete(ids), f"delete {len(ids)} buffers")
+        self.dispatch.submit(seq, lambda: self.store.delete(ids), f"delete {len(ids)} buffers")
 
     async def keep(self, buffer_ids: Sequence[str], max_bytes: int) -> dict[str, list[tuple[Index, bytes]]]:
         """Unsequenced: of these buffers, those this host holds computed without error, each
@@ -482,53 +327,10 @@ class Host:
         still computing, failed, or past the bound is left out. The server keeps them before
         it replaces this executor while it still answers (`server.keeping`): the dispatch
         thread may be held meanwhile (a computation that does not end), so this takes no turn."""
-        return await asyncio.to_thread(self._keep, list(buffer_ids), max_bytes)
-
-    def _keep(self, buffer_ids: list[str], max_bytes: int) -> dict[str, list[tuple[Index, bytes]]]:
-        kept: dict[str, list[tuple[Index, bytes]]] = {}
-        total = 0
-        for b in buffer_ids:
-            try:
-                if self.store.state(b) is not State.READY:
-                    continue
-                value = self.store.value(b)
-                if total + value.nbytes > max_bytes or not _sound(value):
-                    continue  # (a host's shards are at most the whole value)
-                kept[b] = _raw_shards(value)
-            except Failure:  # deleted meanwhile
-                continue
-            total += sum(len(data) for _, data in kept[b])
-        return kept
+        return await asyncio.to_thread(kept, self.store, list(buffer_ids), max_bytes)
 
     def states(self, buffer_ids: Sequence[str]) -> list[State]:
         """Unsequenced: a buffer whose producer has not been taken yet, or whose value is
         still computing, reads as pending."""
         return [State.PENDING if (s := self.store.state(b)) is State.MISSING else s for b in buffer_ids]
 
-
-def _sound(array: Any) -> bool:
-    """A computed array holds no error (reading it would not raise)."""
-    try:
-        _finished(array)
-    except Exception:
-        return False
-    return True
-
-
-def _quick(array: Any) -> bool:
-    return getattr(array, "nbytes", QUICK_BYTES) < QUICK_BYTES and computed(array)
-
-
-def _finished(array: Any) -> None:
-    import jax
-
-    jax.block_until_ready(array)
-
-
-def _raw(array: Any) -> bytes:
-    return host_copy(array).tobytes()
-
-
-def _raw_shards(array: Any) -> list[tuple[Index, bytes]]:
-    """This process's distinct shards of a global array, each as raw bytes."""
-    return [(index, data.tobytes()) for index, data in distinct_shards(array, host_copy)]

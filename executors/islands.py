@@ -19,13 +19,15 @@ import asyncio
 import itertools
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import ray
 
-from executors.channel import Channel
 from executors.deletes import Deletes
+from executors.links import Links
+from executors.options import RayOptions
 from executors.outbox import Outbox
 from ir import Unavailable
 from resource_manager import ClusterSpec, DeviceReport, HostSpec, joined_hosts
@@ -33,19 +35,18 @@ from resource_manager import ClusterSpec, DeviceReport, HostSpec, joined_hosts
 log = logging.getLogger("isthmus.executors")
 
 
-class IslandLifecycle:
+class IslandLifecycle(ABC):
     # The pool's state this part reads and changes (`executors.pool.ExecutorPool`).
-    _handles: dict[str, Any]
-    _channels: dict[str, Channel]
+    links: Links
     _specs: dict[str, HostSpec]
-    _seq: dict[str, Any]
+    _seq: dict[str, Iterator[int]]
     _reads: dict[str, asyncio.Semaphore]
     _reads_per_host: int
     _plans: set[tuple[str, str]]
     _lock: threading.Lock
     _generation: int
     _restarts: asyncio.Lock | None = None  # held while an island's executors are replaced
-    _options: Any  # RayOptions
+    _options: RayOptions
     islands: dict[str, tuple[str, ...]]
     groups: dict[str, tuple[str, ...]]
     messages: dict[str, int]
@@ -54,15 +55,13 @@ class IslandLifecycle:
     outbox: Outbox
     deletes: Deletes
 
-    async def _form_group(self, handles: Mapping[str, Any], hosts: Sequence[str]) -> None:
-        timeout = self._options.group_timeout_s
-        address = await self._await(handles[hosts[0]].coordinator_address.remote(), hosts[0], timeout,
-                                    "coordinator")
-        await asyncio.gather(*(
-            self._await(handles[h].join_group.remote(address, len(hosts), k, timeout), h, timeout + 10,
-                        "join the island's JAX group")
-            for k, h in enumerate(hosts)
-        ))
+    @abstractmethod
+    def _new_actor(self, host: HostSpec, generation: int) -> Any:
+        """A new executor for `host`, its actor name carrying `generation`."""
+
+    @abstractmethod
+    def _tell_all(self, hosts: Sequence[str], method: str, *args: Any) -> None:
+        """An unsequenced request nobody reads the answer of, to each of these hosts."""
 
     async def restart_island(self, island: str, only: Sequence[str] | None = None, cause: str = "restarted"
                              ) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -79,7 +78,7 @@ class IslandLifecycle:
         dropped = self._on_dead_nodes(self.islands[island])
         hosts = tuple(h for h in self.islands[island] if h not in dropped)
         for h in dropped:
-            self._retire(h)
+            self.links.retire(h)
         self.islands[island] = hosts
         self.groups.pop(island, None)
         if self._options.groups and len(hosts) > 1:
@@ -96,27 +95,28 @@ class IslandLifecycle:
         # dead ones of an island restarting beside it (whose sends then went nowhere).
         if self._restarts is None:
             self._restarts = asyncio.Lock()
+        links = self.links
         async with self._restarts:
             self._generation += 1
             for h in hosts:
-                self._retire(h)
+                links.retire(h)
             fresh = {h: self._new_actor(self._specs[h], self._generation) for h in hosts}
             try:
                 if island in self.groups:
-                    await self._form_group(fresh, hosts)
-                await asyncio.gather(*(self._await(fresh[h].info.remote(), h, self._options.group_timeout_s,
-                                                   "start") for h in hosts))
-                everyone = {**self._handles, **fresh}
+                    await links.form_group(fresh, hosts)
+                await asyncio.gather(*(links.answer(fresh[h].info.remote(), h, self._options.group_timeout_s,
+                                                    "start") for h in hosts))
+                everyone = {**links.handles, **fresh}
                 told = await asyncio.gather(
-                    *(self._await(a.set_peers.remote(everyone), h, 30, "take the new peers")
+                    *(links.answer(a.set_peers.remote(everyone), h, 30, "take the new peers")
                       for h, a in everyone.items()), return_exceptions=True)
                 for h, outcome in zip(everyone, told, strict=True):
                     if isinstance(outcome, BaseException):
                         if h in hosts:
                             raise outcome
                         log.warning("host %s did not take island %s's new executors: %s", h, island, outcome)
-                channels = await self._open_channels(fresh)
-                await self._tell_addresses({**self._handles, **fresh})
+                channels = await links.connect(fresh)
+                await links.tell_addresses({**links.handles, **fresh})
             except BaseException:
                 for a in fresh.values():
                     ray.kill(a)
@@ -124,8 +124,8 @@ class IslandLifecycle:
             with self._lock:
                 self.outbox.drop(hosts, Unavailable(f"island {island} was restarted before this was sent"))
                 self.deletes.drop(hosts)
-                self._handles.update(fresh)
-                self._channels.update(channels)
+                links.handles.update(fresh)
+                links.channels.update(channels)
                 for h in hosts:
                     self._seq[h] = itertools.count()
                 self._plans = {(h, k) for h, k in self._plans if h not in hosts}
@@ -134,16 +134,7 @@ class IslandLifecycle:
     def _tell_gone(self, gone: Sequence[str], cause: str) -> None:
         """Tell every other host that these hosts' executors are gone (`Host.peers_lost`)."""
         if gone:
-            self._tell_all([h for h in self._handles if h not in gone], "peers_lost", list(gone), cause)
-
-    def _retire(self, host: str) -> None:
-        """Kill a host's executor and close its channel (quietly: it may be gone already)."""
-        try:
-            ray.kill(self._handles[host])
-        except Exception as e:  # an actor already dead, or its node
-            log.info("host %s: its executor could not be killed: %s", host, e)
-        if (channel := self._channels.pop(host, None)) is not None:
-            channel.close()
+            self._tell_all([h for h in self.links.handles if h not in gone], "peers_lost", list(gone), cause)
 
     def _on_dead_nodes(self, hosts: Sequence[str]) -> tuple[str, ...]:
         """Those of the hosts pinned to a Ray node that Ray no longer has alive."""
@@ -169,14 +160,14 @@ class IslandLifecycle:
         timeout = self._options.group_timeout_s
         handle = self._new_actor(host, self._generation)
         try:
-            info = await self._await(handle.info.remote(), host.name, timeout, "start")
-            channels = await self._open_channels({host.name: handle})
+            info = await self.links.answer(handle.info.remote(), host.name, timeout, "start")
+            channels = await self.links.connect({host.name: handle})
         except BaseException:
             ray.kill(handle)
             raise
         with self._lock:
-            self._handles[host.name] = handle
-            self._channels.update(channels)
+            self.links.handles[host.name] = handle
+            self.links.channels.update(channels)
             self._seq[host.name] = itertools.count()
             self._reads[host.name] = asyncio.Semaphore(self._reads_per_host)
             self.messages[host.name] = 0
@@ -184,6 +175,6 @@ class IslandLifecycle:
             self.islands[island] = (*self.islands.get(island, ()), host.name)
             assert self.spec is not None, "a pool grows only once started"
             self.spec = self.spec.with_host(island, host)
-        await self._tell_addresses(self._handles)
+        await self.links.tell_addresses(self.links.handles)
         return [DeviceReport(d["platform"], d["kind"], d["memory_bytes"]) for d in info]
 

@@ -22,6 +22,7 @@ import logging
 import socket
 import threading
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import ray
@@ -31,6 +32,7 @@ from executors.channel import Link, PeerListener, serve
 from executors.host import Host
 from executors.memory import MACHINE, Budget
 from executors.messages import Payload, Shards, Whole
+from executors.stats import HostStats, PeerSends
 from ir import Unavailable
 from resource_manager import HostSpec
 
@@ -189,11 +191,11 @@ class RayHost(Host):
         peer.deliver.remote(run_id, tag, payload)
         self._sent["ray"] += 1
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> HostStats:
         """`Host.stats`; the Ray node this executor runs on and its address; how many sends
         to peers went over their channels and how many through Ray."""
-        return {**super().stats(), "node": self._node, "address": self._address,
-                "peer_sends": dict(self._sent)}
+        return replace(super().stats(), node=self._node, address=self._address,
+                       peer_sends=PeerSends(self._sent["link"], self._sent["ray"]))
 
     def _link(self, to: str) -> Link | None:
         """The open link to a peer, connecting on first use; None where there is none to be

@@ -235,9 +235,9 @@ def _use_environment(env: Mapping[str, str | None]) -> dict[str, str | None]:
     # knew its settings. Ray has no public way to read them again, so this does what Ray's
     # own start-up does when it turns token authentication on; the checks after the start
     # (`check_nodes`, and tests/e2e/test_listening_sockets.py) catch a Ray where it no
-    # longer works.
+    # longer works. (Ray's `_raylet.pyi` declares neither class; the compiled module has both.)
     from ray._private import ray_constants
-    from ray._raylet import AuthenticationTokenLoader, Config
+    from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
 
     cluster = os.environ.get(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR)
     ray_constants.ENABLE_RAY_CLUSTER = (not ray_constants.IS_WINDOWS_OR_OSX if cluster is None

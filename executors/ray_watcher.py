@@ -42,6 +42,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("isthmus.ray_daemon")
 
@@ -208,7 +209,8 @@ def _stop_ray(child: subprocess.Popen[bytes]) -> None:
 
 # ---- shared with the daemon API (`executors.ray_daemon`) ------------------------------------
 
-def read_record(state_dir: Path) -> dict[str, object] | None:
+def read_record(state_dir: Path) -> dict[str, Any] | None:
+    """ray.json as it was written (JSON: its values unchecked), or None if unreadable."""
     try:
         record = json.loads((state_dir / RECORD).read_text())
     except (OSError, ValueError):

@@ -20,21 +20,27 @@ Contract (`settled`, called on the loop's thread):
   not answered yet (to log what they are doing).
 - A wait leaves nothing for the garbage collector: what it made is freed by reference
   counting once it has ended (its timer cancelled), as one is made per call.
+- `on_missed` watches the replies of a run's parts for one that fails (its host sends
+  nothing more for the run) and tells the peers, on the loop's thread.
+- `settlement` sums a run's answers: the hosts that report a failed collective (their
+  group is broken), with its cause, and how many hosts reported each result computed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 import ray
 
-from executors.messages import Lost, Ran, Settled
+from executors.messages import Lost, Ran, Settled, Settlement
 from ir import RemoteError, Unavailable
 
 log = logging.getLogger("isthmus.executors")
@@ -157,3 +163,35 @@ def _when_answered(loop: asyncio.AbstractEventLoop, ref: Any,
             pass
 
     ref.add_done_callback(settle)
+
+
+def settlement(hosts: Sequence[str], replies: Sequence[Settled]) -> Settlement:
+    """The hosts that report a failed collective, with its cause, and how many hosts
+    reported each result computed."""
+    ran = [(h, r) for h, r in zip(hosts, replies, strict=True) if isinstance(r, Ran)]
+    return Settlement({h: r.collective_error for h, r in ran if r.collective_error is not None},
+                      Counter(b for _, r in ran for b in r.ready))
+
+
+def on_missed(hosts: Sequence[str], run_id: str, replies: Sequence[Future[Any]],
+              tell: Callable[[list[str], str, str], None]) -> None:
+    """Once a host's reply to its part of the run fails, `tell(its peers in the run, host,
+    cause)`: on the event loop this is called on, or, called off any loop, in the callback."""
+    try:
+        loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:  # called from a thread of its own (tests): told from the callback
+        loop = None
+
+    def answered(reply: Future[Any], host: str) -> None:
+        if reply.cancelled() or (error := reply.exception()) is None:
+            return
+        peers = [h for h in hosts if h != host]
+        cause = f"host {host} sends nothing more for run {run_id}: {error}"
+        if loop is None:
+            tell(peers, host, cause)
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed: the server is stopping
+            loop.call_soon_threadsafe(tell, peers, host, cause)
+
+    for host, reply in zip(hosts, replies, strict=True):
+        reply.add_done_callback(functools.partial(answered, host=host))

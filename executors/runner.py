@@ -7,7 +7,7 @@ Contract:
   dispatch, one under sequential dispatch). A mailbox per `(run, tag)` is opened by
   whichever comes first, the peer's delivery or the message (when its plan is already
   here), so a peer's data can land while earlier work is still running. A finished run
-  leaves no mailbox, and deliveries that come after it are dropped.
+  leaves no mailbox, and deliveries that come after it are dropped (`executors.mail`).
 - Steps run in plan order on the host's dispatch thread, the only thread that issues
   computations to XLA. A computation on this host's devices is issued without waiting for
   it (XLA's asynchronous dispatch: its outputs are futures that later steps consume), and
@@ -21,8 +21,8 @@ Contract:
   tagged `<tag>@<sending host>`, so a `Recv` from a slice spanning hosts waits for each of
   them, assembles the whole value and places its part (a value for this process's devices
   alone stays in host memory, a `HostArray`, until a computation takes it as its argument:
-  JAX places it as it calls). A failed value is sent as its
-  `Failed` cause, so the peer's dependents fail with the same cause.
+  JAX places it as it calls). A failed value is sent as its `Failed` cause, so the peer's
+  dependents fail with the same cause (`executors.payloads`).
 - Loops and branches (`ir.plan`'s Switch / Merge / Enter / Exit / NextIteration) run as
   the per-host state machine of `executors.control`: a `NextIteration` may send the step
   index back to its loop's `Merge`, a run's `Frames` tag every send and receive inside a
@@ -39,6 +39,8 @@ Contract:
 - A run's loops end, failed, at their next test once the run is cancelled (`cancel`: its
   client closed) or has run past its message's `limit` on this host: a loop of 2**31
   iterations does not hold the host for everyone else.
+- `held()` counts what the runner holds for runs in progress (`executors.stats.Held`):
+  nothing once they have finished.
 """
 
 from __future__ import annotations
@@ -48,32 +50,29 @@ import math
 import threading
 import time
 import traceback
-from collections import deque
 from collections.abc import Callable, Collection, MutableMapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from executors import control
-from executors.compile import HostArray, host_copy, on_devices, place, sharding_of
-from executors.control import DEAD, Frames, Layout, aborted, blocked
+from executors.compile import HostArray, on_devices, place
+from executors.control import DEAD, Frames, Layout, blocked
 from executors.issued import Issued
 from executors.iterations import run_frame
 from executors.liveness import dead_after
-from executors.memory import working_bytes
-from executors.messages import Abort, Dead, Failed, Payload, Shards, Whole
-from executors.shards import distinct_shards, whole
+from executors.mail import Mail
+from executors.messages import Abort, Failed, Payload
+from executors.payloads import part_tag, payload_of, received
+from executors.signatures import Signature, Signatures
+from executors.stats import Held
 from executors.store import BufferStore, Failure
 from ir import Compute, HostPlan, Recv, Reshard, Send
 from ir.plan import Enter, Exit, Merge, NextIteration, Switch, defines
 
 log = logging.getLogger("isthmus.executors")
-FINISHED_RUNS = 4096  # finished run ids remembered, so late deliveries to them are dropped
 IN_FLIGHT = 8  # computations issued and not known finished, per host (see docs/architecture.md)
-FITTING_KEPT = 1024  # pairs of shardings known to fit each other, or not
 Deliver = Callable[[str, str, str, Payload], None]  # (to host, run id, tag, payload)
 
 
@@ -90,13 +89,6 @@ class RunMessage:
     final: bool
     timeout: float
     limit: float = math.inf  # the most seconds the run may loop on this host (from its first message)
-
-
-@dataclass(frozen=True)
-class _Executable:
-    in_shardings: tuple[Any, ...]
-    spans_hosts: bool  # its shardings name devices of other processes (an island's JAX group)
-    temp: int  # bytes of temporaries it allocates on this host while it runs (`executors.memory`)
 
 
 @dataclass
@@ -119,20 +111,13 @@ class Runner:
         self._failed = failed  # told every step failure's cause (the host watches for collectives)
         self._plans: dict[str, HostPlan] = {}
         self._runs: dict[str, _Run] = {}
-        self._mail: dict[tuple[str, str], Future[Payload]] = {}
-        self._finished: deque[str] = deque(maxlen=FINISHED_RUNS)
-        self._finished_set: set[str] = set()
-        self._taken: set[str] = set()  # runs with a message taken here, not yet finished
-        self._stops: dict[str, str] = {}  # run -> why its loops end now (`cancel`)
-        self._deadlines: dict[str, float] = {}  # run -> when its loops end (monotonic, `limit`)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # `_runs`, read by `held` on other threads
+        self.mail = Mail(host)
         self.issued = Issued(in_flight, failed, temp_budget)  # computations issued, not known finished
         self._dead: dict[str, tuple[tuple[str, ...], ...]] = {}  # plan key -> values dead after each step
         self._layouts: dict[str, Layout] = {}  # plan key -> its frames (loop heads)
-        self._aborts: dict[str, list[Abort]] = {}  # run -> peers that left a loop early
-        self._executables: dict[str, _Executable] = {}  # by key: what each step needs of it
-        self._ready: dict[str, tuple[Any, _Executable]] = {}  # by key: the compiled executable
-        self._fitting: dict[tuple[int, int, int], tuple[Any, Any, bool]] = {}  # `_fits`, known
+        self._signatures = Signatures()  # by key: what each step needs of its executable
+        self._ready: dict[str, tuple[Any, Signature]] = {}  # by key: the compiled executable
 
     # -- on arrival (actor thread) ---------------------------------------------------------
 
@@ -145,9 +130,7 @@ class Runner:
         """
         if plan is not None:
             self._plans[message.plan_key] = plan
-        with self._lock:
-            if message.run_id not in self._finished_set:
-                self._taken.add(message.run_id)
+        self.mail.take(message.run_id)
         known = plan or self._plans.get(message.plan_key)
         if known is not None:
             layout = self._layout(known)
@@ -155,50 +138,28 @@ class Runner:
                 step = known.steps[i]
                 if isinstance(step, Recv) and layout.inside(i) is None:  # in a loop: keyed per iteration
                     for source in step.sources:
-                        self._mailbox(message.run_id, _tag(step.tag, source))
+                        self.mail.box(message.run_id, part_tag(step.tag, source))
         return lambda: self._execute(message, plan)
 
     def deliver(self, run_id: str, tag: str, payload: Payload) -> None:
         """A peer's `Send` arrived (dropped if its run has finished here: nobody will read it)."""
-        with self._lock:
-            if run_id in self._finished_set:
-                return
-            if isinstance(payload, Abort):  # what that host would still send fails now
-                self._aborts.setdefault(run_id, []).append(payload)
-                for (run, key), fut in self._mail.items():
-                    if run == run_id and aborted(key, payload) and not fut.done():
-                        fut.set_result(Failed(payload.cause))
-                return
-        fut = self._mailbox(run_id, tag)
-        if not fut.done():
-            fut.set_result(payload)
+        self.mail.deliver(run_id, tag, payload)
 
     def abort_open(self, cause: str) -> int:
         """Fail every receive still waiting (its sender will not send: the server that ran
         it is gone, `Host.adopt`); returns how many."""
-        with self._lock:
-            waiting = [fut for fut in self._mail.values() if not fut.done()]
-        for fut in waiting:
-            if not fut.done():
-                fut.set_result(Failed(cause))
-        return len(waiting)
+        return self.mail.fail_open(cause)
 
     def peers_lost(self, hosts: Collection[str], cause: str) -> int:
         """These hosts' executors are gone: every run taken here so far fails what it still
         waits for from them (now, or when it gets there), rather than waiting out its
         timeout on this host's dispatch thread. Runs taken after this are the new executors'
         peers' and wait as usual. Returns how many runs it told."""
-        with self._lock:
-            runs = self._taken | {run for run, _ in self._mail}
-        for run in runs:
-            for host in hosts:
-                self.deliver(run, "abort", Abort(host, "", cause))
-        return len(runs)
+        return self.mail.peers_lost(hosts, cause)
 
     def taken(self) -> list[str]:
         """The runs with a message taken here and not finished yet."""
-        with self._lock:
-            return list(self._taken)
+        return self.mail.taken()
 
     def cancel(self, run_ids: Collection[str], cause: str) -> int:
         """Stop these runs, of those taken here: each loop of theirs ends at its next test
@@ -206,34 +167,7 @@ class Runner:
         predicate), and what they wait for from peers fails now. A computation already
         issued runs to its end (`server.healing` stops a host busy with one for good).
         Returns how many runs it stopped."""
-        with self._lock:
-            stopped = [r for r in run_ids if r in self._taken]
-            for r in stopped:
-                self._stops[r] = cause
-            waiting = [fut for (run, _), fut in self._mail.items() if run in self._stops and not fut.done()]
-        for fut in waiting:
-            if not fut.done():
-                fut.set_result(Failed(cause))
-        return len(stopped)
-
-    def _mailbox(self, run_id: str, tag: str) -> Future[Payload]:
-        with self._lock:
-            fut = self._mail.get((run_id, tag))
-            if fut is None:
-                fut = self._mail[run_id, tag] = Future()
-                abort = next((a for a in self._aborts.get(run_id, ()) if aborted(tag, a)), None)
-                if abort is not None:
-                    fut.set_result(Failed(abort.cause))
-                elif run_id in self._stops:
-                    fut.set_result(Failed(self._stops[run_id]))
-            return fut
-
-    def _stopped(self, message: RunMessage) -> str | None:
-        """Why the run's loops must end now (cancelled, or past its limit), if they must."""
-        cause = self._stops.get(message.run_id)
-        if cause is None and time.monotonic() > self._deadlines.get(message.run_id, math.inf):
-            cause = f"run {message.run_id} looped past its limit of {message.limit:g}s on host {self.host}"
-        return cause
+        return self.mail.cancel(run_ids, cause)
 
     # -- in turn (dispatch thread) ---------------------------------------------------------
 
@@ -244,19 +178,20 @@ class Runner:
             self._plans.pop(key, None)
             self._dead.pop(key, None)
             self._layouts.pop(key, None)
+        self._signatures.forget(executables)
         for key in executables:
-            self._executables.pop(key, None)
             self._ready.pop(key, None)
 
     @property
     def plans(self) -> int:
         return len(self._plans)
 
-    def open_state(self) -> dict[str, int]:
-        """Runs, loop frames and mailboxes held now (a finished run holds none of them)."""
+    def held(self) -> Held:
+        """What is held for runs in progress (a finished run holds none of it)."""
         with self._lock:
-            return {"runs": len(self._runs), "frames": sum(len(r.frames) for r in list(self._runs.values())),
-                    "mailboxes": len(self._mail)}
+            runs = list(self._runs.values())
+        mailboxes, taken, stopping, limited, aborted = self.mail.held()
+        return Held(len(runs), sum(len(r.frames) for r in runs), mailboxes, taken, stopping, limited, aborted)
 
     def _layout(self, plan: HostPlan) -> Layout:
         layout = self._layouts.get(plan.key)
@@ -280,8 +215,7 @@ class Runner:
             run = self._runs.get(message.run_id)
             if run is None:
                 run = self._runs[message.run_id] = _Run()
-                if message.limit < math.inf:
-                    self._deadlines[message.run_id] = time.monotonic() + message.limit
+                self.mail.limit(message.run_id, message.limit)
         if message.lo == 0:
             run.failure = self._uncompiled(plan, message.timeout)
         for value, buffer_id in message.args:
@@ -326,7 +260,7 @@ class Runner:
                 return Failure(f"executable {job.key} not compiled within {timeout:g}s")
             except Failure as f:
                 return Failure(f"a computation of the program ({job.key}) did not compile: {f.cause}")
-            self._ready[job.key] = (exe, self._known(job.key, exe))
+            self._ready[job.key] = (exe, self._signatures.of(job.key, exe))
         return None
 
     def _dead_after(self, plan: HostPlan) -> tuple[tuple[str, ...], ...]:
@@ -348,16 +282,7 @@ class Runner:
         """Forget the run: its environment, its mailboxes, and any delivery still to come."""
         with self._lock:
             self._runs.pop(run_id, None)
-            self._taken.discard(run_id)
-            self._stops.pop(run_id, None)
-            self._deadlines.pop(run_id, None)
-            self._aborts.pop(run_id, None)
-            for key in [k for k in self._mail if k[0] == run_id]:
-                del self._mail[key]
-            if len(self._finished) == self._finished.maxlen:
-                self._finished_set.discard(self._finished[0])
-            self._finished.append(run_id)
-            self._finished_set.add(run_id)
+        self.mail.finish(run_id)
 
     def _fail_results(self, message: RunMessage, failure: Failure) -> None:
         for _, buffer_id in message.results:
@@ -370,7 +295,7 @@ class Runner:
             return self._step(message, plan, j, env, frames, deadline)
 
         def mailboxes(recv: Recv, frames: Frames) -> list[Future[Payload]]:
-            return [self._mailbox(message.run_id, frames.tag(_tag(recv.tag, source)))
+            return [self.mail.box(message.run_id, frames.tag(part_tag(recv.tag, source)))
                     for source in recv.sources]
 
         return run_frame(plan, i, self._layout(plan), run.env, run.frames, step, mailboxes, message.timeout)
@@ -388,13 +313,14 @@ class Runner:
                 return i + 1
             if isinstance(step, Enter | Merge | Switch | NextIteration | Exit):
                 layout = self._layout(plan)
-                if isinstance(step, Switch) and i in layout.loops and blocked([env[step.pred]]) is None:
-                    stop = self._stopped(message)
+                loop = layout.loops.get(i)
+                if isinstance(step, Switch) and loop is not None and blocked([env[step.pred]]) is None:
+                    stop = self.mail.stopped(message.run_id)
                     if stop is not None:  # the loop ends here, failed, on every host
                         env[step.pred] = Failure(stop)
                 after = control.step(step, i, env, frames, layout, guarded)
-                if i in layout.loops and isinstance(env[step.pred], Failure):  # leaving the loop
-                    self._abort(message.run_id, frames, layout.peers[layout.loops[i]], env[step.pred])
+                if isinstance(step, Switch) and loop is not None and isinstance(env[step.pred], Failure):
+                    self._abort(message.run_id, frames, layout.peers[loop], env[step.pred])  # leaving it
                 return after
             if guarded is not None and not isinstance(step, Recv):  # a dead or failed branch
                 if isinstance(step, Send):
@@ -417,10 +343,10 @@ class Runner:
                 env[value] = failure
             self._failed(failure.cause)
             if isinstance(step, Send):  # the peers wait for this tag: they get the cause
-                tag = frames.tag(_tag(step.tag, self.host))
+                sent = frames.tag(part_tag(step.tag, self.host))
                 for to in step.to:
                     try:
-                        self._deliver(to, message.run_id, tag, Failed(failure.cause))
+                        self._deliver(to, message.run_id, sent, Failed(failure.cause))
                     except Exception:  # the peer is gone: its own waits are bounded
                         log.exception("host %s: cannot tell host %s why tag %s failed", self.host, to,
                                       step.tag)
@@ -444,7 +370,7 @@ class Runner:
         if failure is None and ready is None:
             try:
                 exe = self._executable(step.key).result(message.timeout)
-                ready = self._ready[step.key] = (exe, self._known(step.key, exe))
+                ready = self._ready[step.key] = (exe, self._signatures.of(step.key, exe))
             except FutureTimeout:
                 where = f" (in {frames.where()})" if len(frames) else ""
                 failure = Failure(f"{step.label}{where}: executable {step.key} not compiled "
@@ -458,7 +384,7 @@ class Runner:
         exe, known = ready
         if known.spans_hosts:
             args = [on_devices(a) for a in args]
-        args = [self._laid_out(a, s) for a, s in zip(args, known.in_shardings, strict=True)]
+        args = [self._signatures.laid_out(a, s) for a, s in zip(args, known.in_shardings, strict=True)]
         if known.spans_hosts:
             import jax
 
@@ -470,59 +396,10 @@ class Runner:
             self.issued.issue(step.label, args, results, known.temp, message.run_id)
         env.update(zip(step.outputs, results, strict=True))
 
-    def _laid_out(self, value: Any, sharding: Any) -> Any:
-        """The argument as the executable takes it: a received array as it is (JAX places it
-        as it calls), an array laid out otherwise resharded."""
-        if isinstance(value, HostArray):
-            return value.array
-        if self._fits(value, sharding):
-            return value
-        import jax
-
-        return jax.device_put(value, sharding)
-
-    def _fits(self, array: Any, sharding: Any) -> bool:
-        """Whether the array is laid out as the executable takes it. Asked once per pair of
-        sharding objects (a chain's outputs share one object, its inputs another), as the
-        comparison costs more than issuing a small computation's share of it."""
-        if array.sharding is sharding:
-            return True
-        pair = (id(array.sharding), id(sharding), array.ndim)
-        known = self._fitting.get(pair)
-        if known is not None and known[0] is array.sharding and known[1] is sharding:
-            return known[2]
-        if len(self._fitting) >= FITTING_KEPT:
-            self._fitting.clear()
-        fits = array.sharding.is_equivalent_to(sharding, array.ndim)
-        self._fitting[pair] = (array.sharding, sharding, fits)  # (kept alive: ids stay theirs)
-        return fits
-
-    def _known(self, key: str, exe: Any) -> _Executable:
-        """What a step needs of an executable each time, worked out once per key."""
-        known = self._executables.get(key)
-        if known is None:
-            import jax
-
-            shardings = exe.input_shardings[0]
-            every = jax.tree_util.tree_leaves((exe.input_shardings, exe.output_shardings))
-            known = self._executables[key] = _Executable(
-                tuple(shardings), not all(s.is_fully_addressable for s in every), working_bytes(exe)[0])
-        return known
-
     def _send(self, run_id: str, step: Send, value: Any, frames: Frames) -> None:
-        payload: Payload
-        if value is DEAD:  # the dead signal crosses hosts, so the peer's branch finishes too
-            payload = Dead()
-        elif isinstance(value, Failure):
-            payload = Failed(value.cause)
-        elif isinstance(value, HostArray):  # received here, sent on as it came
-            payload = Whole(value.array)
-        elif value.is_fully_addressable:
-            payload = Whole(host_copy(value))
-        else:
-            payload = Shards(distinct_shards(value, host_copy))
+        sent = payload_of(value)
         for to in step.to:
-            self._deliver(to, run_id, frames.tag(_tag(step.tag, self.host)), payload)
+            self._deliver(to, run_id, frames.tag(part_tag(step.tag, self.host)), sent)
 
     def _receive(self, message: RunMessage, step: Recv, frames: Frames, deadline: float | None = None) -> Any:
         """Every source host's part, within the run's timeout (or until `deadline`); the
@@ -530,41 +407,15 @@ class Runner:
         if deadline is None:
             deadline = time.monotonic() + message.timeout
         parts: list[Payload] = []
-        tags = [frames.tag(_tag(step.tag, source)) for source in step.sources]
+        tags = [frames.tag(part_tag(step.tag, source)) for source in step.sources]
         try:
-            for source, tag in zip(step.sources, tags, strict=True):
-                fut = self._mailbox(message.run_id, tag)
+            for source, source_tag in zip(step.sources, tags, strict=True):
+                fut = self.mail.box(message.run_id, source_tag)
                 try:
                     parts.append(fut.result(max(0.0, deadline - time.monotonic())))
                 except FutureTimeout:
                     return Failure(f"no data from host {source} for {step.output} (tag {step.tag}) "
                                    f"within {message.timeout:g}s")
         finally:
-            with self._lock:
-                for tag in tags:
-                    self._mail.pop((message.run_id, tag), None)
-        failed = next((p for p in parts if isinstance(p, Failed)), None)
-        if failed is not None:
-            return Failure(failed.cause)
-        if any(isinstance(p, Dead) for p in parts):
-            return DEAD
-        if len(parts) == 1 and isinstance(parts[0], Whole):
-            value = parts[0].array
-        else:
-            value = whole([shard for p in parts
-                           for shard in (p.shards if isinstance(p, Shards) else [(_full(p.array), p.array)])])
-        if step.on_host:
-            return value
-        sharding = sharding_of(step.mesh, step.spec)
-        if sharding.is_fully_addressable:  # placed by the computation that takes it
-            return HostArray(value, sharding)
-        return place(value, step.mesh, step.spec)
-
-
-def _tag(tag: str, source: str) -> str:
-    """The mailbox of one source host's part of a transfer."""
-    return f"{tag}@{source}"
-
-
-def _full(array: np.ndarray) -> list[tuple[int, int]]:
-    return [(0, n) for n in array.shape]
+            self.mail.close(message.run_id, tags)
+        return received(parts, step)

@@ -14,6 +14,7 @@ import base64
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ir.errors import InvalidArgument
 
@@ -59,9 +60,10 @@ def decode_fused(data: bytes) -> Fused | None:
     return Fused(parts, calls, outputs)
 
 
-def _ref(r: list[object]) -> Ref:
+def _ref(r: Sequence[Any]) -> Ref:
+    """A reference as the JSON holds it (its values unchecked until here)."""
     if len(r) == 2 and r[0] == "in":
-        return ("in", int(r[1]))  # type: ignore[arg-type]
+        return ("in", int(r[1]))
     if len(r) == 3 and r[0] == "out":
-        return ("out", int(r[1]), int(r[2]))  # type: ignore[arg-type]
+        return ("out", int(r[1]), int(r[2]))
     raise ValueError(f"expected a reference ['in', k] or ['out', call, k], found {r!r}")

@@ -228,9 +228,9 @@ class _Walk:
                 continue
             named = replace(node, inputs=tuple(map(rename, node.inputs)),
                             outputs=tuple(map(rename, node.outputs)))
-            if node.op is Op.WHILE:
+            if isinstance(node.attrs, WhileAttrs):  # (a node's attributes are its op's)
                 lower_while(self, named, node.attrs, f"{prefix}w{self.position}", guard)
-            elif node.op is Op.COND:
+            elif isinstance(node.attrs, CondAttrs):
                 lower_cond(self, named, node.attrs, f"{prefix}c{self.position}", guard)
             elif node.op in _STEPS:
                 hosts, step, job = _STEPS[node.op](named, self.where)

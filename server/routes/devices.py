@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Literal, TypedDict
 
 from fastapi import APIRouter
 
-from ir import IsthmusError
+from executors import Answered, Lost, StatsAnswer
 from server.auth import Admin
 from server.deps import AdminDep, CallerDep, ServiceDep
 from server.schemas import DevicePublic, HostPublic, IslandPublic, IslandRestarted, error_responses
@@ -36,41 +37,21 @@ async def list_islands(caller: CallerDep, service: ServiceDep) -> list[IslandPub
     summaries = rm.island_summary()
     hosts = [h for summary in summaries for h in summary["hosts"]]
 
-    async def stats(host: str) -> dict | None:
-        try:
-            return await service.pool.stats(host, timeout=5.0)
-        except IsthmusError:
-            return None
-
-    all_stats = dict(zip(hosts, await asyncio.gather(*(stats(h) for h in hosts)), strict=True))
+    answers = await asyncio.gather(*(service.pool.ask(h, timeout=5.0) for h in hosts))
+    all_stats = dict(zip(hosts, answers, strict=True))
     islands = []
     solo = set(rm.solo_hosts())
     for summary in summaries:
         host_rows = []
         for h in summary["hosts"]:
-            st = all_stats[h]
             pool, room = service.memory.pool(h)
             host_rows.append(HostPublic(
-                name=h, island=summary["name"],
-                status="up" if st is not None and rm.host_status(h) == "up" else "down",
-                node=(st or {}).get("node") if admin else None,
-                address=(st or {}).get("address") if admin else None,
-                pid=(st or {}).get("pid") if admin else None,
-                solo=h in solo,
+                name=h, island=summary["name"], solo=h in solo,
                 devices=[d.id for d in rm.devices() if d.host == h],
-                queued=(st or {}).get("queued", 0), completed=(st or {}).get("completed", 0),
-                running=(st or {}).get("running") if admin else None,
-                running_s=(st or {}).get("running_s"),
-                waiting_for=(st or {}).get("waiting_for"),
-                collective_error=_collective((st or {}).get("collective_error"), admin),
-                requests=(st or {}).get("requests", 0),
-                buffers=(st or {}).get("buffers", 0), buffer_bytes=service.memory.on_host.get(h, 0),
-                buffer_budget_bytes=rm.host_memory(h), buffer_pool=pool,
-                buffer_pool_free_bytes=room, arrays=(st or {}).get("arrays", 0),
-                executables=(st or {}).get("executables", 0), plans=(st or {}).get("plans", 0),
-                runs=(st or {}).get("runs", 0), frames=(st or {}).get("frames", 0),
-                mailboxes=(st or {}).get("mailboxes", 0),
+                buffer_bytes=service.memory.on_host.get(h, 0), buffer_budget_bytes=rm.host_memory(h),
+                buffer_pool=pool, buffer_pool_free_bytes=room,
                 dispatch_messages=service.pool.messages.get(h, 0),
+                **_reported(all_stats[h], rm.host_status(h) == "up", admin),
             ))
         queued, in_flight = service.gangs.stats(summary["name"])
         admitted = dict(service.gangs.admitted[summary["name"]])
@@ -89,6 +70,45 @@ async def restart_island(name: str, _: AdminDep, service: ServiceDep) -> IslandR
     those hosts, every client's, is lost; reading one says so."""
     lost = await service.restart_island(name, "asked by the admin")
     return IslandRestarted(island=name, lost_buffers=lost)
+
+
+class _Reported(TypedDict, total=False):
+    """A host row's fields that its executor's stats give."""
+
+    status: Literal["up", "down"]
+    node: str | None
+    address: str | None
+    pid: int | None
+    queued: int
+    completed: int
+    running: str | None
+    running_s: float | None
+    waiting_for: int | None
+    collective_error: str | None
+    requests: int
+    buffers: int
+    arrays: int
+    executables: int
+    plans: int
+    runs: int
+    frames: int
+    mailboxes: int
+
+
+def _reported(answer: StatsAnswer, up: bool, admin: bool) -> _Reported:
+    """What the host's executor said of itself; one that did not answer is down, and says nothing."""
+    match answer:
+        case Answered(stats=st):
+            return _Reported(
+                status="up" if up else "down", node=st.node if admin else None,
+                address=st.address if admin else None, pid=st.pid if admin else None,
+                queued=st.queued, completed=st.completed, running=st.running if admin else None,
+                running_s=st.running_s, waiting_for=st.waiting_for,
+                collective_error=_collective(st.collective_error, admin), requests=st.requests,
+                buffers=st.buffers, arrays=st.arrays, executables=st.executables, plans=st.plans,
+                runs=st.held.runs, frames=st.held.frames, mailboxes=st.held.mailboxes)
+        case Lost():
+            return _Reported(status="down", queued=0, completed=0, running=None)
 
 
 def _collective(error: str | None, admin: bool) -> str | None:

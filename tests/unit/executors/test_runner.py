@@ -16,6 +16,7 @@ from jax.sharding import PartitionSpec as P
 from executors.host import Host
 from executors.messages import Failed, Ready, Whole
 from executors.runner import RunMessage
+from executors.stats import Held
 from ir import DeviceMesh, Spec
 from ir.plan import Compute, HostPlan, Recv, Send
 
@@ -79,7 +80,7 @@ async def test_a_value_crosses_hosts_within_one_run(pair):
     reply = await b.fetch(1, "out")
     assert isinstance(reply, Ready)
     assert np.frombuffer(reply.value, np.float32).tolist() == [1.0, 3.0, 5.0]
-    assert b.stats()["buffers"] == 1  # only the result enters the store
+    assert b.stats().buffers == 1  # only the result enters the store
 
 
 async def test_a_received_value_stays_in_host_memory_until_a_computation_or_the_store_takes_it(pair):
@@ -157,7 +158,7 @@ async def test_a_lost_sender_fails_the_runs_taken_so_far_at_once_and_not_the_lat
     await a.run(1, message(pa, "r2", args=[("%0", "in")]), pa)
     reply = await asyncio.wait_for(b.fetch(5, "out2"), 10)
     assert isinstance(reply, Ready) and np.frombuffer(reply.value, np.float32).tolist() == [1.0, 3.0, 5.0]
-    assert not b.runner._taken and not b.runner._aborts
+    assert b.runner.held() == Held()
 
 
 async def test_an_unknown_plan_fails_the_results(pair):
@@ -176,7 +177,7 @@ async def test_a_finished_run_leaves_no_mailbox_and_drops_late_deliveries(pair):
     await b.run(0, message(pb, "r0", results=[("%3", "out")], timeout=0.2), pb)
     assert isinstance(await b.fetch(1, "out"), Failed)  # the receive timed out; the run is over
     b.deliver("r0", "t0@a0", Whole(np.ones(3, np.float32)))  # too late
-    assert not b.runner._mail and not b.runner._runs
+    assert b.runner.held() == Held()
 
 
 async def test_a_run_after_its_executable_was_forgotten_fails_and_names_it(pair):

@@ -17,6 +17,7 @@ from test_runner import Wired, artifact
 from executors.host import Host
 from executors.messages import Dead, Failed, Ready, Shards
 from executors.runner import RunMessage
+from executors.stats import Held
 from ir import Aval, Placement, ProgramBuilder
 from ir.passes import host_plans, lower
 from ir.plan import Compute, Enter, Recv
@@ -128,8 +129,7 @@ async def test_a_while_loop_across_two_hosts_equals_the_python_loop(hosts, cross
     assert value(n, np.int32, ()) == max(start, 5)
     assert set(plans) == ({"a0", "b0"} if cross else {"a0"})
     for host in hosts.values():  # no run, frame or mailbox left on either host
-        st = host.stats()
-        assert (st["runs"], st["frames"], st["mailboxes"]) == (0, 0, 0), st
+        assert host.runner.held() == Held(), host.runner.held()  # nothing left of the run
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])
@@ -139,8 +139,7 @@ async def test_a_cond_whose_branches_run_on_different_hosts(hosts, sign):
     np.testing.assert_array_equal(value(y, np.float32, (3,)), x0 + 100 if sign > 0 else x0 - 100)
     assert "b0" in plans and any("recv" in line for line in plans["b0"].text())
     for host in hosts.values():
-        st = host.stats()
-        assert (st["runs"], st["frames"], st["mailboxes"]) == (0, 0, 0), st
+        assert host.runner.held() == Held(), host.runner.held()  # nothing left of the run
 
 
 
@@ -158,8 +157,7 @@ async def test_a_host_that_loses_the_predicate_tells_its_peers_and_none_waits(ho
     assert isinstance(x, Failed) and "left loop iteration 0 of loop" in x.cause, x
     assert value(n, np.int32, ()) == 5  # the counter never needed b0
     for host in hosts.values():
-        st = host.stats()
-        assert (st["runs"], st["frames"], st["mailboxes"]) == (0, 0, 0), st
+        assert host.runner.held() == Held(), host.runner.held()  # nothing left of the run
 
 
 async def test_a_computation_that_failed_to_compile_fails_saying_where_in_the_loop(hosts):
@@ -169,8 +167,7 @@ async def test_a_computation_that_failed_to_compile_fails_saying_where_in_the_lo
     assert "double (in iteration 0 of loop" in x.cause and "declared 2 inputs" in x.cause, x.cause
     assert value(n, np.int32, ()) == 5
     for host in hosts.values():
-        st = host.stats()
-        assert (st["runs"], st["frames"], st["mailboxes"]) == (0, 0, 0), st
+        assert host.runner.held() == Held(), host.runner.held()  # nothing left of the run
 
 
 async def test_a_run_fails_when_a_computation_of_a_branch_not_taken_did_not_compile(hosts):
@@ -180,8 +177,7 @@ async def test_a_run_fails_when_a_computation_of_a_branch_not_taken_did_not_comp
     assert isinstance(y, Failed), y  # x > 0: "plus" is taken, on the other host
     assert "of the program" in y.cause and "did not compile" in y.cause and "declared 2 inputs" in y.cause
     for host in hosts.values():
-        st = host.stats()
-        assert (st["runs"], st["frames"], st["mailboxes"]) == (0, 0, 0), st
+        assert host.runner.held() == Held(), host.runner.held()  # nothing left of the run
 
 
 @pytest.mark.parametrize("parallel", [1, 4])
@@ -192,8 +188,7 @@ async def test_a_loop_past_its_limit_ends_failed_on_every_host(hosts, parallel):
     for reply in (x, n):
         assert isinstance(reply, Failed) and "looped past its limit of 0.5s" in reply.cause, reply
     for host in hosts.values():
-        st = host.stats()
-        assert (st["runs"], st["frames"], st["mailboxes"]) == (0, 0, 0), st
+        assert host.runner.held() == Held(), host.runner.held()  # nothing left of the run
 
 
 @pytest.mark.parametrize("parallel", [1, 4])
@@ -202,7 +197,7 @@ async def test_a_cancelled_run_ends_its_loop_on_every_host(hosts, parallel):
     running = asyncio.create_task(run(hosts, program, [np.ones(3, np.float32), np.int32(0)]))
 
     async def inside() -> None:  # both hosts in the loop
-        while not all(h.stats()["frames"] for h in hosts.values()):
+        while not all(h.runner.held().frames for h in hosts.values()):
             assert not running.done()
             await asyncio.sleep(0.01)
 
@@ -213,9 +208,7 @@ async def test_a_cancelled_run_ends_its_loop_on_every_host(hosts, parallel):
     for reply in (x, n):
         assert isinstance(reply, Failed) and "client c was closed" in reply.cause, reply
     for host in hosts.values():
-        st = host.stats()
-        assert (st["runs"], st["frames"], st["mailboxes"]) == (0, 0, 0), st
-    assert not any(h.runner._stops or h.runner._deadlines for h in hosts.values())
+        assert host.runner.held() == Held(), host.runner.held()  # nothing left of the run
 
 
 class Gated(Wired):
@@ -264,8 +257,7 @@ async def test_with_parallel_iterations_a_host_runs_the_next_iteration_while_it_
         assert [s.parallel for s in plans["a0"].steps if isinstance(s, Enter)] == [2]
         assert any("parallel_iterations 2" in line for line in plans["a0"].text())
         for host in hosts.values():
-            st = host.stats()
-            assert (st["runs"], st["frames"], st["mailboxes"]) == (0, 0, 0), st
+            assert host.runner.held() == Held(), host.runner.held()
     finally:
         for host in hosts.values():
             host.close()
