@@ -46,6 +46,15 @@ async def opened(target: Target) -> Channel:
     return await Channel.connect("h0", address, port, SECRET, timeout=5)
 
 
+async def opened_on(target: Target) -> tuple[Channel, asyncio.StreamWriter]:
+    """A channel over a connection this test opened itself (as `Channel.connect` does), and
+    that connection's writer, to end it as a lost executor's would end."""
+    address, port = await serve(target, SECRET, "127.0.0.1", SERVED)
+    reader, writer = await asyncio.open_connection(address, port)
+    writer.write(HEADER.pack(len(SECRET)) + SECRET)
+    return Channel("h0", reader, writer), writer
+
+
 def test_calls_and_tells_reach_the_target_and_answers_come_back():
     async def scenario():
         target = Target()
@@ -114,10 +123,10 @@ def test_a_request_over_the_size_limit_ends_the_connection():
 def test_a_lost_connection_fails_pending_and_later_calls_as_unavailable():
     async def scenario():
         target = Target()
-        channel = await opened(target)
+        channel, connection = await opened_on(target)
         pending = asyncio.wrap_future(channel.call("slow"))
         await asyncio.wrap_future(channel.call("add", 0, 0))  # the slow call is on the executor now
-        channel._writer.transport.abort()  # the connection drops, as when the executor dies
+        connection.transport.abort()  # the connection drops, as when the executor dies
         with pytest.raises(Unavailable, match="h0"):
             await pending
         with pytest.raises(Unavailable):
@@ -139,8 +148,8 @@ def test_connecting_where_nothing_listens_is_unavailable():
 
 def test_a_request_on_a_connection_ended_before_the_reader_saw_it_fails_unavailable():
     async def scenario():
-        channel = await opened(Target())
-        channel._writer.transport.abort()  # ended; the reader has not run since
+        channel, connection = await opened_on(Target())
+        connection.transport.abort()  # ended; the reader has not run since
         with pytest.raises(Unavailable, match="channel was lost"):
             channel.tell("note", 1)
         with pytest.raises(Unavailable, match="channel was lost"):
