@@ -12,6 +12,11 @@ import only from this module.
   admitted now, in admission order, while fewer than `window` are in flight, `done` frees a
   slot, `cancel_client` drops a closed client's queued work. A client's own submissions are
   always admitted in the order it made them.
+- `window`: `Durations`, what each kind of submission is expected to take (the window's
+  bound in seconds), from the times the caller passes in.
+- `parking`: `Parking`, which buffers the islands' queued, parked and admitted work
+  touches: whether a submission reading another island's pending buffer must park outside
+  its queue, and which actions waiting for buffers to be free are due.
 
 The scheduler numbers nothing. The one source of the global order is the executor pool's
 per-host sequence numbers: the server, on its one event loop, numbers each admitted
@@ -23,12 +28,16 @@ caller serialises calls.
 """
 
 from scheduler.gang import GangScheduler
+from scheduler.parking import Parking
 from scheduler.policy import FifoPolicy, Policy, ProportionalShare
 from scheduler.submission import Submission
+from scheduler.window import Durations
 
 __all__ = [
+    "Durations",
     "FifoPolicy",
     "GangScheduler",
+    "Parking",
     "Policy",
     "ProportionalShare",
     "Submission",

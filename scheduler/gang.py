@@ -19,6 +19,8 @@ Contract:
   caller calls `admit` again.
 - `cancel_client` drops a client's queued submissions; its in-flight ones run on and still
   need `done`.
+- `others_behind(host, id)` says whether another client's work waits on a host that an
+  in-flight submission holds (how long one tenant may hold a shared host is the server's).
 - Virtual time: a client's clock starts, whenever it goes from no queued work to some, at
   the larger of its own clock and the island's current virtual time (the least clock of the
   backlogged clients, or the clock of the last admission if none is backlogged). An idle
@@ -154,6 +156,15 @@ class GangScheduler:
         """Whether `sub`, submitted now, would surely be admitted by the next `admit`:
         nothing is queued, and the window has room for it."""
         return not self._queues and len(self._in_flight) < self.window and self._fits(sub)
+
+    def others_behind(self, host: str, sub_id: str) -> bool:
+        """Whether another client than the one that submitted `sub_id` has work on `host`
+        queued or in flight (False if `sub_id` is not in flight on `host`)."""
+        flying = self._in_flight.get(sub_id)
+        if flying is None or host not in flying.hosts:
+            return False
+        return any(sub.client != flying.client and host in sub.hosts
+                   for sub in (*self._in_flight.values(), *self.queued))
 
     @property
     def policy(self) -> Policy:
