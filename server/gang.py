@@ -1,5 +1,9 @@
 """The server's side of gang scheduling: one `scheduler.GangScheduler` per island, wired to
-dispatch.
+dispatch on the event loop. The policies are the scheduler package's, pure: admission
+(`GangScheduler`), which buffers wait and which submissions park (`scheduler.Parking`), and
+how long each kind of submission is expected to take (`scheduler.Durations`). Here: the
+queues' asyncio wiring (parked submissions wait on an event, runs' ends admit the next,
+watches act in the loop's next turn) and the time source.
 
 Contract:
 - Every call and program run is a submission to one island's scheduler (a run spanning
@@ -33,11 +37,19 @@ import functools
 import logging
 import math
 import time
-from collections import Counter, OrderedDict
+from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from scheduler import FifoPolicy, GangScheduler, Policy, ProportionalShare, Submission
+from scheduler import (
+    Durations,
+    FifoPolicy,
+    GangScheduler,
+    Parking,
+    Policy,
+    ProportionalShare,
+    Submission,
+)
 from server.tasks import Tasks
 
 log = logging.getLogger("isthmus.server")
@@ -45,15 +57,13 @@ log = logging.getLogger("isthmus.server")
 Start = Callable[[], Awaitable[None]]
 
 
-KINDS_KEPT = 1 << 16  # kinds of submission whose time is remembered (newest kept)
-
-
-def _soon(act: Callable[[], None]) -> None:
-    """`act` in the loop's next turn (at once where no loop runs: the tests of pure logic)."""
-    try:
-        asyncio.get_running_loop().call_soon(act)
-    except RuntimeError:
-        act()
+def _soon(acts: Iterable[Callable[[], None]]) -> None:
+    """Each act in the loop's next turn (at once where no loop runs: the tests of pure logic)."""
+    for act in acts:
+        try:
+            asyncio.get_running_loop().call_soon(act)
+        except RuntimeError:
+            act()
 
 
 @dataclass
@@ -67,15 +77,6 @@ class _Queued:
     kind: str = ""  # what it runs (`expected`), if it is timed
     admitted: float = 0.0  # when (monotonic)
     seq: int = 0  # its place in the order of submission
-
-
-@dataclass
-class _Watch:
-    """An action waiting for buffers to be free (`Gangs.after_reads`, `Gangs.later`)."""
-
-    busy: set[str]  # those not yet seen free
-    act: Callable[[], None]
-    reads: bool  # admitted submissions still reading a buffer keep it busy too
 
 
 @dataclass
@@ -93,29 +94,23 @@ class Gangs:
         self._weights: dict[str, float] = {}
         self._window, self._window_s = window, window_s
         self.schedulers = {i: GangScheduler(i, self._policy(), window, window_s) for i in islands}
-        self._seconds: OrderedDict[str, float] = OrderedDict()  # kind -> seconds it took last
-        self._last_end: dict[str, float] = {}  # island -> when its last submission ended
+        self._durations = Durations(window_s)
+        self._parking = Parking(islands)
         self._queued: dict[str, _Queued] = {}
-        # island -> buffer -> queued submissions of that island touching it
-        self._by_island: dict[str, Counter[str]] = {i: Counter() for i in islands}
-        self._all: Counter[str] = Counter()  # the same, summed over the islands
         self._changed: asyncio.Event | None = None  # set (and dropped) when a buffer is released
-        self.admitted: dict[str, Counter[str]] = {i: Counter() for i in islands}  # island -> client -> cost
+        # island -> client -> cost admitted
+        self.admitted: dict[str, defaultdict[str, float]] = {i: defaultdict(float) for i in islands}
         self._paused: set[str] = set()  # islands admitting nothing (their executors are being replaced)
         self.waiting: Counter[str] = Counter()  # client -> its submissions not yet admitted
-        self._reading: Counter[str] = Counter()  # buffer -> admitted submissions reading it, not yet run
-        self._watches: dict[str, list[_Watch]] = {}  # buffer -> actions waiting for it to be free
-        self._seq = 0
         self._parked: dict[str, _Parked] = {}  # submission id -> parked submission
-        self._parked_on: dict[str, dict[int, _Queued]] = {}  # buffer -> seq -> parked touching it
         self._tasks = Tasks()
 
     def add_island(self, island: str) -> None:
         """Schedule an island that joined (`server.membership`)."""
         if island not in self.schedulers:
             self.schedulers[island] = GangScheduler(island, self._policy(), self._window, self._window_s)
-            self._by_island[island] = Counter()
-            self.admitted[island] = Counter()
+            self._parking.add_island(island)
+            self.admitted[island] = defaultdict(float)
 
     def _policy(self) -> Policy:
         return ProportionalShare(self._weights) if self._share else FifoPolicy()
@@ -132,8 +127,7 @@ class Gangs:
 
     def expected(self, kind: str) -> float:
         """The seconds a submission of this kind is expected to keep its island busy."""
-        seconds = self._seconds.get(kind)
-        return min(self._window_s, 3600.0) if seconds is None else seconds
+        return self._durations.expected(kind)
 
     def submit(self, island: str, sub: Submission, start: Start, touches: Sequence[str],
                held: Sequence[str] = (), outputs: Sequence[str] = (), reads: Sequence[str] = (),
@@ -145,52 +139,37 @@ class Gangs:
         enters its own island's queue only once that work is admitted: each island orders
         only its own queue, so the producer's messages must be numbered first.
         """
-        self._seq += 1
-        others = [b for b in touches if self._touched(b, besides=island) or b in self._parked_on]
+        seq = self._parking.next_seq()
+        others = self._parking.must_park(island, touches)
         # Admitted before this returns (nothing queued on the island, room in its window):
         # its touches would be released as soon as held, and nothing can look in between.
         at_once = not others and island not in self._paused and self.schedulers[island].admits_at_once(sub)
         queued = _Queued(island, start, () if at_once else tuple(touches), tuple(held), tuple(outputs),
-                         tuple(reads), kind, seq=self._seq)
+                         tuple(reads), kind, seq=seq)
         self.waiting[sub.client] += 1
         if not others:
-            self._hold(queued)
+            self._parking.hold(island, [*queued.touches, *queued.held])
             self._enqueue(sub, queued)
             return
         parked = self._parked[sub.id] = _Parked(queued, sub)
-        for b in {*queued.touches, *queued.held}:
-            self._parked_on.setdefault(b, {})[queued.seq] = queued
+        self._parking.park(seq, [*queued.touches, *queued.held])
 
         async def after_others() -> None:
-            while any(self._touched(b, besides=island) or self._parked_before(b, queued.seq) for b in others):
+            while self._parking.blocked(island, others, seq):
                 if self._changed is None:
                     self._changed = asyncio.Event()
                 await self._changed.wait()
             self._unpark(parked)
-            self._hold(queued)
+            self._parking.hold(island, [*queued.touches, *queued.held])
             self._enqueue(sub, queued)
 
         parked.task = self._tasks.spawn(after_others())
 
-    def _parked_before(self, buffer_id: str, seq: int) -> bool:
-        """Whether a submission parked before `seq` touches the buffer."""
-        return any(s < seq for s in self._parked_on.get(buffer_id, ()))
-
     def _unpark(self, parked: _Parked) -> None:
         queued = parked.queued
         del self._parked[parked.sub.id]
-        for b in {*queued.touches, *queued.held}:
-            on = self._parked_on[b]
-            del on[queued.seq]
-            if not on:
-                del self._parked_on[b]
+        self._parking.unpark(queued.seq, [*queued.touches, *queued.held])
         self._wake()
-
-    def _hold(self, queued: _Queued) -> None:
-        buffers = [*queued.touches, *queued.held]
-        if buffers:
-            self._by_island[queued.island].update(buffers)
-            self._all.update(buffers)
 
     def _enqueue(self, sub: Submission, queued: _Queued) -> None:
         try:
@@ -219,7 +198,7 @@ class Gangs:
             queued = self._queued.pop(sub_id)
             self._admitted_or_gone(sub.client)
             self.admitted[island][sub.client] += sub.cost
-            self._reading.update(queued.reads)
+            self._parking.read(queued.reads)
             queued.admitted = time.monotonic()
             try:
                 running = queued.start()  # numbered on its hosts now, in admission order
@@ -248,24 +227,11 @@ class Gangs:
         self._finished(island, sub_id, queued)
 
     def _finished(self, island: str, sub_id: str, queued: _Queued) -> None:
-        now = time.monotonic()
-        if queued.kind:  # at the head of the island from its admission or the previous end
-            self._seconds[queued.kind] = now - max(queued.admitted, self._last_end.get(island, 0.0))
-            self._seconds.move_to_end(queued.kind)
-            if len(self._seconds) > KINDS_KEPT:
-                self._seconds.popitem(last=False)
-        self._last_end[island] = now
+        self._durations.finished(island, queued.kind, queued.admitted, time.monotonic())
         self._release(island, queued.held)
-        self._unread_by(queued.reads)
+        _soon(self._parking.unread(queued.reads))
         self.schedulers[island].done(sub_id)
         self._pump(island)
-
-    def _unread_by(self, buffers: Sequence[str]) -> None:
-        self._reading.subtract(buffers)
-        for b in set(buffers):
-            if self._reading[b] <= 0:
-                self._reading.pop(b, None)
-                self._look((b,))  # (queued work may read it still: the watch looks again)
 
     def cancel_client(self, client: str) -> None:
         """Drop a closing client's queued and parked submissions (its records go with it)."""
@@ -277,7 +243,7 @@ class Gangs:
             if parked.task is not None:
                 parked.task.cancel()
             self._unpark(parked)
-            self._look({*parked.queued.touches, *parked.queued.held})
+            _soon(self._parking.look({*parked.queued.touches, *parked.queued.held}))
         for counts in self.admitted.values():
             counts.pop(client, None)
         self.waiting.pop(client, None)
@@ -291,17 +257,9 @@ class Gangs:
     def _release(self, island: str, buffers: Sequence[str]) -> None:
         if not buffers:
             return
-        counts, everywhere = self._by_island[island], self._all
-        counts.subtract(buffers)  # a buffer may appear more than once
-        everywhere.subtract(buffers)
+        due = self._parking.release(island, buffers)
         self._wake()
-        distinct = set(buffers)
-        for b in distinct:
-            if counts[b] <= 0:
-                counts.pop(b, None)
-            if everywhere[b] <= 0:
-                everywhere.pop(b, None)
-        self._look(distinct)
+        _soon(due)
 
     def _wake(self) -> None:
         """Parked submissions look again."""
@@ -324,14 +282,7 @@ class Gangs:
 
     def queued_for(self, buffer_id: str) -> bool:
         """True while a queued submission reads or writes the buffer."""
-        return self._touched(buffer_id)
-
-    def _touched(self, buffer_id: str, besides: str | None = None) -> bool:
-        """Whether queued or parked work touches the buffer; with `besides`, whether work in
-        the queues of islands other than that one does (parked work aside)."""
-        if besides is None:
-            return buffer_id in self._all or buffer_id in self._parked_on
-        return self._all[buffer_id] > self._by_island[besides][buffer_id]
+        return self._parking.touched(buffer_id)
 
     async def cleared(self, buffer_ids: Sequence[str]) -> None:
         """Wait until no queued submission touches these buffers (a watch, as `later`)."""
@@ -356,38 +307,10 @@ class Gangs:
     def _after(self, buffer_ids: Sequence[str], act: Callable[[], None], reads: bool) -> None:
         """`act` at once, or (in a later turn of the loop, as the gang's own bookkeeping is
         never interrupted) once each buffer has been free once since: a watch per buffer
-        still busy, looked at where a buffer may become free (`_look`), not a task each: a
-        release in a stream of pipelined calls waits like this nearly every time."""
-        busy = {b for b in buffer_ids if self._busy(b, reads)}
-        if not busy:
+        still busy (`Parking.watch`), not a task each: a release in a stream of pipelined
+        calls waits like this nearly every time."""
+        if self._parking.watch(buffer_ids, act, reads):
             act()
-            return
-        watch = _Watch(busy, act, reads)
-        for b in busy:
-            self._watches.setdefault(b, []).append(watch)
-
-    def _busy(self, buffer_id: str, reads: bool) -> bool:
-        return self._touched(buffer_id) or (reads and buffer_id in self._reading)
-
-    def _look(self, buffers: Iterable[str]) -> None:
-        """The watches on these buffers see whether they are free now; one with none left
-        busy acts in the loop's next turn."""
-        for b in buffers:
-            watches = self._watches.get(b)
-            if watches is None:
-                continue
-            still = []
-            for w in watches:
-                if self._busy(b, w.reads):
-                    still.append(w)
-                    continue
-                w.busy.discard(b)
-                if not w.busy:
-                    _soon(w.act)
-            if still:
-                self._watches[b] = still
-            else:
-                del self._watches[b]
 
     # -- status ------------------------------------------------------------------------------
 
@@ -395,12 +318,7 @@ class Gangs:
         """Whether another client than the one that submitted `run_id` has work on `host`
         queued or admitted behind it (False if `run_id` is not in flight on `host`)."""
         sched = self.schedulers.get(island)
-        if sched is None:
-            return False
-        flying = sched.in_flight
-        owner = next((sub.client for sub in flying if sub.id == run_id and host in sub.hosts), None)
-        return owner is not None and any(sub.client != owner and host in sub.hosts
-                                         for sub in (*flying, *sched.queued))
+        return sched is not None and sched.others_behind(host, run_id)
 
     def stats(self, island: str) -> tuple[int, int]:
         """(queued, in flight) of the island; queued counts what is parked for it."""
@@ -410,4 +328,3 @@ class Gangs:
 
     def close(self) -> None:
         self._tasks.cancel()
-
