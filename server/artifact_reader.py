@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO, Any, NoReturn, cast
 
 import jax
 import jax.extend.mlir
@@ -103,7 +103,8 @@ def _module(serialized: bytes) -> Any:
         diagnostics.append(str(d.message))
         return True
 
-    handler = context.attach_diagnostic_handler(keep)
+    # (typed `object` in jaxlib's stub; it is a DiagnosticHandler)
+    handler = cast(mlir.DiagnosticHandler, context.attach_diagnostic_handler(keep))
     try:
         return jax.extend.mlir.deserialize_portable_artifact(serialized, context)
     except Exception as e:

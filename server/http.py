@@ -137,7 +137,8 @@ class _Guarded(HttpToolsProtocol):
         super().on_message_complete()
 
     def _body_done(self) -> None:
-        self._body_due = _cancelled(self._body_due)
+        _cancel(self._body_due)
+        self._body_due = None
 
     def _body_check(self) -> None:
         """Every `header_timeout_s` while a body is read: too little came, the connection closes."""
@@ -160,7 +161,8 @@ class _Guarded(HttpToolsProtocol):
         super().resume_writing()
 
     def _drain_off(self) -> None:
-        self._drain_due = _cancelled(self._drain_due)
+        _cancel(self._drain_due)
+        self._drain_due = None
 
     def _drain_check(self) -> None:
         """Every `header_timeout_s` while writing is paused: too little of the answer was
@@ -188,7 +190,8 @@ class _Guarded(HttpToolsProtocol):
         self._headers_due = self.loop.call_later(self.header_timeout_s, self._headers_late)
 
     def _disarm(self) -> None:
-        self._headers_due = _cancelled(self._headers_due)
+        _cancel(self._headers_due)
+        self._headers_due = None
 
     def _headers_late(self) -> None:
         self._headers_due = None
@@ -198,7 +201,7 @@ class _Guarded(HttpToolsProtocol):
             self.transport.close()
 
 
-def _cancelled(timer: asyncio.TimerHandle | None) -> None:
-    """Cancel the timer, if any; None, for its attribute."""
+def _cancel(timer: asyncio.TimerHandle | None) -> None:
+    """Cancel the timer, if any."""
     if timer is not None:
         timer.cancel()
