@@ -355,7 +355,7 @@ class OpFailure(Outcome):
 
 class BatchPublic(BaseModel):
     failed: list[OpFailure] = Field(description="the operations refused, in order; every other was submitted")
-    wait: Outcome | None = Field(None, description="why the buffer waited for failed, if it did")
+    wait: Outcome | None = Field(default=None, description="why the buffer waited for failed, if it did")
     ready: list[str] = Field(default_factory=list, description="those of the `settled` buffers ready")
     unknown: list[str] = Field(default_factory=list, description=(
         "those of the `known` ids the server has no buffer of (never made, or released)"))
