@@ -31,9 +31,9 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from ir import Aval, DataLoss, Spec
+from server.program_record import ProgramRecord
 
 MAX_STEPS = 10_000  # a recipe longer than this is refused (a chain that long is not repeated)
 UNFINISHED_REPEATS = 1  # times a run that did not finish is repeated
@@ -41,7 +41,7 @@ UNFINISHED_REPEATS = 1  # times a run that did not finish is repeated
 
 @dataclass(eq=False)
 class Origin:
-    program: Any  # the `ProgramRecord` run: a user's program, or a computation's call program
+    program: ProgramRecord  # the record run: a user's program, or a computation's call program
     owner: str
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]

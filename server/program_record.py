@@ -2,10 +2,11 @@
 
 Contract:
 - `ProgramRecord` is one program (or one call program of a computation): its IR, its
-  types, its lowerings by placement, and the newest compile's status (`server.programs`
+  types, its lowerings by placement, and the newest compile's status (`server.lowerings`
   starts compiles; only the newest one's answer is the status).
-- `compiled` waits for that compile; `refusal` says why a record whose compile failed cannot
-  run: `Conflict`, or `Unavailable` where only hosts that were down failed it.
+- `compiled` waits for that compile; `runnable` refuses a run of a record whose compile
+  failed, with its `refusal`: `Conflict`, or `Unavailable` where only hosts that were down
+  failed it.
 - `record_key` is what a run of the record holds in the gang scheduler.
 """
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ir import Conflict, HostPlan, IsthmusError, Op, Placement, Program, Type, Unavailable
 from server.records import ComputationRecord
+from server.states import PENDING, CompileStatus, Failed, Pending, Ready
 
 Placements = tuple[tuple[str, Placement], ...]
 
@@ -29,9 +31,7 @@ class ProgramRecord:
     arg_types: tuple[Type, ...]
     result_types: tuple[Type, ...]
     fuse: bool = False
-    status: str = "pending"
-    message: str | None = None
-    down: bool = False  # it failed only because hosts were down (`refusal`)
+    status: CompileStatus = PENDING  # the newest compile's answer (`refusal` if it failed)
     runs: int = 0
     lowered: dict[Placements, tuple[Program, dict[str, HostPlan]]] = field(default_factory=dict)
     computation: ComputationRecord | None = None  # the computation a call program runs
@@ -50,14 +50,24 @@ def record_key(record_id: str) -> str:
     return "#" + record_id
 
 
-def refusal(kind: str, record_id: str, message: str | None, down: bool) -> IsthmusError:
+def refusal(kind: str, record_id: str, failed: Failed) -> IsthmusError:
     """Why a computation or program that failed to compile cannot run: `Conflict`, or
     `Unavailable` where only hosts that were down failed it (it is compiled again on them
     when they are back, as every record of theirs is)."""
-    if down:
+    if failed.down:
         return Unavailable(f"{kind} {record_id} could not be compiled: a host of it was down "
-                           f"({message}); try again once the host is back")
-    return Conflict(f"{kind} {record_id} failed to compile: {message}")
+                           f"({failed.message}); try again once the host is back")
+    return Conflict(f"{kind} {record_id} failed to compile: {failed.message}")
+
+
+def runnable(kind: str, record_id: str, status: CompileStatus) -> None:
+    """Refuse a run of a record whose compile failed (`refusal`); one pending or ready runs
+    (a pending one's run waits on its hosts for the executable)."""
+    match status:
+        case Failed():
+            raise refusal(kind, record_id, status)
+        case Pending() | Ready():
+            return
 
 
 async def compiled(rec: ProgramRecord) -> None:

@@ -1,13 +1,13 @@
 """Artifact reads, shared fairly among the clients.
 
-Contract: `Readers.read(caller, artifact, mesh, platform, ...)` inspects a client's artifact
-(`server.artifacts.inspect_artifact`) in one of `count` reader processes
-(`server.artifact_reader`) and returns its `ArtifactInfo`, or raises what the inspection
-raised. A caller has at most one read in progress; the callers waiting for a reader are
-served in the order they came. So one client's flood of registrations holds one reader at a
-time, and a newcomer waits for at most one read of each caller ahead of it. Waits happen on
-the event loop, so no worker thread is held while a read waits: only the reads themselves run
-in threads, at most `count` at once.
+Contract: `Readers.read(caller, artifact, mesh, platform)` inspects a client's artifact
+(`server.artifacts.inspect_artifact`, within the limits the readers were made with) in one
+of `count` reader processes (`server.artifact_reader`) and returns its `ArtifactInfo`, or
+raises what the inspection raised. A caller has at most one read in progress; the callers
+waiting for a reader are served in the order they came. So one client's flood of
+registrations holds one reader at a time, and a newcomer waits for at most one read of each
+caller ahead of it. Waits happen on the event loop, so no worker thread is held while a read
+waits: only the reads themselves run in threads, at most `count` at once.
 
 A read goes on to its end even if its request is cancelled (a reader process can't be
 stopped halfway without killing it), and its caller's turn and its reader are held until
@@ -25,7 +25,9 @@ from server.artifacts import ArtifactInfo, inspect_artifact
 
 
 class Readers:
-    def __init__(self, count: int, make: Callable[[], ArtifactReader] = ArtifactReader) -> None:
+    def __init__(self, count: int, make: Callable[[], ArtifactReader] = ArtifactReader, *,
+                 max_bytes: int | None = None, max_ops: int | None = None) -> None:
+        self._limits = (max_bytes, max_ops)  # every read's (`inspect_artifact`)
         self._all = [make() for _ in range(count)]
         self._idle: asyncio.Queue[ArtifactReader] = asyncio.Queue()
         for reader in self._all:
@@ -42,8 +44,8 @@ class Readers:
         for reader in self._all:
             reader.close()
 
-    async def read(self, caller: str, artifact: bytes, mesh: MeshAxes, platform: str, *,
-                   max_bytes: int | None = None, max_ops: int | None = None) -> ArtifactInfo:
+    async def read(self, caller: str, artifact: bytes, mesh: MeshAxes, platform: str) -> ArtifactInfo:
+        max_bytes, max_ops = self._limits
         turn = self._turns.setdefault(caller, asyncio.Lock())
         self._users[caller] = self._users.get(caller, 0) + 1
         try:

@@ -1,6 +1,7 @@
 """Reading a buffer: its state, waiting for it, fetching its bytes.
 
 Contract:
+- A buffer's state is a `ReadState` (`server.states`).
 - `known_state` is what the server knows without asking the hosts: pending while queued,
   failed once lost, ready once a host's answer said so; else None, and `state` asks the
   hosts (ready once every host's part is, failed if any is).
@@ -21,7 +22,7 @@ from executors import State
 from executors.shards import assemble
 from ir import IsthmusError, Unavailable, parse_dtype
 from server.records import BufferRecord, ClientRecord
-from server.remake import usable
+from server.states import ReadState
 
 if TYPE_CHECKING:
     from server.service import Service
@@ -30,13 +31,13 @@ T = TypeVar("T")
 REMAKES = 3  # times a read makes a lost buffer again before it gives up (the cause raised)
 
 
-def known_state(service: Service, rec: BufferRecord) -> str | None:
+def known_state(service: Service, rec: BufferRecord) -> ReadState | None:
     if service.gangs.queued_for(rec.id):
-        return "pending"
+        return ReadState.PENDING
     if rec.id in service.lost:
-        return "failed"
+        return ReadState.FAILED
     if service.settling.known(rec.id):
-        return "ready"
+        return ReadState.READY
     return None
 
 
@@ -51,11 +52,13 @@ async def ready_among(service: Service, owner: ClientRecord, buffer_ids: Sequenc
         rec = service.buffers.get(b)
         if rec is None or rec.owner != owner.id:
             continue
-        known = known_state(service, rec)
-        if known == "ready":
-            ready.append(b)
-        elif known is None:
-            ask[b] = rec
+        match known_state(service, rec):
+            case ReadState.READY:
+                ready.append(b)
+            case None:
+                ask[b] = rec
+            case ReadState.PENDING | ReadState.FAILED:
+                pass
     if not ask:
         return ready
     by_host: dict[str, list[str]] = {}
@@ -74,7 +77,7 @@ async def ready_among(service: Service, owner: ClientRecord, buffer_ids: Sequenc
     return ready + [b for b in ask if b not in not_ready]
 
 
-async def state(service: Service, rec: BufferRecord) -> str:
+async def state(service: Service, rec: BufferRecord) -> ReadState:
     known = known_state(service, rec)
     if known is not None:
         return known
@@ -82,38 +85,40 @@ async def state(service: Service, rec: BufferRecord) -> str:
     try:
         states = await asyncio.gather(*(service.pool.states(h, [rec.id], timeout) for h in rec.hosts))
     except Unavailable:
-        return "failed"
+        return ReadState.FAILED
     flat = {st for [st] in states}
-    return "failed" if State.FAILED in flat else "ready" if flat == {State.READY} else "pending"
+    if State.FAILED in flat:
+        return ReadState.FAILED
+    return ReadState.READY if flat == {State.READY} else ReadState.PENDING
 
 
-async def wait(service: Service, rec: BufferRecord) -> str:
+async def wait(service: Service, rec: BufferRecord) -> ReadState:
     """Wait until the buffer settles on every host; raise its remote cause if it failed."""
     return await _despite_restart(service, rec, _wait)
 
 
 async def _made(service: Service, rec: BufferRecord) -> None:
     """Made again if lost, and the work producing it admitted. Work admitted after an input
-    of it was lost sends nothing and loses its outputs (`Programs._unless_lost`): then the
+    of it was lost sends nothing and loses its outputs (`Buffers.unless_lost`): then the
     buffer is made again once more."""
     for _ in range(REMAKES):
-        usable(service, rec)
+        service.usable(rec)
         await _admitted(service, rec)
         if rec.id not in service.lost:
             return
-    usable(service, rec)
+    service.usable(rec)
 
 
-async def _wait(service: Service, rec: BufferRecord) -> str:
+async def _wait(service: Service, rec: BufferRecord) -> ReadState:
     """(Within `fetch_timeout_s` in all: the run's report, then the hosts, take what is left.)"""
     deadline = time.monotonic() + service.settings.fetch_timeout_s
     await _made(service, rec)
     if await service.settling.ready(rec.id, max(deadline - time.monotonic(), 0.0)):
         service.not_lost(rec)  # (its island may have restarted meanwhile)
-        return "ready"
+        return ReadState.READY
     left = max(deadline - time.monotonic(), 1.0)  # (a host that has it answers at once)
     await asyncio.gather(*(service.pool.wait(h, rec.id, left) for h in rec.hosts))
-    return "ready"
+    return ReadState.READY
 
 
 async def fetch(service: Service, owner: ClientRecord, buffer_id: str) -> tuple[BufferRecord, bytes]:

@@ -13,6 +13,7 @@ from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 
 from ir import Aval, Conflict, InvalidArgument, Spec
+from server.states import PENDING, CompileStatus
 
 # An id a client chooses for a buffer it is about to create (so it need not wait for the
 # server's answer to name it): 8 to 64 characters, a letter or digit first, beginning with
@@ -154,8 +155,6 @@ class ComputationRecord:
     out_avals: tuple[Aval, ...]
     in_specs: tuple[Spec, ...]
     out_specs: tuple[Spec, ...]
-    status: str = "pending"  # its executable's compile status (`server.programs`)
-    message: str | None = None
-    down: bool = False  # it failed only because hosts were down (`server.program_record.refusal`)
+    status: CompileStatus = PENDING  # its executable's compile status (`server.lowerings`)
     artifact: bytes = field(default=b"", repr=False)  # kept to compile again on restarted hosts
     compiles: int = 0  # compiles started for it: only the newest one's answer is its status

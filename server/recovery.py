@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
+from executors import ExecutorPool
 from executors.messages import Adopted, State
 from ir import IsthmusError
-from server.registry import Loaded
-
-if TYPE_CHECKING:
-    from server.service import Service
+from resource_manager import ResourceManager
+from server.clients import Clients
+from server.host_memory import HostMemory
+from server.programs import Programs
+from server.registry import Loaded, Registry
 
 log = logging.getLogger("isthmus.server")
 
@@ -35,12 +36,10 @@ UNFINISHED = ("the server restarted before the computation producing it had fini
               "(it was in flight or queued); run it again")
 
 
-def restore(service: Service, loaded: Loaded, adopted: Mapping[str, Adopted]) -> None:
+def restore(loaded: Loaded, adopted: Mapping[str, Adopted], *, registry: Registry, rm: ResourceManager,
+            clients: Clients, programs: Programs, memory: HostMemory, pool: ExecutorPool) -> None:
     """Bring the registry's records back into the dispatcher (see the module docstring)."""
-    registry, rm = service.registry, service.rm
-    for rec in service.clients.values():
-        service.credentials.restore(rec.key, rec.id)
-        service.gangs.set_weight(rec.id, rec.weight)
+    clients.restore()
     gone_slices = set()
     for s in loaded.slices:
         try:
@@ -49,32 +48,41 @@ def restore(service: Service, loaded: Loaded, adopted: Mapping[str, Adopted]) ->
             log.error("slice %s of client %s is dropped: %s", s.id, s.owner, e)
             gone_slices.add(s.id)
     registry.remove_slices(gone_slices)
-    for comp in list(service.computations.values()):
+    for comp in list(registry.computations.values()):
+        owner = registry.clients[comp.owner]
         try:
             if comp.slice_id in gone_slices:
                 raise IsthmusError(f"its slice {comp.slice_id} is gone")
-            service.programs.add_computation(comp)
+            programs.add_computation(comp, owner)
         except IsthmusError as e:
             log.error("computation %s of client %s is dropped: %s", comp.id, comp.owner, e)
-            registry.remove_computation(service.clients[comp.owner], comp.id)
-    for program_id, owner, name, fuse, doc in loaded.programs:
+            registry.remove_computation(owner, comp.id)
+    for program_id, owner_id, name, fuse, doc in loaded.programs:
         try:
-            service.programs.restore(service.clients[owner], program_id, name, fuse, doc)
+            programs.restore(registry.clients[owner_id], program_id, name, fuse, doc)
         except IsthmusError as e:
-            log.error("program %s of client %s is dropped: %s", program_id, owner, e)
-            registry.remove_programs(service.clients[owner], [program_id])
-    _buffers(service, adopted, gone_slices)
+            log.error("program %s of client %s is dropped: %s", program_id, owner_id, e)
+            registry.remove_programs(registry.clients[owner_id], [program_id])
+    gone, unfinished = _buffers(registry, rm, memory, pool, adopted, gone_slices)
+    if not (registry.clients or adopted):  # a first start: nothing to carry on with
+        return
+    log.warning("restarted: %d clients, %d buffers (%d lost now: %d with their executors, %d unfinished), "
+                "%d computations, %d programs; %d hosts taken over", len(registry.clients),
+                len(registry.buffers), gone + unfinished, gone, unfinished,
+                len(registry.computations), len(programs.records), len(adopted))
 
 
-def _buffers(service: Service, adopted: Mapping[str, Adopted], gone_slices: set[str]) -> None:
+def _buffers(registry: Registry, rm: ResourceManager, memory: HostMemory, pool: ExecutorPool,
+             adopted: Mapping[str, Adopted], gone_slices: set[str]) -> tuple[int, int]:
+    """Lose the buffers whose values did not survive; how many (with their executors, unfinished)."""
     gone, unfinished = [], []
-    for b, rec in service.buffers.items():
+    for b, rec in registry.buffers.items():
         try:  # its bytes on its hosts, lost or not (`server.host_memory`)
-            s = service.rm.get_slice(rec.slice_id)
-            service.memory.charge(b, service.memory.footprint(s, rec.aval, rec.spec), rec.owner)
+            s = rm.get_slice(rec.slice_id)
+            memory.charge(b, memory.footprint(s, rec.aval, rec.spec), rec.owner)
         except IsthmusError:  # its slice is gone: it holds nothing
             gone_slices.add(rec.slice_id)
-        if b in service.lost:
+        if b in registry.lost:
             continue
         if rec.slice_id in gone_slices or not all(h in adopted for h in rec.hosts):
             gone.append(b)
@@ -82,14 +90,9 @@ def _buffers(service: Service, adopted: Mapping[str, Adopted], gone_slices: set[
         states = [adopted[h].states.get(b, State.MISSING) for h in rec.hosts]
         if State.FAILED not in states and any(s is not State.READY for s in states):
             unfinished.append(b)
-    service.registry.lose(gone, GONE)
-    service.registry.lose(unfinished, UNFINISHED)
+    registry.lose(gone, GONE)
+    registry.lose(unfinished, UNFINISHED)
     for host, held in adopted.items():
-        free = [b for b in held.states if b not in service.buffers or b in service.lost]
-        service.pool.delete(host, free)
-    if not (service.clients or adopted):  # a first start: nothing to carry on with
-        return
-    log.warning("restarted: %d clients, %d buffers (%d lost now: %d with their executors, %d unfinished), "
-                "%d computations, %d programs; %d hosts taken over", len(service.clients),
-                len(service.buffers), len(gone) + len(unfinished), len(gone), len(unfinished),
-                len(service.computations), len(service.programs.records), len(adopted))
+        free = [b for b in held.states if b not in registry.buffers or b in registry.lost]
+        pool.delete(host, free)
+    return len(gone), len(unfinished)

@@ -22,6 +22,7 @@ from server.errors import MAX_CAUSE, UnsupportedMedia, shown
 from server.records import CHOSEN_ID, BufferRecord, ClientRecord
 from server.schemas import BufferIds, BufferPublic, error_responses
 from server.service import Service
+from server.states import ReadState
 
 router = APIRouter(prefix="/v1/buffers", tags=["buffers"], responses=error_responses(403))
 OCTETS = "application/octet-stream"
@@ -34,9 +35,10 @@ MAX_FETCH_MB = 256  # their bytes in all
 LIST_YIELD_EVERY = 2000  # buffers listed before other requests get the loop
 
 
-def public(rec: BufferRecord, state: str | None = None) -> BufferPublic:
+def public(rec: BufferRecord, state: ReadState | None = None) -> BufferPublic:
     return BufferPublic(id=rec.id, slice_id=rec.slice_id, shape=list(rec.aval.shape),
-                        dtype=rec.aval.dtype, spec=rec.spec.to_json(), state=state)
+                        dtype=rec.aval.dtype, spec=rec.spec.to_json(),
+                        state=None if state is None else state.value)
 
 
 @contextmanager

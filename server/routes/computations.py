@@ -9,13 +9,15 @@ from server.records import ComputationRecord
 from server.routes.buffers import public as buffer_public
 from server.routes.buffers import remembered
 from server.schemas import CallCreate, CallPublic, ComputationCreate, ComputationPublic, error_responses
+from server.states import wire
 
 router = APIRouter(prefix="/v1", tags=["computations"], responses=error_responses(403))
 
 
 def public(rec: ComputationRecord) -> ComputationPublic:
+    status, message = wire(rec.status)
     return ComputationPublic(
-        id=rec.id, slice_id=rec.slice_id, name=rec.name, status=rec.status, message=rec.message,
+        id=rec.id, slice_id=rec.slice_id, name=rec.name, status=status, message=message,
         in_avals=[a.to_json() for a in rec.in_avals],
         out_avals=[a.to_json() for a in rec.out_avals],
         in_specs=[s.to_json() for s in rec.in_specs],

@@ -10,6 +10,7 @@ from server.program_record import ProgramRecord
 from server.routes.buffers import public as buffer_public
 from server.routes.buffers import remembered
 from server.schemas import ProgramCreate, ProgramPublic, ProgramText, RunCreate, RunPublic, error_responses
+from server.states import wire
 
 router = APIRouter(prefix="/v1", tags=["programs"], responses=error_responses(403))
 
@@ -21,8 +22,9 @@ def _type(t: Type) -> dict[str, object]:
 
 def public(rec: ProgramRecord) -> ProgramPublic:
     stats = rec.program.stats()
+    status, message = wire(rec.status)
     return ProgramPublic(
-        id=rec.id, name=rec.name, status=rec.status, message=rec.message,
+        id=rec.id, name=rec.name, status=status, message=message,
         args=[_type(t) for t in rec.arg_types], results=[_type(t) for t in rec.result_types],
         nodes=stats["nodes"], edges=stats["edges"], runs=rec.runs, fuse=rec.fuse,
     )

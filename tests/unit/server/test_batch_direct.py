@@ -39,7 +39,8 @@ async def post(a: Starlette, body: bytes, token: str = "s-alice", kind: str = "a
 async def test_a_valid_batch_is_answered_directly_after_the_commit():
     service, reached = Service(), []
     r = await post(app(service, reached), json.dumps({"ops": [], "wait": None}).encode())
-    assert r.status_code == 200 and r.json() == {"failed": [], "wait": None, "ready": []}
+    assert r.status_code == 200 and r.json() == {"failed": [], "wait": None, "ready": [], "unknown": [],
+                                              "unfinished": []}
     assert r.headers["content-type"] == "application/json"
     assert reached == [] and service.registry.flushes == 1
     assert service.clients["Bearer s-alice"].in_flight == 0  # counted out as any request

@@ -1,6 +1,7 @@
-"""server.programs: a compile's answer is the record's status only if no newer compile of it
+"""server.lowerings: a compile's answer is the record's status only if no newer compile of it
 has started (one started on hosts restarted meanwhile; the older may fail late, with the
-host it asked gone). The service is a stand-in: `_compile` reads only its pool and timeout."""
+host it asked gone). The pool is a stand-in whose compiles answer when told to; `compile`
+reads only it and its timeout."""
 
 import asyncio
 from types import SimpleNamespace
@@ -8,8 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from ir import Conflict, Unavailable
+from server.lowerings import Lowerings
 from server.program_record import refusal
-from server.programs import Programs
+from server.states import PENDING, READY, Failed
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
@@ -20,10 +22,14 @@ class Pool:
     def __init__(self) -> None:
         self.answers: dict[int, asyncio.Future[str | None]] = {}
         self.asked = 0
+        self.all_asked = asyncio.Event()
+        self.expected = 0
 
     async def compile(self, host, key, data, mesh, in_specs, out_specs, timeout) -> str | None:
         n, self.asked = self.asked, self.asked + 1
         self.answers[n] = asyncio.get_running_loop().create_future()
+        if self.asked == self.expected:
+            self.all_asked.set()
         answer = await self.answers[n]
         if isinstance(answer, Exception):
             raise answer
@@ -33,16 +39,15 @@ class Pool:
 
 
 def records() -> tuple[SimpleNamespace, SimpleNamespace]:
-    comp = SimpleNamespace(status="pending", message=None, compiles=0)
-    return SimpleNamespace(status="pending", message=None, compiles=0, computation=comp), comp
+    comp = SimpleNamespace(status=PENDING, compiles=0)
+    return SimpleNamespace(status=PENDING, compiles=0, computation=comp), comp
 
 
 def compiling(pool: Pool, hosts: tuple[str, ...] = ("a0",)):
-    programs = Programs.__new__(Programs)
-    programs.service = SimpleNamespace(pool=pool, settings=SimpleNamespace(rpc_timeout_s=5.0))
+    lowerings = Lowerings(pool, caches=None, slices=None, timeout_s=5.0)
     job = SimpleNamespace(key="k", artifact="a", mesh={}, in_specs=[], out_specs=[])
     lowered = SimpleNamespace(artifact_table={"a": SimpleNamespace(data=b"")})
-    return programs, lowered, {h: SimpleNamespace(compiles=[job]) for h in hosts}
+    return lowerings, lowered, {h: SimpleNamespace(compiles=[job]) for h in hosts}
 
 
 async def test_a_compile_failed_only_by_hosts_that_were_down_is_refused_as_unavailable():
@@ -51,30 +56,30 @@ async def test_a_compile_failed_only_by_hosts_that_were_down_is_refused_as_unava
     for answers, refused in (([Unavailable("host a1 is down")], Unavailable),
                              ([Unavailable("host a1 is down"), "no kernel"], Conflict)):
         pool = Pool()
-        programs, lowered, plans = compiling(pool, ("a0", "a1")[:len(answers)])
+        pool.expected = len(answers)
+        lowerings, lowered, plans = compiling(pool, ("a0", "a1")[:len(answers)])
         rec, comp = records()
-        task = asyncio.create_task(programs._compile(rec, lowered, plans))  # type: ignore[arg-type]
-        while pool.asked < len(answers):
-            await asyncio.sleep(0)
+        task = asyncio.create_task(lowerings.compile(rec, lowered, plans))
+        await pool.all_asked.wait()
         for n, answer in enumerate(answers):
             pool.answers[n].set_result(answer)
         await task
-        assert rec.status == comp.status == "failed"
-        assert isinstance(refusal("computation", "c-1", comp.message, comp.down), refused)
-        assert isinstance(refusal("program", "p-1", rec.message, rec.down), refused)
+        assert isinstance(rec.status, Failed) and comp.status == rec.status
+        assert isinstance(refusal("computation", "c-1", comp.status), refused)
+        assert isinstance(refusal("program", "p-1", rec.status), refused)
 
 
 async def test_an_older_compile_failing_late_does_not_undo_a_newer_one():
     pool = Pool()
-    programs, lowered, plans = compiling(pool)
+    pool.expected = 2
+    lowerings, lowered, plans = compiling(pool)
     rec, comp = records()
-    first = asyncio.create_task(programs._compile(rec, lowered, plans))  # type: ignore[arg-type]
-    again = asyncio.create_task(programs._compile(rec, lowered, plans))  # type: ignore[arg-type]
-    while pool.asked < 2:  # both have asked
-        await asyncio.sleep(0)
+    first = asyncio.create_task(lowerings.compile(rec, lowered, plans))
+    again = asyncio.create_task(lowerings.compile(rec, lowered, plans))
+    await pool.all_asked.wait()  # both have asked
     pool.answers[1].set_result(None)  # the newer compile, on the new executor: done
     await again
-    assert (rec.status, comp.status) == ("ready", "ready")
+    assert (rec.status, comp.status) == (READY, READY)
     pool.answers[0].set_result("Unavailable: host a0 is down")  # the older one, late
     await first
-    assert (rec.status, comp.status) == ("ready", "ready")
+    assert (rec.status, comp.status) == (READY, READY)

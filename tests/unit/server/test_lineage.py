@@ -153,11 +153,11 @@ def test_a_run_with_many_outputs_is_let_go_once_all_are_released() -> None:
 def test_a_chain_lost_link_by_link_names_only_its_first_cause():
     """Each run whose input was lost before it ran says which, and the first cause: the
     message does not nest once per link of the chain (it grew with every one)."""
-    from server.remake import _first_cause
+    from server.buffers import first_cause
 
     why = "island b was restarted (host b0 was lost (its executor's channel was lost)), and the values"
     for i in range(50):
-        why = f"its input x{i} was lost before it ran ({_first_cause(why)})"
+        why = f"its input x{i} was lost before it ran ({first_cause(why)})"
     assert why == ("its input x49 was lost before it ran (island b was restarted (host b0 was lost (its "
                    "executor's channel was lost)), and the values)")
 

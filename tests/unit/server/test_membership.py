@@ -45,9 +45,10 @@ async def test_hosts_join_their_island_solo_or_a_new_island_and_refusals_are_log
     s = service(pool)
     refused: set[str] = set()
     with caplog.at_level(logging.WARNING, logger="isthmus.server"):
-        assert await join_nodes(s, refused) == ["a2", "c0"]  # c1 did not start: tried next time
+        # c1 did not start: tried next time
+        assert await join_nodes(s.pool, s.rm, s.gangs, refused) == ["a2", "c0"]
         pool.answer = ([], {"bad": "label isthmus.dev/devices: 'x'"})
-        assert await join_nodes(s, refused) == []
+        assert await join_nodes(s.pool, s.rm, s.gangs, refused) == []
     assert sum("bad" in r.message for r in caplog.records) == 1
     assert s.rm.hosts("a") == ["a0", "a1", "a2"] and s.rm.hosts("c") == ["c0"]
     assert s.rm.solo_hosts() == ["a2"]  # island a is a JAX group; island c is new and alone
