@@ -27,7 +27,7 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -65,14 +65,15 @@ class Store(Protocol):
 
 
 class SqliteStore:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, connect: Callable[..., sqlite3.Connection] = sqlite3.connect) -> None:
+        """`connect` opens the database (`sqlite3.connect`; tests give one whose commits fail)."""
         self.path = path
         if str(path) != ":memory:":
             # created private before SQLite opens it (SQLite would use the umask)
             os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
         # The event loop's thread writes; `check_same_thread` off only so that a close at
         # exit from another thread is allowed (the lock keeps uses apart).
-        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        self._db = connect(str(path), isolation_level=None, check_same_thread=False)
         self._lock = threading.Lock()
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -102,6 +103,11 @@ class SqliteStore:
 
     def delete_owner(self, owner: str) -> None:
         self._queued += [owner, {}]
+
+    def pending(self) -> list[dict[tuple[str, str], Row | None] | str]:
+        """What the next commit writes, in order: each record's last change (its row, or None
+        to delete it), and owners whose records all go between them."""
+        return [dict(item) if isinstance(item, dict) else item for item in self._queued]
 
     def _changes(self) -> dict[tuple[str, str], Row | None]:
         """The latest changes, by record: a record written and deleted before the next

@@ -2,6 +2,7 @@
 
 import json
 import socket
+import sqlite3
 
 import pytest
 
@@ -50,7 +51,10 @@ def test_a_state_database_that_cannot_be_read_is_named_and_a_torn_record_skipped
     store = SqliteStore(db)
     store.put([Row("client", "cl-1", "cl-1", {"name": "a"}), Row("client", "cl-2", "cl-2", {"name": "b"})])
     store.flush()
-    store._db.execute("UPDATE records SET doc = '{\"name\": ' WHERE id = 'cl-2'")  # torn
+    other = sqlite3.connect(db)  # another writer of the file tears a row
+    other.execute("UPDATE records SET doc = '{\"name\": ' WHERE id = 'cl-2'")
+    other.commit()
+    other.close()
     assert [r.id for r in store.load("client")] == ["cl-1"]
     store.close()
     preflight(s)  # readable

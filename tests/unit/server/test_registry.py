@@ -166,7 +166,8 @@ def test_a_commit_leaves_what_every_queued_write_in_order_would(tmp_path: Path) 
     store.put([Row("buffer", "b-1", "cl-1", {"v": 3})])  # after the delete, so this one is
     store.delete("buffer", ["b-9"])
     store.delete("buffer", [])
-    assert {k: (r.doc["v"] if r else None) for k, r in store._queued[-1].items()} == {
+    [latest] = store.pending()
+    assert isinstance(latest, dict) and {k: (r.doc["v"] if r else None) for k, r in latest.items()} == {
         ("buffer", "b-1"): 3, ("buffer", "b-2"): 2, ("buffer", "b-9"): None}
     assert sorted((r.id, r.doc["v"]) for r in store.load("buffer")) == [("b-0", 0), ("b-1", 3), ("b-2", 2)]
     # an owner's records all go where it was said, between what came before and after
@@ -205,7 +206,7 @@ class _FullDisk:
     """A connection whose commits fail while `full`, as SQLite's do on a full disk."""
 
     def __init__(self, db) -> None:
-        self.db, self.full = db, True
+        self.db, self.full = db, False
 
     def execute(self, sql, *args):
         if sql == "COMMIT" and self.full:
@@ -220,13 +221,20 @@ def test_changes_a_failed_commit_held_are_written_by_the_next(tmp_path: Path) ->
     """A full disk: the changes stay queued, the registry says why, and once the disk has
     room they are written, in order (a client closed meanwhile stays closed)."""
     path = tmp_path / "state.db"
-    store = SqliteStore(path)
+    disks: list[_FullDisk] = []
+
+    def connect(*args, **kwargs) -> _FullDisk:
+        disks.append(_FullDisk(sqlite3.connect(*args, **kwargs)))
+        return disks[-1]
+
+    store = SqliteStore(path, connect=connect)
     reg = Registry(store)
     alice, bob = ClientRecord("cl-1", "alice"), ClientRecord("cl-2", "bob")
     reg.add_client(alice)
     reg.add_client(bob)
     reg.flush()
-    store._db = full = _FullDisk(store._db)
+    [full] = disks
+    full.full = True
     reg.add_buffers(alice, [_buffer(0, "cl-1")])
     reg.remove_client(bob)
     reg.flush()
