@@ -30,13 +30,13 @@ class Backlog:
         self.costs[client] = cost
         self.active.add(client)
         for _ in range(self.depth):
-            self._submit(client)
+            self.submit_one(client)
 
     def leave(self, client: str) -> None:
         """Stop submitting for `client`: its queue drains and it goes idle."""
         self.active.discard(client)
 
-    def _submit(self, client: str) -> None:
+    def submit_one(self, client: str) -> None:
         self.sched.submit(Submission(f"{client}-{self.count}", client, ("h0", "h1"), self.costs[client]()))
         self.count += 1
 
@@ -47,7 +47,7 @@ class Backlog:
             for a in self.sched.admit():
                 self.log.append(a)
                 if a.client in self.active:
-                    self._submit(a.client)
+                    self.submit_one(a.client)
             oldest = self.sched.in_flight[0]
             self.sched.done(oldest.id)
         del self.log[start + n:]  # the last batch may overshoot
