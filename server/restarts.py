@@ -1,6 +1,6 @@
 """The islands whose executors are being replaced, and a wait for a restart's end.
 
-Whoever starts a restart adds the island (`Service.restart_island`, `server.healing`), and
+Whoever starts a restart adds the island (`Healer.restart_island`, `Healer.restart`), and
 `Healer.restart_claimed` discards it when the restart is over, failed or not: whoever
 waits on `over` then goes on. `begun` counts the restarts each island has begun, so a
 request can tell whether one came while it waited (its failure then may be the restart's).
