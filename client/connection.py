@@ -68,6 +68,10 @@ class Client:
     Calls, runs, small uploads and releases do not wait: they are queued and sent in order,
     batched, by the client's session (`client.session`); a blocking call (a buffer's
     `result()` or `numpy()`, `buffers()`, `close()`) sends what is queued first.
+
+    `timeout` bounds one request, its tries included; `restart_grace_s` is how long a
+    request waits for a server that cannot be reached (restarting, say) before it raises
+    (docs/client.md says which requests are tried again).
     """
 
     def __init__(self, address: str, token: str | None = None, name: str = "", timeout: float = 600.0,

@@ -11,6 +11,7 @@ import threading
 import pytest
 from test_transport import read_request
 
+import client as isthmus
 from client.retry import Backoff, Retry
 from client.transport import Dropped, Transport, Unsent, repeatable
 from ir import InvalidArgument, NotFound, Unavailable
@@ -169,3 +170,20 @@ def test_the_transport_waits_for_a_server_that_starts_listening_and_sends_the_re
     assert transport.json("POST", "/v1/slices", json={"mesh": {"x": 1}}) == {"ok": True}
     assert len(waits) == 2 and len(seen) == 1  # refused twice, then sent once
     assert transport.requests == 1  # one request, tried three times
+
+
+@pytest.mark.parametrize("grace", [-1, float("nan"), float("inf"), "soon", True])
+def test_a_grace_that_is_no_number_of_seconds_is_refused_by_name(grace):
+    with pytest.raises(InvalidArgument, match=r"^restart_grace_s: expected a number of seconds, 0 or more"):
+        isthmus.connect("http://127.0.0.1:9", token="t", restart_grace_s=grace)
+
+
+def test_the_grace_is_read_from_the_environment_and_zero_does_not_wait(monkeypatch):
+    monkeypatch.setenv("ISTHMUS_RESTART_GRACE_S", "a while")
+    with pytest.raises(InvalidArgument, match=r"^ISTHMUS_RESTART_GRACE_S: .*got 'a while'"):
+        isthmus.connect("http://127.0.0.1:9", token="t")
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        port = probe.getsockname()[1]  # nothing listens on it once closed
+    monkeypatch.setenv("ISTHMUS_RESTART_GRACE_S", "0")
+    with pytest.raises(Unsent):  # at once: with a grace of 30 s this test would time out
+        isthmus.connect(f"http://127.0.0.1:{port}", token="t")
