@@ -10,6 +10,8 @@ Contract:
   restarted server do not all knock in step), and never past the deadline.
 - `stop()` ends every wait, the one in progress and any later one: a waiting run raises
   the error its last try met (the client is closing).
+- A run that begins to wait says so once, as a warning of the `isthmus.client` logger (a
+  client waiting for a server that is not there is not silent for its grace).
 - What is repeatable is the caller's to say (`client.transport`): a request never sent
   always is; one that may have been acted on only when acting twice does no harm.
 - The clock, the randomness and the wait are parameters, so the policy is tested without
@@ -18,6 +20,7 @@ Contract:
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -28,6 +31,7 @@ from typing import TypeVar
 __all__ = ["Backoff", "Retry"]
 
 T = TypeVar("T")
+log = logging.getLogger("isthmus.client")
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,8 @@ class Retry:
                 now = self._clock()
                 if deadline is None:
                     deadline = min(now + self.grace_s, start + self.timeout_s)
+                    log.warning("isthmus: %s; trying again for up to %.0fs (restart_grace_s)", e,
+                                deadline - now)
                 left = deadline - now
                 if left <= 0 or self._pause(min(self.backoff.wait(tries, self._draw()), left)) \
                         or self._stopped.is_set():
