@@ -3,7 +3,9 @@ process that started it, is found again by its state dir, listens on loopback on
 its token, and stops itself once no server has held its state dir for the orphan timeout.
 
 Ray is never joined from this process (that would leak Ray's state into later tests): a
-client runs in a subprocess. Every test stops what it started by its pid and session.
+client runs in a subprocess. Every test stops what it started by its pid and session; the
+daemon the tests share (`shared`: starting one is most of a test's time) is stopped so at
+the module's end.
 """
 
 from __future__ import annotations
@@ -170,10 +172,35 @@ def gcs_status(address: str, token: str | None) -> str:
             return e.code().name
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], ray_daemon.Daemon]]:
+    """One daemon for the tests that only look at one (starting one is most of a test's
+    time): the module's, or a new one where a test ended it (it is stopped at the end)."""
+    root = tmp_path_factory.mktemp("shared-daemon")
+    token_file = root / "ray_token"
+    token_file.write_text(secrets.token_urlsafe(32))
+    token_file.chmod(0o600)
+    state_dir = root / "state"
+    state_dir.mkdir(mode=0o700)
+    daemons: list[ray_daemon.Daemon] = []
+
+    def get() -> ray_daemon.Daemon:
+        if not daemons or ray_daemon.find(state_dir) is None:
+            daemons.append(ray_daemon.start(state_dir, num_cpus=1, object_store_bytes=STORE_BYTES,
+                                            token_file=token_file, orphan_timeout_s=600))
+        return daemons[-1]
+    try:
+        yield get
+    finally:
+        for daemon in daemons:
+            daemon.stop()
+            stop_session(daemon.pid)
+
+
 @pytest.mark.timeout(180)
-def test_a_daemon_is_found_takes_its_token_and_listens_on_loopback(started, new_state_dir, token_file):
-    state_dir = new_state_dir("state")
-    daemon = started(state_dir)
+def test_a_daemon_is_found_takes_its_token_and_listens_on_loopback(shared):
+    daemon = shared()
+    state_dir, token_file = daemon.state_dir, daemon.state_dir.parent / "ray_token"
     assert ray_daemon.find(state_dir) == daemon
     assert (state_dir / "ray.json").stat().st_mode & 0o777 == 0o600
     with pytest.raises(InvalidArgument, match="already runs"):
@@ -200,21 +227,10 @@ def test_a_daemon_is_found_takes_its_token_and_listens_on_loopback(started, new_
     fixed = [s for s in sockets if s[1] in FIXED_PORTS and s[2] != "raylet" and not s[2].startswith("ray::")]
     assert fixed == [], "on one of Ray's fixed ports"
 
-    # Ray ends by itself (its GCS killed): the watcher goes too, and takes ray.json with it.
-    [gcs] = {pid for pid in session(daemon.pid) if comm(pid) == "gcs_server"}
-    os.kill(gcs, signal.SIGKILL)
-    wait_for(lambda: not session(daemon.pid), 60, "the daemon ends once its GCS is gone")
-    assert not (state_dir / "ray.json").exists()
-    assert ray_daemon.find(state_dir) is None
-    assert "ray start ended by itself" in (state_dir / "ray.log").read_text(errors="replace")
-    private = Path(daemon.session_dir).parents[1]  # kept for Ray's own logs: ours to remove
-    assert (Path(daemon.session_dir) / "logs" / "raylet.out").exists()
-    shutil.rmtree(private)
-
 
 @pytest.mark.timeout(240)
-def test_two_daemons_side_by_side_and_each_stop_leaves_nothing(started, new_state_dir):
-    first, second = started(new_state_dir("one")), started(new_state_dir("two"))
+def test_two_daemons_side_by_side_and_a_stop_leaves_nothing(shared, started, new_state_dir):
+    first, second = shared(), started(new_state_dir("two"))
     ports = [{port for _, port, _ in listeners(set(session(d.pid)))} for d in (first, second)]
     assert ports[0] and ports[1] and not ports[0] & ports[1]
     for daemon in (first, second):
@@ -223,20 +239,34 @@ def test_two_daemons_side_by_side_and_each_stop_leaves_nothing(started, new_stat
             assert "exception occurred while starting the metrics server" not in \
                 (logs / name).read_text(errors="replace")
 
-    first.stop()
-    assert session(first.pid) == []
-    assert not (first.state_dir / "ray.json").exists()
-    assert ray_daemon.find(first.state_dir) is None
-    assert ray_daemon.find(second.state_dir) == second
     second.stop()
     assert session(second.pid) == []
+    assert not (second.state_dir / "ray.json").exists()
+    assert ray_daemon.find(second.state_dir) is None
+    assert ray_daemon.find(first.state_dir) == first  # the other goes on
     second.stop()  # idempotent
+
+
+@pytest.mark.timeout(180)
+def test_a_daemon_whose_ray_ends_by_itself_leaves_nothing_but_its_logs(shared):
+    """Ray ends by itself (its GCS killed): the watcher goes too, and takes ray.json with it.
+    (It ends the module's daemon: a test after it gets a new one.)"""
+    daemon = shared()
+    [gcs] = {pid for pid in session(daemon.pid) if comm(pid) == "gcs_server"}
+    os.kill(gcs, signal.SIGKILL)
+    wait_for(lambda: not session(daemon.pid), 60, "the daemon ends once its GCS is gone")
+    assert not (daemon.state_dir / "ray.json").exists()
+    assert ray_daemon.find(daemon.state_dir) is None
+    assert "ray start ended by itself" in (daemon.state_dir / "ray.log").read_text(errors="replace")
+    private = Path(daemon.session_dir).parents[1]  # kept for Ray's own logs: ours to remove
+    assert (Path(daemon.session_dir) / "logs" / "raylet.out").exists()
+    shutil.rmtree(private)
 
 
 @pytest.mark.timeout(240)
 def test_a_daemon_outlives_its_starter_and_stops_once_orphaned(new_state_dir, token_file):
     state_dir = new_state_dir("state")
-    orphan_timeout_s = 3.0
+    orphan_timeout_s = 2.0  # above the watcher's one try of the lock a second
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     args = [str(state_dir), str(STORE_BYTES), str(token_file), str(orphan_timeout_s)]
     starter = subprocess.Popen([sys.executable, "-c", STARTER, *args], stdin=subprocess.PIPE,
