@@ -16,12 +16,14 @@ from ir.errors import (
     RemoteError,
     Unavailable,
 )
-from ir.node import ATTRS, SUBGRAPHS, TYPE_RULES, Env, Node, Op, RuleError, Sig, Type, subgraphs
+from ir.node import ATTRS, SUBGRAPHS, Graph, Node, Op, OpAttrs, RuleError, Sig, Type, subgraphs
 from ir.ops import (
     ROUTES,
+    TYPE_RULES,
     ArgAttrs,
     ComputeAttrs,
     CondAttrs,
+    Env,
     RecvAttrs,
     ResultAttrs,
     SendAttrs,
@@ -30,7 +32,7 @@ from ir.ops import (
     transfer_route,
 )
 from ir.plan import CompileJob, Compute, DeviceMesh, HostPlan, Recv, Reshard, Send, Step, executable_key
-from ir.program import Artifact, Graph, Placement, Program, SliceDef, content_hash
+from ir.program import Artifact, Placement, Program, SliceDef, content_hash
 from ir.text import ParseError, node_line, parse_program, print_program
 from ir.types import DTYPES, Aval, MeshAxes, Spec, dtype_name, parse_dtype
 from ir.verify import VerifyError, graph_signature, infer_node, value_types, verify
@@ -61,6 +63,7 @@ __all__ = [
     "Node",
     "NotFound",
     "Op",
+    "OpAttrs",
     "ParseError",
     "Placement",
     "Program",

@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ir.errors import InvalidArgument
-from ir.node import Node, Op, Sig, Type
+from ir.node import Graph, Node, Op, Sig, Type
 from ir.ops import ArgAttrs, Attrs, ComputeAttrs, CondAttrs, ResultAttrs, TransferAttrs, WhileAttrs
-from ir.program import Artifact, Graph, Program, SliceDef
+from ir.program import Artifact, Program, SliceDef
 from ir.text import node_line
 from ir.types import Aval, MeshAxes, Spec
 from ir.verify import VerifyError, infer_node, verify

@@ -1,31 +1,29 @@
-"""Values, types and nodes of the sharded dataflow IR, and the per-op rule tables.
+"""Values, types, nodes and graphs of the sharded dataflow IR.
 
 Contract:
 - A `Node` applies one `Op` to named operand values and defines named output values (SSA:
-  `%3`). Its attributes are a frozen dataclass owned by the op (`ATTRS[op]`), checked when
-  the node is built. Nodes are values: change them with `dataclasses.replace`.
+  `%3`). Its attributes are a frozen dataclass owned by the op (`ATTRS[op]`, an `OpAttrs`),
+  checked when the node is built. Nodes are values: change them with `dataclasses.replace`.
+- A `Graph` is a tuple of nodes in topological order whose last node, and only that one, is
+  a `RESULT`; its inputs are the `ARG` nodes, in order. The bodies of `WHILE` and `COND`
+  are graphs too, carried in their nodes' attributes (`SUBGRAPHS[op]`).
 - A value's `Type` is its aval, its partition spec, and the virtual slice it lives on (a
   name in the program's slice table).
-- `TYPE_RULES[op](node, env)` returns the types of the node's outputs from the types of its
-  operands, or raises `RuleError` saying what was expected and what was found. The tables
-  are filled next to each op's definition in `ir.ops`; `ir.verify` runs them, adding the
-  checks common to every node, and hands `env.check_graph` to the control-flow rules.
+- The tables `ATTRS` and `SUBGRAPHS` (and `ir.ops.TYPE_RULES`) are filled next to each op's
+  definition in `ir.ops`; a rule that finds a node wrong raises `RuleError` saying what was
+  expected and what was found.
 """
 
 from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ir.errors import InvalidArgument
 from ir.types import Aval, Spec
-
-if TYPE_CHECKING:
-    from ir.ops import Attrs
-    from ir.program import Graph, SliceDef
 
 VALUE_NAME = re.compile(r"%[A-Za-z0-9_.]+")
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
@@ -100,17 +98,12 @@ class RuleError(InvalidArgument):
         self.what, self.expected, self.found = what, expected, found
 
 
-GraphSig = tuple[tuple[Type, ...], tuple[Type, ...]]
+GraphSig = tuple[tuple[Type, ...], tuple[Type, ...]]  # a graph's argument and result types
 
 
 @dataclass(frozen=True)
-class Env:
-    """What a type rule may look at: operand types, the program's tables, a sub-graph checker."""
-
-    types: Mapping[str, Type]
-    slices: Mapping[str, SliceDef]
-    artifacts: Collection[str]
-    check_graph: Callable[[Graph, str], GraphSig]
+class OpAttrs:
+    """The attributes of a node: each op's are a frozen dataclass of their own (`ir.ops`)."""
 
 
 @dataclass(frozen=True)
@@ -118,7 +111,7 @@ class Node:
     op: Op
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
-    attrs: Attrs
+    attrs: OpAttrs
 
     def __post_init__(self) -> None:
         if not isinstance(self.op, Op):
@@ -135,9 +128,7 @@ class Node:
             )
 
 
-TypeRule = Callable[[Node, Env], list[Type]]
-TYPE_RULES: dict[Op, TypeRule] = {}
-ATTRS: dict[Op, type] = {}
+ATTRS: dict[Op, type[OpAttrs]] = {}
 # The sub-graphs an op carries as attributes (`WHILE`, `COND`); ops without any are absent.
 SUBGRAPHS: dict[Op, Callable[[Any], tuple[Graph, ...]]] = {}
 
@@ -145,3 +136,42 @@ SUBGRAPHS: dict[Op, Callable[[Any], tuple[Graph, ...]]] = {}
 def subgraphs(node: Node) -> tuple[Graph, ...]:
     rule = SUBGRAPHS.get(node.op)
     return rule(node.attrs) if rule else ()
+
+
+@dataclass(frozen=True)
+class Graph:
+    nodes: tuple[Node, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.nodes, tuple) or not all(isinstance(n, Node) for n in self.nodes):
+            raise InvalidArgument(f"graph: expected a tuple of Nodes, found {self.nodes!r}")
+        results = [i for i, n in enumerate(self.nodes) if n.op is Op.RESULT]
+        if results != [len(self.nodes) - 1]:
+            raise InvalidArgument(
+                f"graph: expected exactly one result node, last; found result nodes at {results} "
+                f"of {len(self.nodes)} nodes"
+            )
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        return tuple(n.outputs[0] for n in self.nodes if n.op is Op.ARG and n.outputs)
+
+    @property
+    def results(self) -> tuple[str, ...]:
+        return self.nodes[-1].inputs
+
+    def walk(self) -> Iterator[Node]:
+        """Every node, those of sub-graphs included (each sub-graph's after its node)."""
+        for node in self.nodes:
+            yield node
+            for sub in subgraphs(node):
+                yield from sub.walk()
+
+    def stats(self) -> dict[str, int]:
+        """Nodes and edges (operand uses), sub-graphs included."""
+        nodes, edges = len(self.nodes), sum(len(n.inputs) for n in self.nodes)
+        for node in self.nodes:
+            for sub in subgraphs(node):
+                inner = sub.stats()
+                nodes, edges = nodes + inner["nodes"], edges + inner["edges"]
+        return {"nodes": nodes, "edges": edges}

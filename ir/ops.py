@@ -9,36 +9,52 @@ Contract:
   pairs), on placed slices only; `RESULT` the graph's outputs, in order, always its last node;
   `WHILE` and `COND` functional control flow whose sub-graphs are closed (they see only
   their own `ARG`s) and have their own value scope.
-- Importing this module fills `ATTRS` and `TYPE_RULES` (`ir/__init__.py` always does).
+- `TYPE_RULES[op](node, env)` returns the types of the node's outputs from the types of its
+  operands (`Env`), or raises `RuleError`; `ir.verify` runs them, adding the checks common
+  to every node, and hands `env.check_graph` to the control-flow rules.
+- Importing this module fills `ATTRS`, `SUBGRAPHS` and `TYPE_RULES` (`ir/__init__.py` always
+  does).
 """
 
 from __future__ import annotations
 
 import numbers
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ir.errors import InvalidArgument
 from ir.node import (
     ATTRS,
     IDENTIFIER,
     SUBGRAPHS,
-    TYPE_RULES,
-    Env,
+    Graph,
+    GraphSig,
     Node,
     Op,
+    OpAttrs,
     RuleError,
     Sig,
     Type,
     check_hosts,
     check_name,
 )
+from ir.program import SliceDef
 from ir.types import Aval
 
-if TYPE_CHECKING:
-    from ir.program import Graph, SliceDef
+
+@dataclass(frozen=True)
+class Env:
+    """What a type rule may look at: operand types, the program's tables, a sub-graph checker."""
+
+    types: Mapping[str, Type]
+    slices: Mapping[str, SliceDef]
+    artifacts: Collection[str]
+    check_graph: Callable[[Graph, str], GraphSig]
+
+
+TypeRule = Callable[[Node, Env], list[Type]]
+TYPE_RULES: dict[Op, TypeRule] = {}
 
 BOOL_SCALAR = Aval((), "bool")
 INT32_SCALAR = Aval((), "int32")
@@ -73,7 +89,7 @@ def _hosts(env: Env, slice_name: str, what: str) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class ArgAttrs:
+class ArgAttrs(OpAttrs):
     type: Type
 
     def __post_init__(self) -> None:
@@ -94,7 +110,7 @@ ATTRS[Op.ARG], TYPE_RULES[Op.ARG] = ArgAttrs, _arg_rule
 
 
 @dataclass(frozen=True)
-class ComputeAttrs:
+class ComputeAttrs(OpAttrs):
     """A computation: `artifact` is the content hash of its bytes in the program's table."""
 
     name: str
@@ -151,7 +167,7 @@ def transfer_route(source: SliceDef, target: SliceDef) -> str | None:
 
 
 @dataclass(frozen=True)
-class TransferAttrs:
+class TransferAttrs(OpAttrs):
     type: Type
     route: str | None = None
 
@@ -194,7 +210,7 @@ ATTRS[Op.TRANSFER], TYPE_RULES[Op.TRANSFER] = TransferAttrs, _transfer_rule
 
 
 @dataclass(frozen=True)
-class SendAttrs:
+class SendAttrs(OpAttrs):
     """Hand the operand to the hosts `to` (every host of the receiving slice); the `RECV` with
     the same `tag` takes it there. From a slice spanning hosts, each of its hosts sends its
     shards."""
@@ -224,7 +240,7 @@ ATTRS[Op.SEND], TYPE_RULES[Op.SEND] = SendAttrs, _send_rule
 
 
 @dataclass(frozen=True)
-class RecvAttrs:
+class RecvAttrs(OpAttrs):
     """Take the value the `SEND` with the same `tag` hands over from the hosts `sources`
     (every host of the sending slice); each host of the receiving slice takes all of it."""
 
@@ -254,7 +270,7 @@ ATTRS[Op.RECV], TYPE_RULES[Op.RECV] = RecvAttrs, _recv_rule
 
 
 @dataclass(frozen=True)
-class ResultAttrs:
+class ResultAttrs(OpAttrs):
     pass
 
 
@@ -272,15 +288,13 @@ MAX_PARALLEL_ITERATIONS = 64  # a host holds one environment per iteration it ru
 
 
 @dataclass(frozen=True)
-class WhileAttrs:
+class WhileAttrs(OpAttrs):
     cond: Graph
     body: Graph
     # How many iterations a host may run at once (`executors.iterations`); 1: one at a time.
     parallel_iterations: int = 1
 
     def __post_init__(self) -> None:
-        from ir.program import Graph
-
         if not isinstance(self.cond, Graph) or not isinstance(self.body, Graph):
             raise InvalidArgument(f"while: expected cond and body Graphs, found {self.cond!r}, {self.body!r}")
         object.__setattr__(self, "parallel_iterations", check_parallel_iterations(self.parallel_iterations))
@@ -319,12 +333,10 @@ SUBGRAPHS[Op.WHILE] = lambda a: (a.cond, a.body)
 
 
 @dataclass(frozen=True)
-class CondAttrs:
+class CondAttrs(OpAttrs):
     branches: tuple[Graph, ...]
 
     def __post_init__(self) -> None:
-        from ir.program import Graph
-
         if not isinstance(self.branches, tuple) or not self.branches or not all(
             isinstance(b, Graph) for b in self.branches
         ):

@@ -1,9 +1,6 @@
-"""Graphs and programs of the sharded dataflow IR.
+"""Programs of the sharded dataflow IR: a graph (`ir.node.Graph`) and its tables.
 
 Contract:
-- A `Graph` is a tuple of nodes in topological order whose last node, and only that one, is
-  a `RESULT`; its inputs are the `ARG` nodes, in order. The bodies of `WHILE` and `COND`
-  are graphs too.
 - A `Program` is a graph plus the tables its nodes refer to by name: the slice table (name
   -> `MeshAxes` and an optional island) and the artifact table (content hash -> bytes and
   optional string metadata), so the graph itself stays small and readable. Sub-graphs
@@ -14,11 +11,11 @@ Contract:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ir.errors import InvalidArgument
-from ir.node import IDENTIFIER, Node, Op, check_name, subgraphs
+from ir.node import IDENTIFIER, Graph, Node, check_name
 from ir.types import MeshAxes
 
 VERSIONS = (1,)
@@ -117,45 +114,6 @@ class Artifact:
 
 def content_hash(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-@dataclass(frozen=True)
-class Graph:
-    nodes: tuple[Node, ...]
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.nodes, tuple) or not all(isinstance(n, Node) for n in self.nodes):
-            raise InvalidArgument(f"graph: expected a tuple of Nodes, found {self.nodes!r}")
-        results = [i for i, n in enumerate(self.nodes) if n.op is Op.RESULT]
-        if results != [len(self.nodes) - 1]:
-            raise InvalidArgument(
-                f"graph: expected exactly one result node, last; found result nodes at {results} "
-                f"of {len(self.nodes)} nodes"
-            )
-
-    @property
-    def args(self) -> tuple[str, ...]:
-        return tuple(n.outputs[0] for n in self.nodes if n.op is Op.ARG and n.outputs)
-
-    @property
-    def results(self) -> tuple[str, ...]:
-        return self.nodes[-1].inputs
-
-    def walk(self) -> Iterator[Node]:
-        """Every node, those of sub-graphs included (each sub-graph's after its node)."""
-        for node in self.nodes:
-            yield node
-            for sub in subgraphs(node):
-                yield from sub.walk()
-
-    def stats(self) -> dict[str, int]:
-        """Nodes and edges (operand uses), sub-graphs included."""
-        nodes, edges = len(self.nodes), sum(len(n.inputs) for n in self.nodes)
-        for node in self.nodes:
-            for sub in subgraphs(node):
-                inner = sub.stats()
-                nodes, edges = nodes + inner["nodes"], edges + inner["edges"]
-        return {"nodes": nodes, "edges": edges}
 
 
 @dataclass(frozen=True)

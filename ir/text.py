@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ir.errors import InvalidArgument
-from ir.node import SUBGRAPHS, Node, Op, Sig, Type, subgraphs
+from ir.node import SUBGRAPHS, Graph, Node, Op, Sig, Type, subgraphs
 from ir.ops import (
     ArgAttrs,
     Attrs,
@@ -49,7 +49,7 @@ from ir.ops import (
     TransferAttrs,
     WhileAttrs,
 )
-from ir.program import Artifact, Graph, Placement, Program, SliceDef
+from ir.program import Artifact, Placement, Program, SliceDef
 from ir.types import Aval, MeshAxes, Spec
 
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from ir.errors import InvalidArgument
-from ir.node import TYPE_RULES, Env, GraphSig, Node, Op, RuleError, Type
-from ir.ops import RecvAttrs, SendAttrs
-from ir.program import Graph, Program, SliceDef
+from ir.node import Graph, GraphSig, Node, Op, RuleError, Type
+from ir.ops import TYPE_RULES, Env, RecvAttrs, SendAttrs
+from ir.program import Program, SliceDef
 from ir.text import node_line
 
 

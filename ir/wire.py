@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from ir.errors import InvalidArgument
-from ir.node import Node, Op, Sig, Type
+from ir.node import Graph, Node, Op, Sig, Type
 from ir.ops import (
     ArgAttrs,
     Attrs,
@@ -42,7 +42,7 @@ from ir.ops import (
     TransferAttrs,
     WhileAttrs,
 )
-from ir.program import Artifact, Graph, Placement, Program, SliceDef
+from ir.program import Artifact, Placement, Program, SliceDef
 from ir.types import Aval, MeshAxes, Spec
 
 FORMAT, VERSION = "isthmus.ir", 1

@@ -35,10 +35,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ir.node import Node
+from ir.node import Graph, Node
 from ir.ops import CondAttrs, WhileAttrs
 from ir.plan import DeviceMesh, Enter, Exit, Merge, NextIteration, Recv, Send, Step, Switch
-from ir.program import Graph
 from ir.types import Spec
 
 

@@ -17,9 +17,9 @@ from dataclasses import replace
 from itertools import groupby
 
 from ir.fused import Call, Ref, encode_fused
-from ir.node import Node, Op, Sig
+from ir.node import Graph, Node, Op, Sig
 from ir.ops import ComputeAttrs
-from ir.program import Artifact, Graph, Program
+from ir.program import Artifact, Program
 
 
 def fuse(program: Program) -> Program:

@@ -27,10 +27,10 @@ import itertools
 from collections.abc import Iterator, Mapping
 
 from ir.errors import InvalidArgument
-from ir.node import Node, Op, Type
+from ir.node import Graph, Node, Op, Type
 from ir.ops import RecvAttrs, SendAttrs, TransferAttrs
 from ir.passes.subgraphs import rewrite_graphs
-from ir.program import Graph, Program
+from ir.program import Program
 from ir.text import node_line
 
 

@@ -37,12 +37,12 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 
 from ir.errors import InvalidArgument
-from ir.node import Node, Op, Type
+from ir.node import Graph, Node, Op, Type
 from ir.ops import ArgAttrs, ComputeAttrs, CondAttrs, RecvAttrs, SendAttrs, TransferAttrs, WhileAttrs
 from ir.passes.control_flow import lower_cond, lower_while
 from ir.passes.footprint import held_bytes, per_device
 from ir.plan import CompileJob, Compute, DeviceMesh, HostPlan, Recv, Reshard, Send, Step, executable_key
-from ir.program import Graph, Placement, Program, SliceDef
+from ir.program import Placement, Program, SliceDef
 from ir.text import node_line
 from ir.types import MeshAxes
 from ir.verify import graph_types

@@ -16,10 +16,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from ir.errors import InvalidArgument
-from ir.node import Node, Op, Type
+from ir.node import Graph, Node, Op, Type
 from ir.ops import TransferAttrs, transfer_route
 from ir.passes.subgraphs import rewrite_graphs
-from ir.program import Graph, Program
+from ir.program import Program
 from ir.text import node_line
 
 

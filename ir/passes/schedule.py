@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import heapq
 
-from ir.node import Op
+from ir.node import Graph, Op
 from ir.ops import RecvAttrs, SendAttrs
 from ir.passes.subgraphs import rewrite_graphs
-from ir.program import Graph, Program
+from ir.program import Program
 
 
 def schedule(program: Program) -> Program:

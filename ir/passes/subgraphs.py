@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-from ir.node import Node, Op, Type
+from ir.node import Graph, Node, Op, Type
 from ir.ops import CondAttrs, WhileAttrs
-from ir.program import Graph, Program
+from ir.program import Program
 from ir.verify import graph_types
 
 GraphRewrite = Callable[[Graph, Mapping[str, Type]], Graph]
