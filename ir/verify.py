@@ -3,7 +3,7 @@
 Contract: a verified program has every operand defined by an earlier node of its own graph,
 no value defined twice, every slice it names in the slice table, every spec fitting its
 aval on its slice's mesh, every artifact it names in the artifact table, every node
-obeying its op's type rule (`ir.node.TYPE_RULES`), sub-graphs included, and in each graph
+obeying its op's type rule (`ir.ops.TYPE_RULES`), sub-graphs included, and in each graph
 its sends and receives in pairs: one `SEND` and one `RECV` per tag, the send first (sends do
 not block, so an order with every send before its receive cannot deadlock), the same aval
 on both sides, and each side naming a host the other side's slice is placed on. A
