@@ -8,6 +8,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from holds import holding, island_row
+from polling import until
 
 import client as isthmus
 import client.connection as client_connection
@@ -199,26 +201,61 @@ def test_values_made_by_functions_since_dropped_are_made_again_after_a_restart(c
     np.testing.assert_array_equal(z.numpy(), want_y - 2)
 
 
-def test_another_client_s_backlog_of_long_calls_holds_few_places_ahead_of_a_call(connect):
-    """One client queues 30 calls of a computation that takes a tenth of a second or so;
-    another client's call on the same host then comes back while most of them still wait:
-    past two at once, an island admits no more than `gang_window_s` (0.5 s) of work as each
-    kind took last, not its whole window of 256 submissions."""
+def test_another_client_s_backlog_of_long_calls_holds_few_places_ahead_of_a_call(server, connect):
+    """Past two at once, a host admits no more than `gang_window_s` (0.5 s) of work as each
+    kind took last, not its whole window of 256 submissions; and a client's backlog of long
+    calls then holds few places ahead of another client's call on the same host.
+
+    Read from the scheduler's counts with the host held still (tests/e2e/holds.py): behind
+    two loops of a third client, none of greedy's 30 calls is admitted (with the window
+    alone, all 30 would be). Once those loops end, the other client's call is followed by
+    two loops of its own, which hold the host again once admitted: from the first one's
+    admission on, greedy has had only a few of its calls admitted (the policy takes turns,
+    and takes at most one more of greedy's before the second loop), not all 30."""
     import jax
     import jax.numpy as jnp
 
-    greedy, other = connect("greedy"), connect("other")
+    address = server.address
+    token = (Path(server.state_dir) / "token").read_text().strip()
+    greedy, other, blocker = connect("greedy"), connect("other"), connect("blocker")
     s = greedy.slice({"x": 1}, island="b")
-    mine = next(t for t in (other.slice({"x": 1}, island="b") for _ in range(8)) if t.hosts == s.hosts)
-    slow = greedy.jit(lambda v: jax.lax.fori_loop(0, 100, lambda _, a: jnp.tanh(a @ a), v), slice=s)
-    x = greedy.put(np.eye(256, dtype=np.float32) * 0.5, s)
+    host = s.hosts[0]
+
+    def on_host(c: isthmus.Client) -> isthmus.Slice:
+        return next(t for t in (c.slice({"x": 1}, island="b") for _ in range(8)) if t.hosts == s.hosts)
+
+    mine, held, freezer = on_host(other), on_host(blocker), on_host(other)
+
+    def work(v):
+        return jax.lax.fori_loop(0, 100, lambda _, a: jnp.tanh(a @ a), v)
+
+    slow = greedy.jit(work, slice=s)
+    x0 = np.eye(256, dtype=np.float32) * 0.5
+    x = greedy.put(x0, s)
     slow(x).result()  # compiled, and how long it takes known
     quick = other.jit(lambda v: v + 1.0, slice=mine)
-    quick(np.ones(4, np.float32)).result()  # exported and compiled before: only its turn is timed
+    quick(np.ones(4, np.float32)).result()  # compiled: from here on, calls only
+    hold_b, hold_o = holding(blocker, "b", held), holding(other, "b", freezer)
+    blocked = [hold_b(), hold_b()]
+    blocker.flush()
     outs = [slow(x) for _ in range(30)]
     greedy.flush()
-    np.testing.assert_array_equal(quick(np.ones(4, np.float32)).numpy(), np.full(4, 2.0, np.float32))
-    done = sum(b.ready() for b in outs)
-    assert done < 20, f"{done} of the 30 long calls ran before the other client's"
-    for b in outs:
-        b.result()
+    ones = quick(np.ones(4, np.float32))
+    frozen = [hold_o(), hold_o()]
+    other.flush()
+    row = until(lambda: (r := island_row(address, token, "b"))["queued"] == 33 and r, 60,
+                "greedy's 30 calls and the other client's three submissions queued")
+    assert any(h["name"] == host and h["running"] for h in row["hosts"]), row
+    before = dict(row["admitted"])
+    blocker.close()  # its loops end: the host takes the queued work
+    after = until(lambda: (a := island_row(address, token, "b")["admitted"]).get(other.id, 0)
+                  - before.get(other.id, 0) >= 2 and a, 120, "the other client's call and loop admitted")
+    ahead = after.get(greedy.id, 0) - before.get(greedy.id, 0)
+    assert ahead <= 4, f"{ahead} of greedy's 30 calls were admitted before the other client's held the host"
+    assert ones.ready() and not any(b.ready() for b in frozen)
+    freezer.delete()  # its loops end (a value is read off a host its loop does not hold)
+    np.testing.assert_array_equal(ones.numpy(), np.full(4, 2.0, np.float32))
+    want = np.asarray(jax.jit(work)(x0))
+    for b in outs[-2:]:
+        np.testing.assert_allclose(b.numpy(), want, rtol=1e-6)
+    del blocked
