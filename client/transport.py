@@ -88,7 +88,9 @@ def error_of(method: str, path: str, response: Response) -> IsthmusError:
 class Transport:
     def __init__(self, address: str, credential: str, timeout: float, restart_grace_s: float = 0.0) -> None:
         """`timeout`: for one request, tries included; `restart_grace_s`: how long a request
-        is tried again while the server cannot be reached (0: never)."""
+        is tried again while the server cannot be reached (0: never). The grace is for a
+        server that restarts: until the server has answered once, nothing is tried again,
+        so a client pointed at no server fails at once."""
         self.address = address.rstrip("/")
         parts = urlsplit(self.address)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -97,6 +99,7 @@ class Transport:
         self._port = parts.port or (443 if parts.scheme == "https" else 80)
         self._timeout = timeout
         self.retry = Retry(restart_grace_s, timeout)
+        self.reached = False  # whether the server has answered a request yet
         self.credential = credential  # the client's secret once it has one
         self._local = threading.local()
         self.requests = 0  # requests made (tries of one counted once): "one submission per run"
@@ -130,7 +133,7 @@ class Transport:
             head["Content-Type"] = "application/json"
         repeat = method in ("GET", "HEAD") if safe is None else safe
         response = self.retry.run(lambda: self._once(method, url, body, head),
-                                  lambda e: repeatable(e, repeat))
+                                  lambda e: self.reached and repeatable(e, repeat))
         if response.status >= 400:
             raise error_of(method, path, response)
         return response
@@ -147,7 +150,9 @@ class Transport:
         try:
             conn.request(method, url, body=body, headers=head)
             raw = conn.getresponse()
-            return Response(raw.status, {k.lower(): v for k, v in raw.getheaders()}, raw.read())
+            response = Response(raw.status, {k.lower(): v for k, v in raw.getheaders()}, raw.read())
+            self.reached = True
+            return response
         except TimeoutError:
             self.close()
             raise Unavailable(f"the Isthmus server at {self.address} did not answer within "
@@ -155,6 +160,9 @@ class Transport:
         except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as e:
             self.close()
             raise Dropped(f"the Isthmus server at {self.address} dropped the connection: {e}") from None
+        except http.client.CannotSendRequest:  # left mid-request by an interrupted caller
+            self.close()
+            raise Unsent(f"the connection to {self.address} was left mid-request: nothing was sent") from None
         except http.client.HTTPException as e:  # cut off mid-answer
             self.close()
             raise Dropped(f"the Isthmus server at {self.address} broke off its answer: "

@@ -167,9 +167,23 @@ def test_the_transport_waits_for_a_server_that_starts_listening_and_sends_the_re
     waits: list[float] = []
     transport = Transport(f"http://127.0.0.1:{port}", "secret", timeout=10, restart_grace_s=30)
     transport.retry = Retry(30.0, 10.0, pause=pause)
+    transport.reached = True  # (the server answered before it went: it is restarting)
     assert transport.json("POST", "/v1/slices", json={"mesh": {"x": 1}}) == {"ok": True}
     assert len(waits) == 2 and len(seen) == 1  # refused twice, then sent once
     assert transport.requests == 1  # one request, tried three times
+
+
+def test_a_transport_that_never_reached_its_server_does_not_wait_for_it():
+    """The grace is for a server that restarts: a client pointed at no server fails at once
+    (`isthmus devices` with no server running says so without waiting 30 s)."""
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        port = probe.getsockname()[1]
+    waits: list[float] = []
+    transport = Transport(f"http://127.0.0.1:{port}", "secret", timeout=10, restart_grace_s=30)
+    transport.retry = Retry(30.0, 10.0, pause=lambda s: bool(waits.append(s)))
+    with pytest.raises(Unsent, match="cannot reach"):
+        transport.json("GET", "/v1/devices")
+    assert waits == []
 
 
 @pytest.mark.parametrize("grace", [-1, float("nan"), float("inf"), "soon", True])
