@@ -110,7 +110,8 @@ def _connect(address: str | None, owned: bool, restore: Mapping[str, str | None]
         return Connection(True, daemon, restore)  # checked by `check_own` once its workers run
     if owned:
         ray.init(address="local", num_cpus=num_cpus, object_store_memory=object_store_bytes,
-                 include_dashboard=False, _system_config={"enable_metrics_collection": False},
+                 include_dashboard=False,
+                 _system_config={"enable_metrics_collection": False, "enable_worker_prestart": False},
                  **common)
     else:
         try:
