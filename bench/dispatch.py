@@ -29,7 +29,8 @@ modes run on a Ray of their own, started beside the server's:
 - `isthmus_chain16_parallel` / `_sequential` (Fig. 7): a program of 16 stages `v + 1`, stage
   i on host i mod 4 (four {"x": 4} slices, one per host), dispatched in parallel or
   sequentially; each run is waited for before the next, so the rate is one run's latency.
-  `computations_per_s` counts stages, `programs_per_s` runs.
+  `computations_per_s` counts stages, `programs_per_s` runs. The two take turns round by
+  round with each other (after the modes above), so their ratio is paired.
 
 The size sweep (Fig. 6) makes f `v @ w + 1` on float32[n, n] (rows sharded, w a replicated
 permutation, so values stay exact integers) and times `jax_opbyop` (with the server up but
@@ -229,9 +230,9 @@ def run_sweep(c: isthmus.Client, s: isthmus.Slice, cfg: Config, target: Target) 
 
 
 def run_all(cfg: Config, target: Target, server: str | None = None
-            ) -> tuple[Samples, frozenset[str], dict[int, Samples]]:
-    """Every mode's samples (chain16's only where the target has four hosts), the modes that
-    took turns round by round, and the size sweep's per n."""
+            ) -> tuple[Samples, list[frozenset[str]], dict[int, Samples]]:
+    """Every mode's samples (chain16's only where the target has four hosts), the groups of
+    modes that took turns round by round, and the size sweep's per n."""
     w, n = trivial(target.devices), cfg.steps
     expected = oracle(w, n)
     print(f"Isthmus ({server or 'starting the server'})", file=sys.stderr)
@@ -247,11 +248,13 @@ def run_all(cfg: Config, target: Target, server: str | None = None
             print("  jax.jit in this process and a plain Ray actor, taking turns with them", file=sys.stderr)
             samples = measure_in_turn(jax_modes(w, n) | ray_modes(w, n, target) | modes, expected, n,
                                       cfg.rounds, cfg.warmup)
-        in_turn = frozenset(samples)
+        in_turn = [frozenset(samples)]
         samples |= measure_all(piped, expected, n * cfg.inflight, cfg.rounds, cfg.warmup)
-        if hosts is not None:
-            samples |= measure_all(chain16_modes(c, hosts, cfg), oracle(chain16_workload(), cfg.stages),
-                                   cfg.stages * cfg.programs, cfg.rounds, cfg.warmup)
+        if hosts is not None:  # the two dispatches in turn, so that their ratio is paired
+            chain16 = measure_in_turn(chain16_modes(c, hosts, cfg), oracle(chain16_workload(), cfg.stages),
+                                      cfg.stages * cfg.programs, cfg.rounds, cfg.warmup)
+            samples |= chain16
+            in_turn.append(frozenset(chain16))
         else:
             print(f"  {', '.join(CHAIN16_MODES)}: absent (one {target.platform} host, not four)",
                   file=sys.stderr)
@@ -296,7 +299,7 @@ def describe_machine(target: Target) -> dict[str, Any]:
     return m
 
 
-def report(samples: Samples, in_turn: frozenset[str], sweep: dict[int, Samples], cfg: Config,
+def report(samples: Samples, in_turn: list[frozenset[str]], sweep: dict[int, Samples], cfg: Config,
            target: Target) -> dict[str, Any]:
     rates = {m: statistics.median(v) for m, v in samples.items()}
     rows, smallest = sweep_report(sweep)
@@ -305,7 +308,7 @@ def report(samples: Samples, in_turn: frozenset[str], sweep: dict[int, Samples],
         "computations_per_s": rates,
         "programs_per_s": {k: v / cfg.stages for k, v in rates.items() if "chain16" in k},
         "smallest_matching_ms": smallest,
-        "ratios": {name: ratio(samples[a], samples[b], in_turn=a in in_turn and b in in_turn)
+        "ratios": {name: ratio(samples[a], samples[b], in_turn=any(a in g and b in g for g in in_turn))
                    if a in rates and b in rates else None for name, (a, b) in RATIOS.items()},
         "ratios_of_medians": {name: rates[a] / rates[b] if a in rates and b in rates else None
                               for name, (a, b) in RATIOS.items()},
