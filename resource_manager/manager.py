@@ -19,7 +19,7 @@ from __future__ import annotations
 import secrets
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from ir.errors import Conflict, InvalidArgument, NotFound
 from ir.types import MeshAxes
@@ -28,7 +28,8 @@ from resource_manager.inventory import Device, DeviceReport
 from resource_manager.placement import place
 from resource_manager.slices import Slice
 
-HOST_STATUSES = ("up", "down")
+HostStatus = Literal["up", "down"]
+HOST_STATUSES: tuple[HostStatus, ...] = ("up", "down")
 
 
 class ResourceManager:
@@ -63,7 +64,7 @@ class ResourceManager:
         self._max_hosts = max_hosts_per_slice
         self._devices = devices
         self._host_specs = {h.name: (i, h) for i, h in spec.hosts()}
-        self._status = dict.fromkeys(self._host_specs, "up")
+        self._status: dict[str, HostStatus] = dict.fromkeys(self._host_specs, "up")
         self._solo: set[str] = set()  # hosts outside their island's group: slices on them alone
         self._load = dict.fromkeys(range(len(devices)), 0)
         self._slices: dict[str, Slice] = {}
@@ -123,7 +124,7 @@ class ResourceManager:
         with self._lock:
             return self._load[device_id]
 
-    def host_status(self, host: str) -> str:
+    def host_status(self, host: str) -> HostStatus:
         self._host(host)
         with self._lock:
             return self._status[host]
@@ -135,7 +136,7 @@ class ResourceManager:
                 f"host {host!r}: status: expected one of {list(HOST_STATUSES)}, got {status!r}"
             )
         with self._lock:
-            self._status[host] = status
+            self._status[host] = "up" if status == "up" else "down"
 
     def add_host(self, island: str, host: HostSpec, report: Sequence[DeviceReport],
                  *, solo: bool = False) -> list[Device]:

@@ -55,7 +55,7 @@ async def list_islands(caller: CallerDep, service: ServiceDep) -> list[IslandPub
             ))
         queued, in_flight = service.gangs.stats(summary["name"])
         admitted = dict(service.gangs.admitted[summary["name"]])
-        if not admin:
+        if not isinstance(caller, Admin):
             admitted = {k: v for k, v in admitted.items() if k == caller.id}
         islands.append(IslandPublic(name=summary["name"], devices=summary["devices"],
                                     slices=summary["slices"], load=summary["load"], queued=queued,
