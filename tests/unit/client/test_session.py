@@ -5,127 +5,17 @@ the server's contract says (the one place a fake stands in: the logic here is pu
 from __future__ import annotations
 
 import gc
-import threading
-from typing import Any
 
 import numpy as np
 import pytest
+from fake_server import OUT, SHOWN, FakeServer, quiet_session
 
-from client.arrays import PLAIN
-from client.retry import Retry
-from client.sender import unsent_part
 from client.session import MAX_BATCH, MAX_BATCH_IDS, Session
-from client.transport import Dropped, OverQuota, Unsent
-from ir import Aval, Conflict, RemoteError, Spec, Unavailable
+from client.transport import OverQuota, Unsent
+from ir import Conflict, RemoteError, Spec, Unavailable
 from server.records import CHOSEN_ID, chosen_prefix
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
-
-F32 = Aval((4,), "float32")
-OUT = [("s-1", F32, Spec(()), None)]
-SHOWN = [("s-1", F32, Spec(()), PLAIN)]  # (read as arrays)
-
-
-class FakeServer:
-    """Answers `POST /v1/batch` by the contract of `server.routes.batch`: ops in order, a
-    refused op's ids remembered as failed, what reads one refused with the same cause."""
-
-    def __init__(self) -> None:
-        self.requests: list[tuple[str, str, Any]] = []
-        self.live: set[str] = set()
-        self.failed: dict[str, str] = {}
-        self.down = False
-        self.down_as: type[Unavailable] = Unavailable  # what a request raises while down
-        self.sent = threading.Event()  # set at every request
-        self.fetchable: list[str] = []  # ids a fetch answers, by position
-        self.retry = Retry(grace_s=0.0, timeout_s=30.0)  # (the transport's: nothing waits here)
-        # Batches with operations whose connection drops before the server reads them, and
-        # after it took them (their answer lost); `unfinishing`: what it takes then is lost
-        # as by a restart before it finished (`unfinished`).
-        self.drops_before = 0
-        self.drops_after = 0
-        self.unfinishing = False
-        self.unfinished: set[str] = set()
-
-    def json(self, method: str, path: str, json: Any = None, **_: Any) -> Any:
-        self.requests.append((method, path, json))
-        self.sent.set()
-        if self.down:
-            raise self.down_as("cannot reach the Isthmus server")
-        if path != "/v1/batch":
-            return {"state": "ready", "path": path}
-        if json["ops"] and self.drops_before:
-            self.drops_before -= 1
-            raise Dropped("the Isthmus server dropped the connection")
-        failures = []
-        for i, op in enumerate(json["ops"]):
-            refused = self._refusal(op)
-            if refused is None:
-                made = op.get("ids", [op.get("id")]) if op["op"] in ("call", "run", "put") else []
-                self.live.update(made)
-                self.unfinished.update(made if self.unfinishing else ())
-                gone = [*op.get("donate", ()), *(op["ids"] if op["op"] == "release" else ())]
-                self.live.difference_update(gone)
-                self.unfinished.difference_update(gone)
-            else:
-                status, detail = refused
-                failures.append({"index": i, "status": status, "error": "E", "detail": detail})
-                for b in op.get("ids", [op.get("id")]):
-                    self.failed[b] = detail
-        wait = json.get("wait")
-        waited = None
-        if wait in self.failed:
-            waited = {"status": 424, "error": "RemoteError", "detail": f"never made: {self.failed[wait]}"}
-        ready = [b for b in json.get("settled", []) if b in self.live]
-        if json["ops"] and self.drops_after:
-            self.drops_after -= 1
-            self.unfinishing = False
-            raise Dropped("the Isthmus server dropped the connection")
-        known = json.get("known", [])
-        return {"failed": failures, "wait": waited, "ready": ready,
-                "unknown": [b for b in known if b not in self.live and b not in self.failed],
-                "unfinished": sorted(self.unfinished & set(known))}
-
-    def _refusal(self, op: dict[str, Any]) -> tuple[int, str] | None:
-        if op["op"] != "release" and set(op.get("ids", [op.get("id")])) & self.live:
-            return 409, "an id is in use"  # (an operation taken twice)
-        for b in [*op.get("inputs", ()), *op.get("donate", ())]:
-            if b not in self.live and b not in self.failed:
-                return 404, f"buffer {b} does not exist"
-        for b in op.get("inputs", ()):
-            if b in self.failed:
-                return 424, f"buffer {b} was never made: {self.failed[b]}"
-        if op.get("computation_id") == "c-broken":
-            return 409, "computation c-broken failed to compile: no kernel"
-        if op.get("computation_id") == "c-greedy":
-            return 429, "buffer bytes: over the limit"
-        if op.get("computation_id") == "c-down":
-            return 503, "a host of it was down"
-        return None
-
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        if path.endswith("/data"):  # a fetch: each buffer's bytes are its index (float32[4])
-            self.requests.append((method, path, kwargs.get("json_body")))
-            ids = kwargs["json_body"]["ids"] if method == "POST" else [path.split("/")[3]]
-            if any(b in self.failed for b in ids):
-                raise RemoteError(f"buffer {ids[0]}: never made")
-            return Fetched(b"".join(np.full(4, self.fetchable.index(b), np.float32).tobytes() for b in ids))
-        return self.json(method, path, **kwargs)
-
-    def batches(self) -> list[dict[str, Any]]:
-        return [body for _, path, body in self.requests if path == "/v1/batch"]
-
-
-class Fetched:
-    def __init__(self, content: bytes) -> None:
-        self.content = content
-
-
-def quiet_session(server: FakeServer) -> Session:
-    """A session without a background sender: what is queued leaves only when a blocking
-    call sends it, so each test says exactly when."""
-    return Session(server, "cl-1", background=False)  # type: ignore[arg-type]
-
 
 def test_calls_issued_back_to_back_travel_in_one_batch_in_order():
     server = FakeServer()
@@ -401,81 +291,3 @@ def test_buffers_asked_to_copy_to_the_host_are_fetched_together_or_each_alone_if
     assert more[0].numpy()[0] == 6.0 and more[1].numpy()[0] == 7.0  # each alone after the refusal
     with pytest.raises(RemoteError, match="never made"):
         more[2].numpy()
-
-
-def waiting_session(server: FakeServer) -> Session:
-    """A quiet session whose transport waits out a restart (fake time: nothing sleeps)."""
-    clock = [0.0]
-
-    def pause(seconds: float) -> bool:
-        clock[0] += seconds
-        return False
-
-    server.retry = Retry(grace_s=30.0, timeout_s=600.0, clock=lambda: clock[0], pause=pause)
-    return quiet_session(server)
-
-
-def queued_chain(s: Session) -> list[Any]:
-    x = s.put(np.zeros(4, np.float32), "s-1", Spec(()))
-    [y] = s.call("c-inc", [x.id], OUT)
-    [z] = s.call("c-inc", [y.id], OUT)
-    return [x, y, z]
-
-
-def test_a_batch_whose_answer_was_lost_after_the_server_took_it_is_not_sent_again():
-    server = FakeServer()
-    s = waiting_session(server)
-    x, y, z = queued_chain(s)
-    server.drops_after = 1
-    s.wait(z)  # no error: each operation taken once (a second would be refused, its ids in use)
-    first, asked, rest = server.batches()
-    assert len(first["ops"]) == 3 and sorted(asked["known"]) == sorted({x.id, y.id, z.id})
-    assert rest["ops"] == [] and rest["wait"] == z.id  # only the wait, sent again
-    assert x.error is None and y.error is None and z.error is None
-
-
-def test_a_batch_dropped_before_the_server_read_it_is_sent_again_once():
-    server = FakeServer()
-    s = waiting_session(server)
-    x, y, z = queued_chain(s)
-    server.drops_before = 1
-    s.wait(z)
-    first, _, again = server.batches()
-    assert again["ops"] == first["ops"] and again["wait"] == z.id
-    assert server.live == {x.id, y.id, z.id}
-
-
-def test_work_taken_but_lost_unfinished_at_a_restart_is_done_again_where_nothing_was_donated():
-    server = FakeServer()
-    s = waiting_session(server)
-    w = s.put(np.zeros(4, np.float32), "s-1", Spec(()))
-    s.wait(w)
-    x, y, z = queued_chain(s)
-    [d] = s.call("c-inc", [z.id], OUT, donated=[w])
-    server.drops_after, server.unfinishing = 1, True
-    s.wait(z)
-    again = server.batches()[-1]["ops"]
-    assert [op["op"] for op in again] == ["release", "put", "release", "call", "release", "call"]
-    assert [op["ids"] for op in again if op["op"] == "release"] == [[x.id], [y.id], [z.id]]
-    assert w.is_deleted() and d.error is None  # taken with its donation: not done again; reading it says why
-    assert d.id in server.unfinished and not server.unfinished - {d.id}
-
-
-def test_what_is_sent_again_of_a_lost_batch_follows_what_the_server_has():
-    ops: list[dict[str, Any]] = [
-        {"op": "put", "id": "p"},
-        {"op": "call", "inputs": ["p"], "ids": ["a"]},
-        {"op": "call", "inputs": ["a"], "ids": ["b"]},
-        {"op": "release", "ids": ["p", "a"]},
-        {"op": "call", "inputs": ["gone"], "ids": ["c"]},
-        {"op": "call", "inputs": [], "ids": ["e"], "donate": ["x"]},
-        {"op": "forget", "computations": ["c-1"]},
-    ]
-    owners: list[Any] = [object() for _ in ops]
-    # p and a released (so unknown), b lost unfinished, c's input gone, e taken (x freed by it)
-    again, whose = unsent_part(ops, owners, unknown={"p", "a", "gone", "c", "x"}, unfinished={"b"})
-    assert again == [ops[0], ops[1], {"op": "release", "ids": ["b"]}, ops[2], ops[3], ops[4]]
-    assert whose == [owners[0], owners[1], None, owners[2], None, owners[4]]
-    # the same, b's input not there any more: b is left lost (its read says why)
-    again, _ = unsent_part(ops[2:3], owners[2:3], unknown={"a"}, unfinished={"b"})
-    assert again == []
