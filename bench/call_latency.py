@@ -50,9 +50,7 @@ import gc
 import os
 import statistics
 import sys
-import tempfile
 import time
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,10 +62,11 @@ import numpy as np
 import ray
 
 import client as isthmus
+from bench import servers
 from bench.machine import describe
 from bench.output import write_json
 from bench.paired import ratio
-from client.embedded import EmbeddedServer
+from bench.servers import fork_exec_allowed
 
 SHAPE = (8,)
 SMOKE = {"iters": 5, "repeats": 2, "warmup": 2}
@@ -225,14 +224,6 @@ COMPONENTS_DEFINITION = (
 
 
 @contextlib.contextmanager
-def fork_exec_allowed() -> Iterator[None]:
-    """Silence JAX's warning about `os.fork()` for children that exec at once (Ray, the server)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
-        yield
-
-
-@contextlib.contextmanager
 def local_ray() -> Iterator[None]:
     """A Ray of this process's own for the baselines, stopped after; or, where this process
     has joined a Ray already, that one, left as it is (a test running several benchmarks
@@ -256,21 +247,10 @@ def local_ray() -> Iterator[None]:
 @contextlib.contextmanager
 def isthmus_client(server: str | None = None) -> Iterator[isthmus.Client]:
     """A client of the server at `server` (its admin token in ISTHMUS_TOKEN), or of a local
-    server (its own Ray) in a temp state dir, stopped after."""
-    if server is not None:
-        with isthmus.connect(server, token=os.environ.get("ISTHMUS_TOKEN"), name="bench") as c:
-            yield c
-        return
-    with tempfile.TemporaryDirectory(prefix="isthmus-bench-") as tmp:
-        state_dir = Path(tmp)
-        with fork_exec_allowed():
-            server = EmbeddedServer.start(state_dir)
-        try:
-            token = (state_dir / "token").read_text().strip()
-            with isthmus.connect(server.address, token=token, name="bench.call_latency") as c:
-                yield c
-        finally:
-            server.stop()
+    server (its own Ray) started for it and stopped after (`bench.servers`)."""
+    with servers.server(server) as (address, token), \
+            isthmus.connect(address, token=token, name="bench") as c:
+        yield c
 
 
 def run_all(iters: int, repeats: int, warmup: int, server: str | None = None

@@ -72,12 +72,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import json
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -88,7 +86,7 @@ import jax
 import numpy as np
 
 import client as isthmus
-from bench.call_latency import BenchError, fork_exec_allowed, local_ray, machine
+from bench.call_latency import BenchError, local_ray, machine
 from bench.dispatch_modes import (
     AXIS,
     DEVICES,
@@ -112,7 +110,7 @@ from bench.dispatch_modes import (
 from bench.machine import nvidia_gpus
 from bench.output import write_json
 from bench.paired import ratio
-from client.embedded import EmbeddedServer
+from bench.servers import own_server
 
 MATCH = 0.95  # a mode matches JAX op by op from this fraction of its throughput
 SWEEP_MODES = ("isthmus_opbyop", "isthmus_chained")
@@ -190,30 +188,15 @@ def measure_all(modes: dict[str, Round], expected: np.ndarray, computations: int
 @contextmanager
 def isthmus_client(target: Target, server: str | None = None) -> Iterator[isthmus.Client]:
     """A client of the server at `server` (its admin token in ISTHMUS_TOKEN), or of a local
-    server (its own Ray) in a temp state dir serving the target's cluster, stopped after."""
+    server (its own Ray) serving the target's cluster, started for it and stopped after."""
     if server is not None:
         with isthmus.connect(server, token=os.environ.get("ISTHMUS_TOKEN"), name="bench.dispatch") as c:
             yield c
         return
-    with tempfile.TemporaryDirectory(prefix="isthmus-bench-") as tmp:
-        extra: list[str] = []
-        if (cluster := target.cluster()) is not None:
-            path = Path(tmp) / "cluster.json"
-            path.write_text(json.dumps(cluster))
-            extra = ["--cluster", str(path)]
-        nproc = os.environ.pop("NPROC", None)  # the server runs as a user would start it
-        try:
-            with fork_exec_allowed():
-                server = EmbeddedServer.start(Path(tmp), extra=extra)
-        finally:
-            if nproc is not None:
-                os.environ["NPROC"] = nproc
-        try:
-            token = (Path(tmp) / "token").read_text().strip()
-            with isthmus.connect(server.address, token=token, name="bench.dispatch") as c:
-                yield c
-        finally:
-            server.stop()
+    # The server runs as a user would start it: XLA's pool as its executors set it, not NPROC.
+    with own_server(cluster=target.cluster(), drop=("NPROC",)) as (address, token), \
+            isthmus.connect(address, token=token, name="bench.dispatch") as c:
+        yield c
 
 
 def run_sweep(c: isthmus.Client, s: isthmus.Slice, cfg: Config, target: Target) -> dict[int, Samples]:

@@ -56,8 +56,9 @@ import jax
 import numpy as np
 
 import client as isthmus
-from bench.call_latency import BenchError, fork_exec_allowed, machine
+from bench.call_latency import BenchError, machine
 from bench.output import write_json
+from bench.servers import fork_exec_allowed
 from bench.soak import Server
 
 FULL = {"kills": 5, "restarts": 3, "chain": 1000}

@@ -26,13 +26,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +37,9 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import client as isthmus
-from bench.call_latency import fork_exec_allowed, machine
+from bench.call_latency import machine
 from bench.output import write_json
-from client.embedded import EmbeddedServer
+from bench.servers import server
 
 FULL = {"clients": 8, "programs": 50, "deadline": 120.0}
 SMOKE = {"clients": 2, "programs": 1, "deadline": 20.0}
@@ -78,23 +74,6 @@ def tenant(address: str, token: str, k: int, programs: int, tally: dict[str, int
                 outcome = f"failed: {str(e).splitlines()[-1][:160]}"
             with lock:
                 tally[outcome] = tally.get(outcome, 0) + 1
-
-
-@contextmanager
-def server(order: bool, address: str | None) -> Iterator[tuple[str, str]]:
-    """(address, admin token) of the server at `address` (token in ISTHMUS_TOKEN), or of
-    one started with island groups and the order on or off, stopped after."""
-    if address is not None:
-        yield address, os.environ.get("ISTHMUS_TOKEN", "")
-        return
-    env = {**GROUPS, "ISTHMUS_GANG_ORDER": "1" if order else "0"}
-    with tempfile.TemporaryDirectory(prefix="isthmus-order-") as tmp:
-        with fork_exec_allowed():
-            srv = EmbeddedServer.start(Path(tmp), env=env)
-        try:
-            yield srv.address, (Path(tmp) / "token").read_text().strip()
-        finally:
-            srv.stop()  # its executors, stuck or not, go with it
 
 
 def run(address: str, token: str, clients: int, programs: int, deadline: float) -> dict[str, Any]:
@@ -139,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     settings: dict[str, dict[str, Any]] = {}
     for order in (True, False):
         name = "order_on" if order else "order_off"
-        with server(order, args.server if order else None) as (address, token):
+        env = {**GROUPS, "ISTHMUS_GANG_ORDER": "1" if order else "0"}
+        with server(args.server if order else None, env) as (address, token):
             settings[name] = run(address, token, size["clients"], size["programs"], size["deadline"])
         print(describe(name, settings[name], size["clients"]), flush=True)
     result = {"settings": settings, "config": size | {"server_env": GROUPS}, "machine": machine()}

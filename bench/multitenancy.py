@@ -40,11 +40,8 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +51,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import client as isthmus
-from bench.call_latency import BenchError, fork_exec_allowed, machine
+from bench.call_latency import BenchError, machine
 from bench.output import write_json
-from client.embedded import EmbeddedServer
+from bench.servers import server
 
 WEIGHTS = (1, 2, 4, 8)
 STEPS = 4  # computations per program
@@ -77,22 +74,6 @@ def expected(x: np.ndarray) -> np.ndarray:
     for _ in range(STEPS):
         x = np.asarray(f(x))
     return x
-
-
-@contextmanager
-def server(env: dict[str, str], address: str | None) -> Iterator[tuple[str, str]]:
-    """(address, admin token) of the server at `address` (token in ISTHMUS_TOKEN), or of one
-    started with these settings, stopped after."""
-    if address is not None:
-        yield address, os.environ.get("ISTHMUS_TOKEN", "")
-        return
-    with tempfile.TemporaryDirectory(prefix="isthmus-mt-") as tmp:
-        with fork_exec_allowed():
-            srv = EmbeddedServer.start(Path(tmp), env=env)
-        try:
-            yield srv.address, (Path(tmp) / "token").read_text().strip()
-        finally:
-            srv.stop()
 
 
 class Tenant:
@@ -234,10 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     size = SMOKE if args.smoke else FULL
-    with server({}, args.server) as (address, token):  # the defaults
+    with server(args.server) as (address, token):  # the defaults
         print("throughput", file=sys.stderr)
         rates = {str(n): throughput(address, token, n, size["runs"]) for n in size["clients"]}
-    with server(SHARE_ENV, args.share_server) as (address, token):
+    with server(args.share_server, SHARE_ENV) as (address, token):
         print("share", file=sys.stderr)
         shares = share(address, token, size["share_runs"])
     want = {str(w): w / sum(WEIGHTS) for w in WEIGHTS}

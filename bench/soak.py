@@ -39,6 +39,7 @@ import argparse
 import json
 import os
 import random
+import secrets
 import signal
 import socket
 import statistics
@@ -118,11 +119,12 @@ class Server:
     """The server under test: one state dir and port, restarted in place."""
 
     def __init__(self, state: Path, env: dict[str, str]) -> None:
-        self.state, self.env = state, env
+        # Its admin token is made here, not taken from an ISTHMUS_TOKEN this process may have.
+        self.token = secrets.token_urlsafe(32)
+        self.state, self.env = state, {**env, "ISTHMUS_TOKEN": self.token}
         self.port = free_port()
-        self.process = EmbeddedServer.start(state, port=self.port, env=env)
+        self.process = EmbeddedServer.start(state, port=self.port, env=self.env)
         self.address = self.process.address
-        self.token = (state / "token").read_text().strip()
         self.restart_s: list[float] = []
 
     def admin(self, path: str) -> Any:
