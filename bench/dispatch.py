@@ -53,8 +53,9 @@ ISTHMUS_TOKEN; the CPU shape above): `bench.multinode` points it at a multi-node
 the GPU, the mesh {"x": D} (the all-reduce's constant scaled so the mean still grows by 1),
 the Ray actor asking for D GPUs, the server given one host of D GPUs (`--cluster`), and the
 size sweep over larger n (`GPU_SIZES`), whose computations take milliseconds on a GPU. The
-chain16 modes need four hosts, which one GPU host is not: they are absent (listed in
-`config.absent_modes`; ratios that use them are null). Every process sharing the GPU grows
+chain16 modes need four hosts of 4 devices, which one GPU host is not: they are absent
+(listed in `config.absent_modes`; ratios that use them are null), as on any server with
+fewer such hosts. Every process sharing the GPU grows
 its memory on demand (XLA_PYTHON_CLIENT_PREALLOCATE=false) rather than taking 75% of it
 first, which would leave the server's executor too little while this process holds some.
 
@@ -223,7 +224,7 @@ def run_all(cfg: Config, target: Target, server: str | None = None
         if not callable(getattr(c, "program", None)):
             raise BenchError("this client has no Client.program (client/program.py): the chained "
                              "and chain16 modes need it")
-        hosts = host_slices(c) if target.has_four_hosts else None  # first, while every host is free
+        hosts = host_slices(c)  # first, while every host is free
         s = c.slice({AXIS: target.devices})
         modes = isthmus_modes(c, s, w, n, cfg.inflight)
         piped = {k: modes.pop(k) for k in list(modes) if k.endswith("_pipelined")}
@@ -239,7 +240,7 @@ def run_all(cfg: Config, target: Target, server: str | None = None
             samples |= chain16
             in_turn.append(frozenset(chain16))
         else:
-            print(f"  {', '.join(CHAIN16_MODES)}: absent (one {target.platform} host, not four)",
+            print(f"  {', '.join(CHAIN16_MODES)}: absent (fewer than four hosts of {DEVICES} devices)",
                   file=sys.stderr)
         print("size sweep", file=sys.stderr)
         sweep = run_sweep(c, s, cfg, target)
@@ -307,7 +308,7 @@ def report(samples: Samples, in_turn: list[frozenset[str]], sweep: dict[int, Sam
                      "ray": m["ray"], "numpy": np.__version__, "isthmus": git_revision()},
         "config": dataclasses.asdict(cfg) | {
             "platform": target.platform, "devices_per_slice": target.devices, "match_threshold": MATCH,
-            "absent_modes": [] if target.has_four_hosts else list(CHAIN16_MODES),
+            "absent_modes": [m for m in CHAIN16_MODES if m not in samples],
             "env": {k: os.environ.get(k) for k in ("NPROC", "XLA_FLAGS", "JAX_PLATFORMS",
                                                     "XLA_PYTHON_CLIENT_PREALLOCATE")},
         },

@@ -6,6 +6,7 @@ default), or the GPUs of this machine."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -67,11 +68,6 @@ class Target:
             raise BenchError(f"Target.platform: expected 'cpu' or 'gpu', got {self.platform!r}")
         if self.devices < 1:
             raise BenchError(f"Target.devices: expected at least 1, got {self.devices}")
-
-    @property
-    def has_four_hosts(self) -> bool:
-        """chain16 needs four {"x": 4} hosts, which only the server's default CPU cluster has."""
-        return self.platform == "cpu"
 
     def cluster(self) -> dict[str, Any] | None:
         """The server's `--cluster` file: None for its default CPU cluster, else one GPU host."""
@@ -269,8 +265,13 @@ def isthmus_modes(c: isthmus.Client, s: isthmus.Slice, w: Workload, steps: int,
     return modes
 
 
-def host_slices(c: isthmus.Client) -> list[isthmus.Slice]:
-    """Four {"x": 4} slices, each filling one host: the resource manager must use four hosts."""
+def host_slices(c: isthmus.Client) -> list[isthmus.Slice] | None:
+    """Four {"x": 4} slices, each filling one host: the resource manager must use four hosts.
+    None where the server has fewer than four hosts of 4 devices (one GPU host; a smaller
+    cluster): chain16 is then absent."""
+    per_host = Counter(d["host"] for d in c.devices().devices)
+    if sum(n >= DEVICES for n in per_host.values()) < 4:
+        return None
     slices = [c.slice({AXIS: DEVICES}) for _ in range(4)]
     hosts = [tuple(s.hosts) for s in slices]
     if any(len(h) != 1 for h in hosts) or len(set(hosts)) != len(slices):
