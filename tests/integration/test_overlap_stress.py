@@ -18,7 +18,7 @@ blocked at once: with 8 threads, whatever wakes a blocked task always has a thre
 threads a launch task waiting on the semaphore takes the thread the current all-reduce's
 last part needs, and the process hangs for good (the control below).
 
-Each worker is a subprocess (`python -m bench.overlap --worker`: its own JAX client, the
+Each worker is a subprocess (`python -m bench.overlap_worker`: its own JAX client, the
 executors' compiled artifact) doing runs of back-to-back calls, chained and on independent
 inputs; a run that reports nothing within its timeout is a deadlock, and every result must
 equal, bit for bit, what run to completion computed in the same process. A worker's start
