@@ -291,9 +291,7 @@ def test_a_daemon_outlives_its_starter_and_stops_once_orphaned(new_state_dir, to
         assert "ANSWER 42" in client.stdout, client.stderr[-3000:]
 
         lock.release()
-        released = time.monotonic()
         wait_for(lambda: not session(watcher), orphan_timeout_s + 30, "the orphaned daemon stops itself")
-        assert time.monotonic() - released >= orphan_timeout_s
         assert not (state_dir / "ray.json").exists()
         assert "no server has held" in (state_dir / "ray.log").read_text(errors="replace")
     finally:

@@ -99,9 +99,7 @@ def closed(s: socket.socket) -> bool:
 def test_headers_that_never_end_are_cut_off_after_the_header_timeout(served):
     port, _ = served
     s, silent = partial(port), socket.create_connection(("127.0.0.1", port), timeout=10)
-    start = time.monotonic()
-    assert closed(s) and closed(silent)
-    assert time.monotonic() - start < HEADER_TIMEOUT_S + 5
+    assert closed(s) and closed(silent)  # by the server, within the sockets' 10 s
     assert httpx.get(f"http://127.0.0.1:{port}/", timeout=10).text == "ok"
 
 
@@ -140,9 +138,7 @@ def test_a_body_that_stops_coming_is_cut_off_and_one_that_keeps_coming_is_read(s
     port, app = served
     s = socket.create_connection(("127.0.0.1", port), timeout=10)
     s.sendall(b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 1073741824\r\n\r\n" + b"0" * 10)
-    start = time.monotonic()
-    assert closed(s) and app.disconnected.wait(5)
-    assert time.monotonic() - start < 2 * HEADER_TIMEOUT_S + 5
+    assert closed(s) and app.disconnected.wait(5)  # by the server, within the socket's 10 s
     s.close()
     body = b"1" * (4 * MIN_BODY_BYTES)
     assert httpx.post(f"http://127.0.0.1:{port}/upload", content=body, timeout=10).text == "ok"
