@@ -1,7 +1,7 @@
 """A soak: clients run programs while a driver kills hosts' executors and the server itself.
 
     python -m bench.soak --json /tmp/soak.json [--seconds 90] [--clients 3] [--every 8]
-    python -m bench.soak --smoke --json /tmp/soak.json   # for CI: 8 s, a fault every 2.5 s or so
+    python -m bench.soak --smoke --json /tmp/soak.json   # for CI: 30 s, a fault every 3 s or so
 
 One local server (its own Ray daemon, islands a and b of two hosts each, a health probe
 every second), on a fixed port and state dir. Each client thread, until the end: uploads an
@@ -24,13 +24,14 @@ Counts (`soak` in the JSON):
   processes beyond one per host.
 - `recovery_rate`: of the faults injected, those after which every client ran a program
   successfully again within `RECOVER_S`, with no manual step (the driver stops injecting
-  faults `TAIL_S` before the end, so the last one has time to show it).
+  faults `TAIL_S`, at most a third of the soak, before the end, and the soak runs on at
+  least that long after the last fault is over, so the last one has time to show it).
 A client whose run fails waits `BACKOFF_S` before the next (as a client would while the
 server restarts), so `typed_failures` counts attempts, not a busy loop.
 
-`--smoke` soaks 8 s with 2 clients and a fault every 2.5 s or so (`SMOKE`), for CI; its
-counts mean little. Output (`--json PATH`, the keys `JSON_KEYS`): `soak` (the counts above),
-`server_restart_s` (median, kill to serving), `config`, `machine`.
+`--smoke` soaks 30 s with 3 clients and a fault every 3 s or so (`SMOKE`), for CI
+(tests/e2e/test_soak.py checks its counts). Output (`--json PATH`, the keys `JSON_KEYS`):
+`soak` (the counts above), `server_restart_s` (median, kill to serving), `config`, `machine`.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ SETTLE_S = 120.0  # the longest the ledger waits for the islands to drain
 RECOVER_S = 60.0  # a fault is recovered from when every client succeeds again within this
 TAIL_S = 20.0  # the chaos-free end of the soak
 BACKOFF_S = 0.2
-SMOKE = {"seconds": 8.0, "clients": 2, "every": 2.5}
+SMOKE = {"seconds": 30.0, "clients": 3, "every": 3.0}
 JSON_KEYS = ("soak", "server_restart_s", "config", "machine")
 
 
@@ -302,8 +303,8 @@ def soak(seconds: float, clients: int, every: float, seed: int, workdir: Path) -
     try:
         for w in workers:
             w.start()
-        end = time.monotonic() + seconds
-        chaos_end = end - min(TAIL_S, seconds / 3)
+        end, tail = time.monotonic() + seconds, min(TAIL_S, seconds / 3)
+        chaos_end = end - tail
         while not stop.wait(min(rng.uniform(0.5, 1.5) * every, max(0.0, chaos_end - time.monotonic()))):
             if time.monotonic() >= chaos_end:
                 break
@@ -317,7 +318,9 @@ def soak(seconds: float, clients: int, every: float, seed: int, workdir: Path) -
                 faults.append(time.monotonic())
                 server.restart()
                 counts.server_restarts += 1
-        stop.wait(max(0.0, end - time.monotonic()))  # the tail: no faults, every client runs on
+        # The tail: no faults, every client runs on, for all of it after the last fault's end
+        # (a server restart begun just before the chaos ended takes seconds).
+        stop.wait(max(end - time.monotonic(), tail))
         stop.set()
         for w in workers:
             w.join(120)
@@ -338,12 +341,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=3)
     p.add_argument("--every", type=float, default=8.0, help="mean seconds between kills")
     p.add_argument("--seed", type=int, default=13)
+    p.add_argument("--workdir", type=Path, default=None,
+                   help="the server's state dir goes under it (default: a temporary one, removed after)")
     p.add_argument("--smoke", action="store_true", help=f"{SMOKE}: for CI")
     args = p.parse_args(argv)
     if args.smoke:
         vars(args).update(SMOKE)
     with tempfile.TemporaryDirectory(prefix="isthmus-soak-") as tmp:
-        counts, restarts = soak(args.seconds, args.clients, args.every, args.seed, Path(tmp))
+        counts, restarts = soak(args.seconds, args.clients, args.every, args.seed, args.workdir or Path(tmp))
     out = {"soak": {**asdict(counts), "recovery_rate": counts.recovery_rate},
            "server_restart_s": statistics.median(restarts) if restarts else None,
            "config": {k: getattr(args, k) for k in ("seconds", "clients", "every", "seed")},

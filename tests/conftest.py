@@ -107,3 +107,17 @@ def collector_off() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks into its groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`-n N --dist loadgroup`), a module's tests run on one worker, and
+    modules that name the same `XDIST_GROUP` (those sharing a server kept for the session, or
+    the network namespaces of a multi-node cluster) on one worker together: each worker keeps
+    its own servers, so a group split across workers would start its server twice, and two
+    namespace clusters of the same names cannot run at once."""
+    for item in items:
+        module = getattr(item, "module", None)
+        group = getattr(module, "XDIST_GROUP", module.__name__ if module else item.nodeid)
+        if group is not None:  # None: the module's tests spread over the workers
+            item.add_marker(pytest.mark.xdist_group(group))

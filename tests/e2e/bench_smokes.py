@@ -38,6 +38,7 @@ EXEMPT = {
     "machine": "describes the machine for every benchmark's JSON",
     "netns": "the network-namespace cluster of bench.multinode (and tests/e2e/test_multinode.py)",
     "output": "the JSON writer every benchmark uses",
+    "overlap_worker": "bench.overlap's worker process, run by its smoke",
     "paired": "the paired ratio (tests/unit/bench)",
     "plot": "draws bench.dispatch's and bench.control_flow's figures (their --plot)",
     "servers": "the server a benchmark is pointed at, or starts for itself",
@@ -52,7 +53,7 @@ class Smoke:
 
     servers: tuple[tuple[str, str], ...] = ()
     plot: bool = False
-    needs_netns: bool = False
+    elsewhere: str = ""  # the test module that runs this smoke, where it is not test_bench_smoke.py
 
 
 DEFAULT = (("--server", "default"),)
@@ -67,10 +68,10 @@ SMOKES = {
     "faults": Smoke(),
     "gang_order": Smoke((("--server", "grouped"),)),
     "host_moves": Smoke(),
-    "multinode": Smoke(DEFAULT, needs_netns=True),
+    "multinode": Smoke(DEFAULT, elsewhere="test_bench_smoke_multinode.py"),
     "multitenancy": Smoke((("--server", "window_1"), ("--share-server", "window_1"))),
     "overlap": Smoke(),
-    "soak": Smoke(),
+    "soak": Smoke(elsewhere="test_soak.py"),  # its counts checked there
 }
 
 
@@ -125,15 +126,17 @@ def check_result(name: str, result: dict[str, Any]) -> None:
     assert not not_finite(result), f"bench.{name}: numbers not finite at {not_finite(result)}"
 
 
-def run_smoke(name: str, tmp_path: Path, addresses: Callable[[str], tuple[str, str]]) -> None:
-    """`bench.<name> --smoke --json ...` here, pointed at its servers (their admin token in
-    ISTHMUS_TOKEN, the environment put back after), drawing where it draws and matplotlib
-    is installed; then its JSON checked."""
+def run_smoke(name: str, tmp_path: Path, addresses: Callable[[str], tuple[str, str]] | None,
+              *extra: str) -> dict[str, Any]:
+    """`bench.<name> --smoke --json ... *extra` here, pointed at its servers (their admin token
+    in ISTHMUS_TOKEN, the environment put back after), drawing where it draws and matplotlib
+    is installed; then its JSON checked, and returned."""
     smoke = SMOKES[name]
     out, png = tmp_path / f"{name}.json", tmp_path / f"{name}.png"
-    argv = ["--smoke", "--json", str(out)]
+    argv = ["--smoke", "--json", str(out), *extra]
     tokens = set()
     for option, server in smoke.servers:
+        assert addresses is not None, f"bench.{name} is pointed at the test run's servers"
         address, token = addresses(server)
         argv += [option, address]
         tokens.add(token)
@@ -145,6 +148,8 @@ def run_smoke(name: str, tmp_path: Path, addresses: Callable[[str], tuple[str, s
         if tokens:
             os.environ["ISTHMUS_TOKEN"] = tokens.pop()
         assert importlib.import_module(f"bench.{name}").main(argv) == 0
-    check_result(name, json.loads(out.read_text()))
+    result = json.loads(out.read_text())
+    check_result(name, result)
     if drawn:
         assert png.stat().st_size > 0
+    return result

@@ -20,6 +20,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+XDIST_GROUP = "grouped"  # its server's tests together under pytest-xdist (tests/conftest.py)
 
 CLIENTS = 4
 CALLS = int(os.environ.get("ISTHMUS_STRESS_CALLS", "2000"))  # per client

@@ -13,6 +13,7 @@ from jax.sharding import PartitionSpec as P
 import client as isthmus
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+XDIST_GROUP = "window_1"  # its server's tests together under pytest-xdist (tests/conftest.py)
 
 
 def test_back_to_back_calls_travel_in_a_few_requests_and_equal_jax(c):

@@ -2,7 +2,8 @@
 promises (`JSON_KEYS`, `bench.output`): a benchmark the code moved away from fails here, not
 when someone next measures. How each runs, and what is checked: `bench_smokes.py`.
 `bench.multinode`'s smoke is `test_bench_smoke_multinode.py` (one namespace cluster at a
-time); the GPU dispatch needs a GPU and is skipped, with the reason, without one.
+time), `bench.soak`'s is `test_soak.py` (which checks its counts); the GPU dispatch needs a
+GPU and is skipped, with the reason, without one.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import pytest
 from bench_smokes import EXEMPT, ROOT, SMOKES, addresses, baseline_ray, check_result, run_smoke
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
-XDIST_GROUP = "grouped"  # gang_order's ordered setting runs on that server (tests/conftest.py)
+# Spread over the workers (tests/conftest.py): each smoke is seconds, and the servers it is
+# pointed at are started where it runs, when first asked for.
+XDIST_GROUP = None
 
 __all__ = ["addresses", "baseline_ray"]  # fixtures, from bench_smokes
 
@@ -29,9 +32,11 @@ def test_every_bench_module_is_smoked_or_exempt() -> None:
     unlisted = modules - set(SMOKES) - set(EXEMPT)
     assert not unlisted, f"bench modules neither in bench_smokes.SMOKES nor exempt: {sorted(unlisted)}"
     assert not (set(SMOKES) | set(EXEMPT)) - modules, "listed in bench_smokes, but not in bench/"
+    tests = Path(__file__).parent
+    assert all((tests / s.elsewhere).is_file() for s in SMOKES.values() if s.elsewhere)
 
 
-@pytest.mark.parametrize("name", sorted(n for n, s in SMOKES.items() if not s.needs_netns))
+@pytest.mark.parametrize("name", sorted(n for n, s in SMOKES.items() if not s.elsewhere))
 def test_a_benchmark_runs_its_smoke_and_writes_what_it_promises(
         name: str, tmp_path: Path, baseline_ray: None, addresses) -> None:
     run_smoke(name, tmp_path, addresses)

@@ -14,6 +14,7 @@ from servers import HEALING
 import client as isthmus
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+XDIST_GROUP = "healing"  # its server's tests together under pytest-xdist (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

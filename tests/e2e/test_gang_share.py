@@ -20,6 +20,7 @@ from servers import WINDOW_1, shared_server
 import client as isthmus
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+XDIST_GROUP = "window_1"  # its server's tests together under pytest-xdist (tests/conftest.py)
 
 WEIGHTS = (1, 2, 4, 8)
 RUNS = 24

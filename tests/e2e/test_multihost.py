@@ -10,6 +10,7 @@ from jax.sharding import PartitionSpec as P
 from ir import Conflict, NotFound
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+XDIST_GROUP = "grouped"  # its server's tests together under pytest-xdist (tests/conftest.py)
 PROGRAMS = 50  # per client, 8 clients, as the issue asks
 
 
