@@ -121,3 +121,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         group = getattr(module, "XDIST_GROUP", module.__name__ if module else item.nodeid)
         if group is not None:  # None: the module's tests spread over the workers
             item.add_marker(pytest.mark.xdist_group(group))
+    # The longest groups first, so that the short tests fill the workers' ends rather than a
+    # long one starting last on one worker while the other is done.
+    items.sort(key=lambda item: not getattr(getattr(item, "module", None), "XDIST_EARLY", False))

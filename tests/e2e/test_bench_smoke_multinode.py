@@ -14,6 +14,7 @@ from bench.netns import unusable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 XDIST_GROUP = "netns"  # one namespace cluster at a time under pytest-xdist (tests/conftest.py)
+XDIST_EARLY = True  # a long module: handed out first under pytest-xdist (tests/conftest.py)
 
 __all__ = ["addresses", "baseline_ray"]  # fixtures, from bench_smokes
 

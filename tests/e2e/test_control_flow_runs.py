@@ -15,6 +15,7 @@ import client as isthmus
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 XDIST_GROUP = "healing"  # its server's tests together under pytest-xdist (tests/conftest.py)
+XDIST_EARLY = True  # a long module: handed out first under pytest-xdist (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ from bench.netns import Cluster, netns_cluster, unusable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 XDIST_GROUP = "netns"  # one namespace cluster at a time under pytest-xdist (tests/conftest.py)
+XDIST_EARLY = True  # a long module: handed out first under pytest-xdist (tests/conftest.py)
 
 WORKERS = {"a0": "a", "a1": "a", "b0": "b"}  # node -> its island
 LATER = {"b1": "b"}  # a node that joins once the server runs

@@ -23,6 +23,7 @@ from client import jit as client_jit
 from client import program as client_program
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+XDIST_EARLY = True  # a long module: handed out first under pytest-xdist (tests/conftest.py)
 
 LEASE_S = 2.0
 ENV = {

@@ -23,6 +23,7 @@ import client as isthmus
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 XDIST_GROUP = "healing"  # its server's tests together under pytest-xdist (tests/conftest.py)
+XDIST_EARLY = True  # a long module: handed out first under pytest-xdist (tests/conftest.py)
 
 LIMIT_S = int(LIMITED["ISTHMUS_MAX_RUN_S"])
 

@@ -19,6 +19,7 @@ from bench_smokes import run_smoke
 from servers import kill_daemon
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+XDIST_EARLY = True  # a long module: handed out first under pytest-xdist (tests/conftest.py)
 
 
 def test_a_soak_of_host_deaths_and_server_restarts_loses_nothing_and_leaks_nothing(tmp_path: Path) -> None:
