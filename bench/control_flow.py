@@ -153,7 +153,10 @@ def main(argv: list[str] | None = None) -> int:
                                     "instead of a local one")
     args = p.parse_args(argv)
     if args.plot is not None:
-        from bench.plot import plot_control_flow  # before the run: matplotlib may be missing
+        try:  # before the run, not after it
+            from bench.plot import plot_control_flow
+        except ImportError as e:
+            p.error(f"--plot needs matplotlib (pip install -e '.[bench]'): {e}")
     size = SMOKE if args.smoke else FULL
     n_graph, n_client, n_jax, rounds = size["ingraph"], size["client_loop"], size["jax_while"], size["rounds"]
     with isthmus_client(args.server) as c:

@@ -109,14 +109,25 @@ def collector_off() -> Iterator[None]:
             gc.enable()
 
 
+TESTS = Path(__file__).parent
+TIERS = {"unit": "unit", "k8s": "unit", "integration": "integration", "e2e": "e2e", "gpu": "gpu"}
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the marks into its groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`-n N --dist loadgroup`), a module's tests run on one worker, and
+    """A test's tier is its directory's (`TIERS`).
+
+    Under pytest-xdist (`-n N --dist loadgroup`), a module's tests run on one worker, and
     modules that name the same `XDIST_GROUP` (those sharing a server kept for the session, or
     the network namespaces of a multi-node cluster) on one worker together: each worker keeps
     its own servers, so a group split across workers would start its server twice, and two
-    namespace clusters of the same names cannot run at once."""
+    namespace clusters of the same names cannot run at once. A module whose `XDIST_GROUP` is
+    None has its tests spread over the workers. Modules with `XDIST_EARLY` (a minute or more
+    of a worker) are handed out first."""
     for item in items:
+        tier = TIERS.get(Path(str(item.path)).relative_to(TESTS).parts[0])
+        if tier is not None:  # `-m unit` and the like select by directory, whatever a module marks
+            item.add_marker(getattr(pytest.mark, tier))
         module = getattr(item, "module", None)
         group = getattr(module, "XDIST_GROUP", module.__name__ if module else item.nodeid)
         if group is not None:  # None: the module's tests spread over the workers
