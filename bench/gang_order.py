@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import threading
 import time
@@ -45,6 +46,8 @@ FULL = {"clients": 8, "programs": 50, "deadline": 120.0}
 SMOKE = {"clients": 2, "programs": 1, "deadline": 20.0}
 GROUPS = {"ISTHMUS_ISLAND_GROUPS": "1"}
 JSON_KEYS = ("settings", "config", "machine")
+
+BUFFER_ID = re.compile(r"cl-[0-9a-f]+\.[0-9a-f]+")
 
 
 def step(v: jnp.ndarray) -> jnp.ndarray:
@@ -71,7 +74,8 @@ def tenant(address: str, token: str, k: int, programs: int, tally: dict[str, int
             try:
                 outcome = "right" if np.array_equal(out.numpy(), want) else "wrong"
             except isthmus.IsthmusError as e:
-                outcome = f"failed: {str(e).splitlines()[-1][:160]}"
+                cause = BUFFER_ID.sub("<buffer>", str(e).splitlines()[-1])  # one tally per kind
+                outcome = f"failed: {cause[:160]}"
             with lock:
                 tally[outcome] = tally.get(outcome, 0) + 1
 

@@ -91,9 +91,9 @@ class ExecutorPool(IslandLifecycle):
     def _new_actor(self, host: HostSpec, generation: int) -> Any:
         return new_executor(host, self._specs.values(), self._options, generation)
 
-    def _send(self, host: str, method: str, *args: Any, uses: Sequence[str] = ()) -> Any:
+    def _send(self, host: str, method: str, *args: Any, direct: bool = True, uses: Sequence[str] = ()) -> Any:
         """Number the request in this host's order and send it; never leave a gap."""
-        return self._send_all((host,), method, *args, uses=uses)[0]
+        return self._send_all((host,), method, *args, direct=direct, uses=uses)[0]
 
     def _send_all(self, hosts: Sequence[str], method: str, *args: Any, direct: bool = True,
                   uses: Sequence[str] = ()) -> list[Any]:
@@ -102,7 +102,9 @@ class ExecutorPool(IslandLifecycle):
         island order that keeps their collectives from waiting on each other in a cycle).
         A queued delete of a buffer it `uses` (reads or writes) is numbered before it."""
         if not self.ordered and len(hosts) > 1:
-            return [self._later(functools.partial(self._send, h, method, *args, uses=uses)) for h in hosts]
+            # `direct` kept: a multi-host upload's body is in the object store, an actor call's
+            return [self._later(functools.partial(self._send, h, method, *args, direct=direct, uses=uses))
+                    for h in hosts]
         with self._lock:
             for host in hosts:
                 self.deletes.before_use(host, uses)
