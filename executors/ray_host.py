@@ -142,6 +142,8 @@ class RayHost(Host):
         self._node = ray.get_runtime_context().get_node_id()  # where it runs, for `stats`
         self._address = ray.util.get_node_ip_address()
         self._sent = {"link": 0, "ray": 0}  # sends to peers, by the way they went
+        self._sent_bytes: dict[str, int] = {}  # peer host -> bytes of values sent to it
+        self._sent_lock = threading.Lock()  # (runs send from several threads)
 
     def coordinator_address(self) -> str:
         """An address on this host's node where the island's JAX coordinator can listen."""
@@ -174,7 +176,10 @@ class RayHost(Host):
                 self._addresses[h] = (address[0], int(address[1]))
 
     def _deliver(self, to: str, run_id: str, tag: str, payload: Payload) -> None:
-        link = self._link(to) if _nbytes(payload) <= PEER_FRAME_BYTES else None
+        nbytes = _nbytes(payload)
+        with self._sent_lock:
+            self._sent_bytes[to] = self._sent_bytes.get(to, 0) + nbytes
+        link = self._link(to) if nbytes <= PEER_FRAME_BYTES else None
         if link is not None:
             try:
                 link.tell("deliver", run_id, tag, payload)
@@ -193,9 +198,11 @@ class RayHost(Host):
 
     def stats(self) -> HostStats:
         """`Host.stats`; the Ray node this executor runs on and its address; how many sends
-        to peers went over their channels and how many through Ray."""
+        to peers went over their channels and how many through Ray; the bytes sent to each."""
+        with self._sent_lock:
+            sent_bytes = tuple(self._sent_bytes.items())
         return replace(super().stats(), node=self._node, address=self._address,
-                       peer_sends=PeerSends(self._sent["link"], self._sent["ray"]))
+                       peer_sends=PeerSends(self._sent["link"], self._sent["ray"]), peer_bytes=sent_bytes)
 
     def _link(self, to: str) -> Link | None:
         """The open link to a peer, connecting on first use; None where there is none to be

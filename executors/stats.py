@@ -2,8 +2,9 @@
 
 Contract:
 - `HostStats` is one frozen value of plain data (it crosses Ray and the executor's channel
-  as a pickle): what the host is doing, what it holds, and its bounds. `node`, `address` and
-  `peer_sends` are those of a Ray executor (`RayHost`); a plain `Host` leaves them empty.
+  as a pickle): what the host is doing, what it holds, and its bounds. `node`, `address`,
+  `peer_sends` and `peer_bytes` are those of a Ray executor (`RayHost`); a plain `Host`
+  leaves them empty. `peer_bytes` counts from the executor's start (a new one starts at 0).
 - Asking a host for them is answered `Answered(stats)`, or `Lost(cause)` where it is gone,
   did not answer within the deadline, or failed the request (`ExecutorPool.ask`): a closed
   union, handled with `match`.
@@ -65,6 +66,7 @@ class HostStats:
     node: str | None = None  # the Ray node it runs on
     address: str | None = None  # that node's address
     peer_sends: PeerSends = field(default_factory=PeerSends)
+    peer_bytes: tuple[tuple[str, int], ...] = ()  # (peer host, bytes of values sent to it)
 
 
 @dataclass(frozen=True, slots=True)
