@@ -28,6 +28,8 @@ Contract:
   calls) took at the head of its island (`expected`: from its admission, or the previous
   submission's end if later, to its own end); one of a kind not seen yet, all of
   `window_s`.
+- A `Watch`, if given, is told of each submission's admission (how long it waited since it
+  was submitted, parked time included) and of its end (how long it ran since admission).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from scheduler import (
     Durations,
@@ -66,6 +69,16 @@ def _soon(acts: Iterable[Callable[[], None]]) -> None:
             act()
 
 
+class Watch(Protocol):
+    """Told of admissions and ends (`server.metrics`), inside the gang's own bookkeeping on
+    the event loop: quick, and never raising. `what` is what the submitter said it is (a
+    call, a program run, ...)."""
+
+    def admitted(self, island: str, client: str, what: str, cost: float, waited_s: float) -> None: ...
+
+    def finished(self, island: str, what: str, ran_s: float) -> None: ...
+
+
 @dataclass
 class _Queued:
     island: str
@@ -75,6 +88,8 @@ class _Queued:
     outputs: tuple[str, ...] = ()  # the buffers it produces
     reads: tuple[str, ...] = ()  # its inputs: read until it has run (`after_reads`)
     kind: str = ""  # what it runs (`expected`), if it is timed
+    what: str = ""  # what it is, for the watch
+    submitted: float = 0.0  # when (monotonic)
     admitted: float = 0.0  # when (monotonic)
     seq: int = 0  # its place in the order of submission
 
@@ -89,8 +104,10 @@ class _Parked:
 
 
 class Gangs:
-    def __init__(self, islands: Sequence[str], policy: str, window: int, window_s: float = math.inf) -> None:
+    def __init__(self, islands: Sequence[str], policy: str, window: int, window_s: float = math.inf,
+                 watch: Watch | None = None) -> None:
         self._share = policy == "share"
+        self._watch = watch
         self._weights: dict[str, float] = {}
         self._window, self._window_s = window, window_s
         self.schedulers = {i: GangScheduler(i, self._policy(), window, window_s) for i in islands}
@@ -131,9 +148,10 @@ class Gangs:
 
     def submit(self, island: str, sub: Submission, start: Start, touches: Sequence[str],
                held: Sequence[str] = (), outputs: Sequence[str] = (), reads: Sequence[str] = (),
-               kind: str = "") -> None:
+               kind: str = "", what: str = "") -> None:
         """Queue a submission; `touches` wait for its admission, `held` until it has run;
-        `outputs` are what it produces, `reads` what it reads (`after_reads`).
+        `outputs` are what it produces, `reads` what it reads (`after_reads`); `what` it
+        is, for the watch.
 
         A submission reading a buffer that work queued on another island still touches
         enters its own island's queue only once that work is admitted: each island orders
@@ -145,7 +163,7 @@ class Gangs:
         # its touches would be released as soon as held, and nothing can look in between.
         at_once = not others and island not in self._paused and self.schedulers[island].admits_at_once(sub)
         queued = _Queued(island, start, () if at_once else tuple(touches), tuple(held), tuple(outputs),
-                         tuple(reads), kind, seq=seq)
+                         tuple(reads), kind, what, time.monotonic(), seq=seq)
         self.waiting[sub.client] += 1
         if not others:
             self._parking.hold(island, [*queued.touches, *queued.held])
@@ -200,6 +218,9 @@ class Gangs:
             self.admitted[island][sub.client] += sub.cost
             self._parking.read(queued.reads)
             queued.admitted = time.monotonic()
+            if self._watch is not None:
+                self._watch.admitted(island, sub.client, queued.what, sub.cost,
+                                     queued.admitted - queued.submitted)
             try:
                 running = queued.start()  # numbered on its hosts now, in admission order
             except Exception:
@@ -227,7 +248,10 @@ class Gangs:
         self._finished(island, sub_id, queued)
 
     def _finished(self, island: str, sub_id: str, queued: _Queued) -> None:
-        self._durations.finished(island, queued.kind, queued.admitted, time.monotonic())
+        now = time.monotonic()
+        self._durations.finished(island, queued.kind, queued.admitted, now)
+        if self._watch is not None:
+            self._watch.finished(island, queued.what, now - queued.admitted)
         self._release(island, queued.held)
         _soon(self._parking.unread(queued.reads))
         self.schedulers[island].done(sub_id)

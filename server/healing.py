@@ -34,6 +34,8 @@ Contract:
   so the values it gives are kept first (`server.keeping`), as where a failed collective
   restarts a group; the rest are lost as a lost host's are (made again from their lineage
   when read, where it is kept).
+- `lost` and `healed` count, per island, the hosts found lost and replaced, and the
+  restarts begun by the healer itself that ended well (`server.cluster_metrics`).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
 from executors import ExecutorPool, HostStats
@@ -81,6 +83,8 @@ class Healer:
         self._stopped: OrderedDict[str, tuple[str, float]] = OrderedDict()
         # a looping run told to end for holding a shared host -> since when (`clock`)
         self._held: OrderedDict[str, float] = OrderedDict()
+        self.lost: Counter[str] = Counter()  # island -> its hosts found lost (and replaced)
+        self.healed: Counter[str] = Counter()  # island -> its automatic restarts that ended well
 
     def spawn_probe(self) -> None:
         """Probe the hosts every `health_probe_s`, for as long as the server runs."""
@@ -165,6 +169,7 @@ class Healer:
         if island in self._restarting or self._rm.host_status(host) != "up":
             return
         if not keep:  # else lost once kept, by the restart
+            self.lost[island] += 1
             lost = self._buffers.lose_values([host], cause)  # readers fail now, not after the restart
             stopped = self._loops.cancel_on([host], cause)  # its loops' other hosts stop too
             log.warning("island %s: %s; %d values with it, %d looping runs stopped", island, cause,
@@ -241,6 +246,7 @@ class Healer:
         for attempt in range(1, attempts + 1):
             try:
                 await self.restart_claimed(island, cause, only, keep=keep and attempt == 1)
+                self.healed[island] += 1
                 log.warning("island %s: healed %.1fs after %s", island, time.monotonic() - since, cause)
                 return
             except Exception as e:

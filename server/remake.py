@@ -111,7 +111,7 @@ class Remaker:
 
         sub = Submission(new_id("put"), owner.id, tuple(sorted(s.hosts)), 1.0)
         # `b` is touched until the put is numbered on its hosts: a read waits for that.
-        self._gangs.submit(s.island, sub, start, [b], outputs=[b])
+        self._gangs.submit(s.island, sub, start, [b], outputs=[b], what="remake")
 
     def _slice(self, owner: ClientRecord, slice_id: str, buffer_id: str) -> Slice:
         try:

@@ -116,7 +116,8 @@ class Runs:
         # Held until it has run: its record's executables and plans stay on the hosts until then.
         record = record_key(kind)
         self._gangs.submit(island, sub, start, [*inputs, *([] if sequential else outs)],
-                           [*(outs if sequential else []), record], outputs=outs, reads=inputs, kind=kind)
+                           [*(outs if sequential else []), record], outputs=outs, reads=inputs, kind=kind,
+                           what="program" if rec.computation is None else "call")
         return run_id
 
     def _parallel(self, messages: Messages) -> Awaitable[None]:
