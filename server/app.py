@@ -13,7 +13,8 @@ from fastapi import FastAPI
 from server import errors
 from server.deps import ServiceDep
 from server.guard import Guard
-from server.routes import batch, buffers, clients, computations, devices, programs, slices
+from server.http_metrics import CountRequests
+from server.routes import batch, buffers, clients, computations, devices, metrics, programs, slices
 from server.schemas import Health, error_responses
 from server.service import Service
 from server.settings import Settings
@@ -47,7 +48,10 @@ def create_app(settings: Settings) -> FastAPI:
     errors.install(app)
     # credentials and body limits, before any body is read; the batch route every call
     # takes is answered there, without FastAPI's routing and dependencies
-    app.add_middleware(Guard, direct={("POST", "/v1/batch"): batch.direct})
+    direct = {("POST", "/v1/batch"): batch.direct}
+    app.add_middleware(Guard, direct=direct)
+    # outside the guard: its refusals are counted too (`server.http_metrics`)
+    app.add_middleware(CountRequests, direct=direct)
 
     @app.get("/healthz", tags=["health"])
     async def healthz(service: ServiceDep) -> Health:
@@ -59,4 +63,5 @@ def create_app(settings: Settings) -> FastAPI:
     for module in (batch, buffers, programs, computations, slices, clients, devices):
         # What the guard may answer to any /v1 request, before the route runs.
         app.include_router(module.router, responses=error_responses(400, 401, 413))
+    app.include_router(metrics.router)
     return app

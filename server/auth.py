@@ -8,6 +8,8 @@ Contract:
 - The admin token acts on the cluster (opening and closing any client, restarting an
   island, per-client scheduling figures); a client's secret acts on that client's own
   objects. Neither stands in for the other.
+- `GET /metrics` takes the admin token, or the metrics token where the server has one
+  (`scrapes`); a client's secret is no credential there (401, as an unknown one).
 - An empty, missing or unknown credential never matches anything. Comparisons are of
   fixed-length digests (the admin token's in constant time), so a credential cannot be
   guessed a character at a time from response times.
@@ -46,12 +48,16 @@ def bearer(authorization: str | None) -> str:
 
 
 class Credentials:
-    """The admin token's digest, and each open client's secret digest -> client id."""
+    """The admin token's digest, the metrics token's, and each open client's secret digest
+    -> client id."""
 
-    def __init__(self, admin_token: str) -> None:
+    def __init__(self, admin_token: str, metrics_token: str | None = None) -> None:
         if not admin_token:
             raise ValueError("the admin token must not be empty")
+        if metrics_token == "":
+            raise ValueError("the metrics token must not be empty (None: no metrics token)")
         self._admin = digest(admin_token)
+        self._metrics = None if metrics_token is None else digest(metrics_token)
         self._clients: dict[bytes, str] = {}
 
     def issue(self, client_id: str) -> tuple[str, bytes]:
@@ -78,3 +84,13 @@ class Credentials:
             raise Unauthorized("unknown credential: not the admin token, nor the secret of an open "
                                "client (a closed or expired client's secret no longer works)")
         return client
+
+    def scrapes(self, authorization: str | None) -> None:
+        """Nothing if this is the admin token or the metrics token; else `Unauthorized`."""
+        key = digest(bearer(authorization))
+        # (both compared, whichever matches: the time taken says nothing of which)
+        admin = secrets.compare_digest(key, self._admin)
+        metrics = self._metrics is not None and secrets.compare_digest(key, self._metrics)
+        if not (admin or metrics):
+            raise Unauthorized("unknown credential: /metrics takes the admin token or the metrics token "
+                               "(ISTHMUS_METRICS_TOKEN), not a client's secret")

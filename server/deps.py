@@ -12,6 +12,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from ir import InvalidArgument
 from server.auth import Admin
 from server.errors import Forbidden, Unauthorized
 from server.records import ClientRecord
@@ -48,5 +49,15 @@ async def current_admin(caller: CallerDep) -> Admin:
     return caller
 
 
+async def current_scraper(request: Request, service: ServiceDep) -> None:
+    """`/metrics` is outside the guard's `/v1`: its credential is checked here, the admin
+    token or the metrics token (`Credentials.scrapes`)."""
+    given = request.headers.getlist("authorization")
+    if len(given) > 1:  # as the guard: which one a proxy or a server takes differs, so none is
+        raise InvalidArgument("authorization: more than one Authorization header; send one")
+    service.credentials.scrapes(given[0] if given else None)
+
+
 ClientDep = Annotated[ClientRecord, Depends(current_client)]
 AdminDep = Annotated[Admin, Depends(current_admin)]
+ScraperDep = Annotated[None, Depends(current_scraper)]

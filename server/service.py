@@ -9,7 +9,8 @@ a buffer is `server.reads`).
 uses: clients (`server.clients`), slices and placement (`server.slices`), buffers, quotas
 and host memory (`server.buffers`), computations (`server.computations`), programs and
 calls (`server.programs`, `server.runs`, `server.lowerings`, `server.loops`,
-`server.remake`), healing (`server.healing`). What crosses them (closing a client,
+`server.remake`), healing (`server.healing`), metrics (`server.metrics`,
+`server.cluster_metrics`). What crosses them (closing a client,
 deleting a slice, an upload) is done here.
 """
 
@@ -30,6 +31,7 @@ from server.auth import Admin, Credentials
 from server.buffers import Buffers
 from server.caches import HostCaches
 from server.clients import Clients
+from server.cluster_metrics import ClusterMetrics
 from server.computations import Computations
 from server.gang import Gangs
 from server.healing import Healer
@@ -38,6 +40,7 @@ from server.lineage import Lineage, Upload
 from server.loops import Loops
 from server.lowerings import Lowerings
 from server.membership import watch_nodes
+from server.metrics import Metrics
 from server.programs import Programs
 from server.quotas import Quotas
 from server.readers import Readers
@@ -55,6 +58,7 @@ from server.tasks import Tasks
 
 log = logging.getLogger("isthmus.server")
 CLUSTER = "cluster"  # the registry's note of the cluster the executors were started for
+SCRAPE_ASK_S = 5.0  # a scrape waits this long, at most, for each host's stats
 
 
 class Service:
@@ -71,8 +75,9 @@ class Service:
         self.lost = registry.lost  # buffer id -> why its value is gone (its island restarted)
         quotas = Quotas.of(settings)
         window = settings.gang_window if settings.gang_order else 1 << 30
-        self.gangs = Gangs(rm.islands(), settings.gang_policy, window, settings.gang_window_s)
-        self.credentials = Credentials(admin_token)
+        self.metrics = Metrics(settings.metrics_client_labels, registry.clients)
+        self.gangs = Gangs(rm.islands(), settings.gang_policy, window, settings.gang_window_s, self.metrics)
+        self.credentials = Credentials(admin_token, settings.metrics_token)
         self._clients = Clients(self.credentials, registry, quotas, self.gangs, settings.client_lease_s)
         # buffers' bytes on the hosts, against what they offer and the clients' claims on it
         self.memory = HostMemory(rm, registry, settings.buffer_reserve)
@@ -92,6 +97,9 @@ class Service:
         self.loops = Loops(pool, self.lineage)
         self.healer = Healer(settings, rm, pool, self.gangs, self.restarting, self._buffers, self.lineage,
                              self.loops, self.lowerings)
+        self._cluster = ClusterMetrics(rm, self.gangs, self.restarting, self.healer, self.memory,
+                                       registry.buffers, registry.clients, self.metrics.client_label, pool,
+                                       min(SCRAPE_ASK_S, settings.health_timeout_s))
         runs = Runs(settings, pool, self.gangs, self._slices, self._buffers, self.lineage, self.lowerings,
                     self.loops, self.settling, self.healer.broken)
         remaker = Remaker(self._buffers, self._slices, self.lineage, self.gangs, pool, registry.clients)
@@ -250,6 +258,12 @@ class Service:
         self._computations.drop(owner, on_slice)
         self.programs.forget_slice(owner, s.id)
         self._slices.release(s)
+
+    # -- metrics ---------------------------------------------------------------------------
+
+    async def scrape(self) -> bytes:
+        """The Prometheus text of `GET /metrics`: what was counted, and what is held now."""
+        return self.metrics.exposition(await self._cluster.families())
 
     # -- islands ---------------------------------------------------------------------------
 

@@ -118,6 +118,11 @@ class Settings(BaseSettings):
     # Join an external Ray cluster (`ray_address`) that has no token authentication. Off by
     # default: such a cluster runs whatever anyone who can reach it sends (docs/security.md).
     insecure_ray: bool = False
+    # `GET /metrics` (Prometheus) answers the admin token, and this token too where it is set
+    # (off by default): a scraper need not hold the admin's. Its client label names at most
+    # `metrics_client_labels` distinct client names; the rest count as "other" (server/metrics.py).
+    metrics_token: str | None = Field(None, min_length=16)
+    metrics_client_labels: int = Field(16, ge=0, le=1000)
 
     # -- limits on what one request or one client may hold (docs/security.md) ----------------
     max_json_mb: int = Field(64, ge=1)  # JSON bodies (artifacts travel base64 inside them)
