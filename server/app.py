@@ -14,7 +14,7 @@ from server import errors
 from server.deps import ServiceDep
 from server.guard import Guard
 from server.http_metrics import CountRequests
-from server.routes import batch, buffers, clients, computations, devices, metrics, programs, slices
+from server.routes import batch, buffers, clients, computations, devices, metrics, programs, runs, slices
 from server.schemas import Health, error_responses
 from server.service import Service
 from server.settings import Settings
@@ -60,7 +60,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     # FastAPI matches a request against the routes in order, at a few microseconds each
     # (twice per request): the routes every call takes come first (docs/benchmarks.md).
-    for module in (batch, buffers, programs, computations, slices, clients, devices):
+    for module in (batch, buffers, programs, computations, slices, clients, devices, runs):
         # What the guard may answer to any /v1 request, before the route runs.
         app.include_router(module.router, responses=error_responses(400, 401, 413))
     app.include_router(metrics.router)

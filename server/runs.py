@@ -11,7 +11,9 @@ Contract:
 - A run whose input was lost while it waited sends nothing (`Buffers.unless_lost`).
 - `settled` is what the gang scheduler awaits until a run's hosts have run their part: the
   outputs every host holds computed are noted ready (`server.settling`), and a host that
-  reports a failed collective is reported (`on_broken(host, cause)`).
+  reports a failed collective is reported (`on_broken(host, cause)`); a run whose hosts
+  did not all report its results computed is told to the run log as failed.
+- Every run that starts is timed and recorded in the run log when it ends (`server.run_log`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from server.loops import Loops
 from server.lowerings import Lowerings
 from server.program_record import ProgramRecord, record_key, runnable
 from server.records import BufferRecord, ClientRecord
+from server.run_log import RunInfo, RunLog
 from server.settings import Settings
 from server.settling import Settling
 from server.slices import Slices
@@ -47,7 +50,7 @@ Messages = list[tuple[HostPlan, RunMessage]]
 class Runs:
     def __init__(self, settings: Settings, pool: ExecutorPool, gangs: Gangs, slices: Slices, buffers: Buffers,
                  lineage: Lineage, lowerings: Lowerings, loops: Loops, settling: Settling,
-                 on_broken: Callable[[str, str], None]) -> None:
+                 on_broken: Callable[[str, str], None], log: RunLog) -> None:
         self._settings = settings
         self._pool = pool
         self._gangs = gangs
@@ -58,6 +61,7 @@ class Runs:
         self._loops = loops
         self._settling = settling
         self._on_broken = on_broken
+        self._run_log = log
         self._run_numbers = itertools.count()
         # Run ids are unique across restarts too: executors a new server takes over remember
         # the runs they finished by id.
@@ -110,6 +114,9 @@ class Runs:
         if looping:
             start = self._loops.track(run_id, owner.id, tuple(sorted(plans)), start,
                                       frozenset(d.name for d in rec.program.slices))
+        start = self._run_log.track(RunInfo(run_id, owner.id, owner.name, kind, rec.name,
+                                            "program" if rec.computation is None else "call", island,
+                                            sub.hosts), start)
         start = self._buffers.unless_lost(inputs, list(outputs), start)
         # Sequential dispatch writes the results with its closing messages: they wait until then.
         outs = list(outputs)
@@ -123,7 +130,7 @@ class Runs:
     def _parallel(self, messages: Messages) -> Awaitable[None]:
         """At admission: one message per host, numbered at once; then wait until all have run."""
         refs = self._pool.run([(plan.host, m, plan) for plan, m in messages], notify=True)
-        return self.settled(refs, [plan.host for plan, _ in messages], _results(messages))
+        return self.settled(refs, [plan.host for plan, _ in messages], _results(messages), _run_id(messages))
 
     def _sequential(self, messages: Messages) -> Awaitable[None]:
         """At admission, every host binds the run's arguments, all in one atomic step (so a
@@ -151,18 +158,20 @@ class Runs:
             pool.run(ends)
             raise
         await self.settled(pool.run(ends, notify=True), [host for host, _, _ in ends],
-                           _results([(plan, m) for _, m, plan in ends]))
+                           _results([(plan, m) for _, m, plan in ends]), _run_id(messages))
 
-    def settled(self, refs: Sequence[Any], hosts: Sequence[str],
-                outputs: Sequence[str] = ()) -> asyncio.Future[None]:
+    def settled(self, refs: Sequence[Any], hosts: Sequence[str], outputs: Sequence[str] = (),
+                run_id: str = "") -> asyncio.Future[None]:
         """What to await until the hosts have run their part (called at admission, so that
         a wait for `outputs` finds them settling): report any host with a failed
-        collective; note the outputs every host holds computed. A future, not a task: the
-        gang scheduler waits for one per run."""
+        collective; note the outputs every host holds computed; tell the run log if `run_id`
+        did not compute them all. A future, not a task: the gang scheduler waits for one per
+        run."""
         done = self._settling.start(outputs)
 
         def then(settlement: Settlement | None) -> None:
             ready: set[str] = set()
+            failed = settlement is None or bool(settlement.broken)
             try:
                 if settlement is not None:
                     for host, cause in settlement.broken.items():
@@ -172,9 +181,13 @@ class Runs:
                              and settlement.ready[b] == len(rec.hosts) and b not in lost}
                     # (an output the client released already counts as made: its run is repeatable)
                     self._lineage.settled(ready | {b for b in outputs if b not in records})
+                    failed = failed or any(b in records and b not in ready for b in outputs)
             except Exception:
+                failed = True
                 log.exception("settling the run of %s failed", list(outputs)[:4])
             finally:
+                if failed and run_id:
+                    self._run_log.failed(run_id)
                 self._settling.finish(done, outputs, ready)
 
         self._pool.when_settled(refs, hosts, self._settings.fetch_timeout_s, then)
@@ -184,6 +197,10 @@ class Runs:
 def _results(messages: Sequence[tuple[HostPlan, RunMessage]]) -> list[str]:
     """The buffers a run's messages close (each once, however many hosts hold it)."""
     return list(dict.fromkeys(b for _, m in messages for _, b in m.results))
+
+
+def _run_id(messages: Messages) -> str:
+    return messages[0][1].run_id if messages else ""
 
 
 def holds(rec: ProgramRecord, plans: dict[str, HostPlan], limit: int) -> int:

@@ -164,6 +164,8 @@ class SlicePublic(BaseModel):
     hosts: list[str]
     device_ids: list[int]
     platform: str
+    owner: str = Field(description="the id of the client that holds it")
+    owner_name: str = Field(description="that client's name")
 
 
 class BufferPublic(BaseModel):
@@ -263,6 +265,24 @@ class RunCreate(BaseModel):
 
 class RunPublic(BaseModel):
     outputs: list[BufferPublic]
+
+
+class RunStatus(BaseModel):
+    """A call or program run that ended (`GET /v1/runs`)."""
+
+    id: str
+    program_id: str = Field(description="the program's id, or for a call its computation's")
+    name: str = Field(description="the program's or computation's name")
+    what: Literal["call", "program"]
+    client_id: str
+    client_name: str
+    island: str = Field(description="the island whose queue admitted it (its first slice's)")
+    hosts: list[str]
+    status: Literal["done", "failed"] = Field(
+        description="failed: its hosts did not all report its results computed (reading one says why)")
+    submitted_at: float = Field(description="when the server took it (Unix seconds)")
+    waited_s: float = Field(description="from its submission to its admission on its island")
+    ran_s: float = Field(description="from its admission until every host of it had run its part")
 
 
 # -- a batch: what a client queued, submitted in order in one request ------------------------

@@ -9,8 +9,8 @@ a buffer is `server.reads`).
 uses: clients (`server.clients`), slices and placement (`server.slices`), buffers, quotas
 and host memory (`server.buffers`), computations (`server.computations`), programs and
 calls (`server.programs`, `server.runs`, `server.lowerings`, `server.loops`,
-`server.remake`), healing (`server.healing`), metrics (`server.metrics`,
-`server.cluster_metrics`). What crosses them (closing a client,
+`server.remake`), the runs that ended last (`server.run_log`), healing (`server.healing`),
+metrics (`server.metrics`, `server.cluster_metrics`). What crosses them (closing a client,
 deleting a slice, an upload) is done here.
 """
 
@@ -48,6 +48,7 @@ from server.records import BufferRecord, ClientRecord, ComputationRecord
 from server.registry import Registry
 from server.remake import Remaker
 from server.restarts import Restarts
+from server.run_log import RunLog
 from server.runs import Runs
 from server.settings import Settings
 from server.settling import Settling
@@ -100,8 +101,9 @@ class Service:
         self._cluster = ClusterMetrics(rm, self.gangs, self.restarting, self.healer, self.memory,
                                        registry.buffers, registry.clients, self.metrics.client_label, pool,
                                        min(SCRAPE_ASK_S, settings.health_timeout_s))
+        self.run_log = RunLog()  # the runs that ended last (`GET /v1/runs`)
         runs = Runs(settings, pool, self.gangs, self._slices, self._buffers, self.lineage, self.lowerings,
-                    self.loops, self.settling, self.healer.broken)
+                    self.loops, self.settling, self.healer.broken, self.run_log)
         remaker = Remaker(self._buffers, self._slices, self.lineage, self.gangs, pool, registry.clients)
         self._remaker = remaker
         self.programs = Programs(registry, quotas, settings.max_program_computations, self._slices,

@@ -40,7 +40,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 # Routes only the admin token may use; a client's secret gets 403 there.
 ADMIN_ONLY = {("GET", "/v1/clients"), ("POST", "/v1/clients"), ("POST", "/v1/islands/{name}/restart")}
 # Routes both may use; every other route acts for one client, and the admin token gets 403.
-EITHER = {("GET", "/v1/devices"), ("GET", "/v1/islands"), ("DELETE", "/v1/clients/{client_id}")}
+# (Listing slices and runs, the admin sees every client's, a client its own.)
+EITHER = {("GET", "/v1/devices"), ("GET", "/v1/islands"), ("DELETE", "/v1/clients/{client_id}"),
+          ("GET", "/v1/slices"), ("GET", "/v1/runs")}
 OCTETS = "application/octet-stream"
 
 
