@@ -1,4 +1,13 @@
-"""The `isthmus` command: `serve`, `devices`, `demo`, `program show`."""
+"""The `isthmus` command: `serve`, `demo`, `program show`, and the status commands `devices`,
+`slices`, `runs` and `top` (rich tables, or `--json` for scripts; `client.views`).
+
+The status commands connect as `connect()` does (`--address`, else `ISTHMUS_ADDRESS`, else
+the local server; the admin token from `ISTHMUS_TOKEN` or the local server's state dir, or
+a session's `ISTHMUS_CLIENT_SECRET`). With the admin token they show every client's slices
+and runs, with a session's secret that session's own. They do not wait for a server that
+cannot be reached unless `ISTHMUS_RESTART_GRACE_S` says so. An error is one line on stderr
+and a non-zero exit.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +16,13 @@ import json
 import os
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import client.connection as connection
+from client.devices import DeviceTable
 from ir import (
     InvalidArgument,
     IsthmusError,
@@ -22,15 +35,82 @@ from ir import (
 )
 from ir.passes import host_plans, lower
 
+RUNS_LISTED = 256  # the most `isthmus runs` asks for (the server keeps the last 256 runs)
+STATUS_CLIENT = "isthmus-cli"  # the name of the session a status command opens
+
 
 def _serve(rest: list[str]) -> None:
     # The server is its own program (it imports Ray and the executors; the client does not).
     os.execv(sys.executable, [sys.executable, "-m", "server", *rest])
 
 
+def _connect(args: argparse.Namespace) -> connection.Client:
+    grace = None if "ISTHMUS_RESTART_GRACE_S" in os.environ else 0.0
+    return connection.connect(args.address, name=STATUS_CLIENT, restart_grace_s=grace)
+
+
+def _print(args: argparse.Namespace, doc: Any, view: Callable[[], Any]) -> None:
+    """`doc` as JSON with `--json`, else `view()` as rich renders it."""
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return
+    from rich.console import Console
+
+    Console().print(view())
+
+
 def _devices(args: argparse.Namespace) -> None:
-    with connection.connect(args.address) as c:
-        print(c.devices())
+    from client import views
+
+    with _connect(args) as c:
+        table = DeviceTable(c.raw_view("/v1/islands"), c.raw_view("/v1/devices"))
+    _print(args, {"islands": table.islands, "devices": table.devices}, lambda: views.devices_table(table))
+
+
+def _slices(args: argparse.Namespace) -> None:
+    from client import views
+
+    with _connect(args) as c:
+        slices, admin = c.raw_view("/v1/slices"), c.admin
+    _print(args, slices, lambda: views.slices_table(slices, owners=admin))
+
+
+def _runs(args: argparse.Namespace) -> None:
+    from client import views
+
+    if not 1 <= args.limit <= RUNS_LISTED:
+        raise InvalidArgument(f"--limit: expected 1 to {RUNS_LISTED}, got {args.limit}")
+    with _connect(args) as c:
+        runs, admin = c.raw_view("/v1/runs", {"limit": args.limit}), c.admin
+    _print(args, runs, lambda: views.runs_table(runs, clients=admin))
+
+
+def _top(args: argparse.Namespace) -> None:
+    from client import views
+
+    if not args.interval > 0:
+        raise InvalidArgument(f"--interval: expected seconds > 0, got {args.interval}")
+    if args.json and not args.once:
+        raise InvalidArgument("--json: a live view is not JSON; add --once for one JSON object")
+    with _connect(args) as c:
+        def frame() -> views.Frame:
+            table = DeviceTable(c.raw_view("/v1/islands"), c.raw_view("/v1/devices"))
+            runs = c.raw_view("/v1/runs", {"limit": views.TOP_RUNS})
+            return views.Frame(c.address, time.time(), table, runs, c.admin)
+
+        if args.once:
+            f = frame()
+            _print(args, f.to_json(), lambda: views.top_view(f))
+            return
+        from rich.live import Live
+
+        with Live(views.top_view(frame()), auto_refresh=False, screen=False) as live:
+            try:
+                while True:
+                    time.sleep(args.interval)
+                    live.update(views.top_view(frame()), refresh=True)
+            except KeyboardInterrupt:
+                return
 
 
 def _program_show(args: argparse.Namespace) -> None:
@@ -101,8 +181,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="isthmus", description="Run JAX on islands of devices.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", help="start the server (see `isthmus serve --help`)")
-    devices = sub.add_parser("devices", help="print islands, hosts and devices with their load")
-    devices.add_argument("--address", help="server address (env ISTHMUS_ADDRESS)")
+    devices = sub.add_parser("devices", help="islands, hosts and devices with their status and load")
+    slices = sub.add_parser("slices", help="slices: this client's, or with the admin token every "
+                            "client's with its owner")
+    runs = sub.add_parser("runs", help="the calls and program runs that ended last, with how long "
+                          "they waited and ran (the admin sees every client's)")
+    runs.add_argument("--limit", type=int, default=50, help=f"at most this many (1 to {RUNS_LISTED})")
+    top = sub.add_parser("top", help="a live view: islands' queues and in-flight work, hosts up or "
+                         "down and their load, recent runs (Ctrl-C ends it)")
+    top.add_argument("--once", action="store_true", help="print one frame and exit")
+    top.add_argument("--interval", type=float, default=1.0, help="seconds between frames (default 1)")
+    for command in (devices, slices, runs, top):
+        command.add_argument("--address", help="server address (env ISTHMUS_ADDRESS)")
+        command.add_argument("--json", action="store_true", help="print JSON for scripts (top: with --once)")
     demo = sub.add_parser("demo", help="train a small MLP through Isthmus")
     demo.add_argument("--address", help="use this server (env ISTHMUS_ADDRESS); with neither, the "
                       "one at the default address, else an embedded one started for the demo")
@@ -116,9 +207,13 @@ def main(argv: list[str] | None = None) -> None:
                            "NextIteration/Exit)")
     args = parser.parse_args(argv)
     try:
-        {"devices": _devices, "demo": _demo, "program": _program_show}[args.command](args)
+        {"devices": _devices, "slices": _slices, "runs": _runs, "top": _top, "demo": _demo,
+         "program": _program_show}[args.command](args)
     except IsthmusError as e:
         sys.exit(f"isthmus {args.command}: {e}")
+    except BrokenPipeError:  # (its output piped into `head`, say): nothing more to say
+        sys.stderr.close()
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -125,6 +125,23 @@ class Client:
         answer = self.raw_request(method, path, params=params, json=json, credential=credential, safe=safe)
         return answer.json()
 
+    def raw_view(self, path: str, params: dict[str, Any] | None = None) -> Any:
+        """`GET path` as JSON, as widely as this client may look: with the admin token it was
+        opened with (every client's slices and runs, say), else with its own secret (its own);
+        what the `isthmus` status commands show."""
+        return self.raw_json("GET", path, params=params, credential=self._admin_token)
+
+    @property
+    def address(self) -> str:
+        """The server's address, as `http://HOST:PORT`."""
+        return self._session.transport.address
+
+    @property
+    def admin(self) -> bool:
+        """Whether this client was opened with the admin token (and so may look at every
+        client's work: `raw_view`)."""
+        return self._admin_token is not None
+
     def raw_call(self, computation_id: str, inputs: list[str]) -> list[Buffer]:
         """A call of a computation registered by hand (`POST /v1/computations`), whose
         signature the client does not know: `POST /v1/calls`, its outputs typed by the
