@@ -47,7 +47,12 @@ LIMITED = {
     "ISTHMUS_MAX_RUN_S": "8",  # a run that never ends is ended: tests look for its error
     "ISTHMUS_LINEAGE_RELEASED": "0",  # a released buffer's lineage is not kept
 }
-WINDOW_1 = {"ISTHMUS_GANG_WINDOW": "1"}  # one submission in flight per island: orders are exact
+# One submission in flight per island: orders are exact. Also where /metrics is scraped
+# (test_metrics.py): a metrics token and 4 client labels, which change nothing else.
+METRICS_TOKEN = "metrics-token-for-the-e2e-tests"
+METRICS_LABELS = 4
+WINDOW_1 = {"ISTHMUS_GANG_WINDOW": "1", "ISTHMUS_METRICS_TOKEN": METRICS_TOKEN,
+            "ISTHMUS_METRICS_CLIENT_LABELS": str(METRICS_LABELS)}
 
 
 def shared_server(env: dict[str, str]) -> Any:

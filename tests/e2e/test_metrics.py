@@ -3,8 +3,9 @@ when a computation and a program run, the scrape's credentials (the admin token 
 metrics token, never a client's secret), and client labels that stay few however many
 clients connect.
 
-A server of the module's own settings (a metrics token; 4 client labels), shared for the
-session (`servers.shared_server`)."""
+The session's window-1 server (`servers.WINDOW_1`, which carries a metrics token and 4 client
+labels), shared with the gang-share and batching tests: its other clients may hold label
+slots already, which the checks allow for."""
 
 from __future__ import annotations
 
@@ -17,15 +18,15 @@ import pytest
 from jax.sharding import PartitionSpec as P
 from polling import until
 from prometheus_client.parser import text_string_to_metric_families
-from servers import shared_server
+from servers import METRICS_LABELS, METRICS_TOKEN, WINDOW_1, shared_server
 
 import client as isthmus
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+XDIST_GROUP = "window_1"  # its server's tests together under pytest-xdist (tests/conftest.py)
 
-METRICS_TOKEN = "metrics-token-for-the-e2e-tests"
-LABELS = 4
-shared = shared_server({"ISTHMUS_METRICS_TOKEN": METRICS_TOKEN, "ISTHMUS_METRICS_CLIENT_LABELS": str(LABELS)})
+LABELS = METRICS_LABELS
+shared = shared_server(WINDOW_1)
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
