@@ -12,12 +12,13 @@ and a non-zero exit.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +45,19 @@ def _serve(rest: list[str]) -> None:
     os.execv(sys.executable, [sys.executable, "-m", "server", *rest])
 
 
-def _connect(args: argparse.Namespace) -> connection.Client:
+@contextlib.contextmanager
+def _connect(args: argparse.Namespace) -> Iterator[connection.Client]:
+    """A client for a status command: a session of its own, opened with the admin token and
+    closed after; or the session of `ISTHMUS_CLIENT_SECRET`, left open (it is its opener's)."""
     grace = None if "ISTHMUS_RESTART_GRACE_S" in os.environ else 0.0
-    return connection.connect(args.address, name=STATUS_CLIENT, restart_grace_s=grace)
+    c = connection.connect(args.address, name=STATUS_CLIENT, restart_grace_s=grace)
+    try:
+        yield c
+    finally:
+        if c.admin:
+            c.close()
+        else:
+            c.detach()
 
 
 def _print(args: argparse.Namespace, doc: Any, view: Callable[[], Any]) -> None:

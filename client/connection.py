@@ -300,6 +300,20 @@ class Client:
             self._closed = True
             self._session.transport.close()
 
+    def detach(self) -> None:
+        """Stop using the session here, leaving it open on the server with all it holds (a
+        session attached by its secret is its opener's to close): what is queued is sent
+        first; the lease is no longer renewed from here."""
+        if self._closed:
+            return
+        self._lease.stop()
+        try:
+            self._session.flush()
+        finally:
+            self._closed = True
+            self._session.close()
+            self._session.transport.close()
+
     def _close_at_exit(self) -> None:
         """The process is exiting with this session open: close it on the server now (its
         queued work could never be read), rather than hold it all for a lease."""
