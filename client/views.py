@@ -103,7 +103,7 @@ def slices_table(slices: Sequence[Doc], owners: bool) -> Table:
 
 def runs_table(runs: Sequence[Doc], clients: bool, now: float | None = None,
                title: str | None = None) -> Table:
-    """Runs that ended, newest first: what ran, where, how it ended, how long it waited and
+    """Runs that ended, the last to end first: what ran, where, how it ended, how long it waited and
     ran, how long ago it was submitted; with `clients`, whose each was."""
     now = time.time() if now is None else now
     out = Table(title=title or f"{len(runs)} recent run{'' if len(runs) == 1 else 's'}",

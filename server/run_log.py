@@ -8,7 +8,7 @@ Contract:
   input lost while it waited) is not recorded.
 - A run ends `"failed"` when `failed(run_id)` was said before its end (its hosts did not all
   report its results computed: `Runs.settled`) or its start raised; else `"done"`.
-- `recent(client, limit)` lists the newest first: one client's runs, or every client's
+- `recent(client, limit)` lists them, the last to end first: one client's runs, or every client's
   (`client=None`, for the admin). A tenant never sees another's.
 - Everything runs on the server's event loop, as the gang's bookkeeping does; it costs a
   closure and a callback per run, and one small record at its end.
@@ -102,7 +102,7 @@ class RunLog:
                                     "failed" if failed else "done"))
 
     def recent(self, client: str | None, limit: int) -> list[RunEnded]:
-        """The newest `limit` runs ended, newest first: `client`'s, or everyone's (None)."""
+        """The last `limit` runs to end, the last first: `client`'s, or everyone's (None)."""
         found: list[RunEnded] = []
         for run in reversed(self._ended):
             if len(found) >= limit:

@@ -181,7 +181,10 @@ class Runs:
                              and settlement.ready[b] == len(rec.hosts) and b not in lost}
                     # (an output the client released already counts as made: its run is repeatable)
                     self._lineage.settled(ready | {b for b in outputs if b not in records})
-                    failed = failed or any(b in records and b not in ready for b in outputs)
+                    # For the run log: failed if an output is not ready, or, released already,
+                    # no host reported it computed (its run was ended on purpose, say).
+                    failed = failed or any(b not in ready if b in records else not settlement.ready[b]
+                                           for b in outputs)
             except Exception:
                 failed = True
                 log.exception("settling the run of %s failed", list(outputs)[:4])

@@ -26,7 +26,7 @@ def public(run: RunEnded) -> RunStatus:
 @router.get("")
 async def list_runs(caller: CallerDep, service: ServiceDep,
                     limit: Annotated[int, Query(ge=1, le=RUNS_KEPT)] = 50) -> list[RunStatus]:
-    """The calls and program runs that ended last, newest first, at most `limit`: the
+    """The calls and program runs that ended last, the last to end first, at most `limit`: the
     caller's, or with the admin token every client's. The server keeps the last `RUNS_KEPT`
     (256) of all clients together, so a client's own may be fewer while others are busy."""
     client = None if isinstance(caller, Admin) else caller.id

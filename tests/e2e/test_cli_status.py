@@ -15,8 +15,9 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from polling import until
+from polling import admin_hosts, until
 
+import client as isthmus
 from client.cli import main
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -109,9 +110,24 @@ def test_a_tenant_sees_its_own_slices_and_runs_and_the_admin_everyones(cli, toke
     run = next(r for r in alices if r["name"] == "alice_step")
     assert (run["what"], run["status"], run["client_name"]) == ("program", "done", "alice")
     assert run["waited_s"] >= 0 and run["ran_s"] > 0 and run["island"] in ("a", "b")
-    everyone = runs_of(token=token)
-    assert [r["submitted_at"] for r in everyone] == sorted((r["submitted_at"] for r in everyone),
-                                                          reverse=True)
+
+
+def test_a_run_ended_on_purpose_is_listed_failed(cli, token, server, connect):
+    """A loop counting to 2**30 (the session's server has no run limit to speak of), ended
+    by deleting its slice: the run is listed failed, for its client."""
+    c = connect("looper")
+    s = c.slice({"x": 1}, island="a")
+    lt = c.jit(lambda i, n: i < n, slice=s)
+    inc = c.jit(lambda i: i + 1, slice=s)
+    count = c.program(lambda i, n: isthmus.while_loop(lambda j: lt(j, n), inc, i), name="forever")
+    out = count(np.int32(0), np.int32(2**30))
+    until(lambda: "run p-" in str(admin_hosts(server.address, token)[s.hosts[0]]["running"]), 60,
+          "the loop running")
+    s.delete()
+    del out
+    ended = until(lambda: [r for r in cli("runs", secret=c.secret) if r["name"] == "forever"], 60,
+                  "the ended loop listed")
+    assert [(r["status"], r["what"], r["client_id"]) for r in ended] == [("failed", "program", c.id)]
 
 
 def test_the_tables_render(token, connect, capsys, monkeypatch, server):
