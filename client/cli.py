@@ -222,6 +222,8 @@ def main(argv: list[str] | None = None) -> None:
          "program": _program_show}[args.command](args)
     except IsthmusError as e:
         sys.exit(f"isthmus {args.command}: {e}")
+    except KeyboardInterrupt:  # (Ctrl-C: `top` ends quietly in its loop, anything else here)
+        sys.exit(130)
     except BrokenPipeError:  # (its output piped into `head`, say): nothing more to say
         sys.stderr.close()
         sys.exit(1)
