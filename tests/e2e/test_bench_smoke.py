@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 # Spread over the workers (tests/conftest.py): each smoke is seconds, and the servers it is
 # pointed at are started where it runs, when first asked for.
 XDIST_GROUP = None
+XDIST_EARLY = True  # long smokes (gang_order, faults, multitenancy): handed out first (tests/conftest.py)
 
 __all__ = ["addresses", "baseline_ray"]  # fixtures, from bench_smokes
 

@@ -9,6 +9,7 @@ import pytest
 from servers import daemon_processes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+XDIST_EARLY = True  # a long module: handed out first under pytest-xdist (tests/conftest.py)
 
 STARTER = """
 import os, pathlib, sys

@@ -38,6 +38,7 @@ from bench.soak import free_port
 from client.embedded import EmbeddedServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+XDIST_EARLY = True  # a long module: handed out first under pytest-xdist (tests/conftest.py)
 
 
 def bump(v):
