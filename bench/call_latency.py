@@ -13,6 +13,12 @@ is the next call's input. Six modes, all measured in one run on the same machine
   `ray_actor_pipelined`: submit every call, then `ray.get` them all.
 - `isthmus_sync`: `y = f(y); y.result()` on a 1-device slice through the server;
   `isthmus_pipelined`: `y = f(y)` back to back (chained futures), `.result()` at the end.
+- `isthmus_program` and `isthmus_program_traced`: the same call as a one-node program
+  (`c.program`), synchronous, untraced and traced (`trace=True`: its host records its steps,
+  the server its scheduling; `server.tracing`). Their ratio is what tracing a run costs; an
+  untraced run takes the same path as before tracing existed but for one flag tested per
+  message and per step on the host, so `isthmus_program` against `isthmus_sync` (and both
+  against the Ray baseline) is where a cost of tracing off would show.
 
 Each mode is warmed up (compile, first calls), then timed `--repeats` times over `--iters`
 calls; the median of the repeats is reported in microseconds per call. Single repeats move a
@@ -80,6 +86,8 @@ RATIOS: dict[str, tuple[str, str]] = {
     "isthmus_pipelined_vs_ray_actor_pipelined": ("isthmus_pipelined", "ray_actor_pipelined"),
     "ray_actor_sync_vs_jax_jit": ("ray_actor_sync", "jax_jit"),
     "ray_actor_pipelined_vs_jax_jit_async": ("ray_actor_pipelined", "jax_jit_async"),
+    "isthmus_program_vs_ray_actor_sync": ("isthmus_program", "ray_actor_sync"),
+    "isthmus_program_traced_vs_isthmus_program": ("isthmus_program_traced", "isthmus_program"),
 }
 RATIO_DEFINITION = (
     "ratio 'A_vs_B' = microseconds per call of A over B: the median of the per-repeat ratios, as "
@@ -148,8 +156,12 @@ class RayActorLoop:
 class IsthmusLoop:
     """The chain held on an Isthmus slice, as `Buffer` futures."""
 
-    def __init__(self, c: isthmus.Client, s: isthmus.Slice) -> None:
-        self._f = c.jit(add_one, slice=s)
+    def __init__(self, c: isthmus.Client, s: isthmus.Slice, program: bool = False,
+                 trace: bool = False) -> None:
+        """Calls of a jitted function, or (`program`) runs of a one-call program, traced or not."""
+        f = c.jit(add_one, slice=s)
+        self._f = f if not program else c.program(lambda y: f(y), trace=trace,
+                                                  name="traced" if trace else "untraced")
         self._y: isthmus.Buffer = c.put(np.zeros(SHAPE, np.float32), s)
 
     def sync(self, n: int) -> None:
@@ -263,6 +275,7 @@ def run_all(iters: int, repeats: int, warmup: int, server: str | None = None
     with isthmus_client(server) as c:
         s = c.slice({"x": 1})
         i1, i2 = IsthmusLoop(c, s), IsthmusLoop(c, s)
+        p1, p2 = IsthmusLoop(c, s, program=True), IsthmusLoop(c, s, program=True, trace=True)
         with local_ray():
             a, b = JaxLoop(), JaxLoop()
             r1, r2 = RayActorLoop(), RayActorLoop()
@@ -271,6 +284,7 @@ def run_all(iters: int, repeats: int, warmup: int, server: str | None = None
                 Mode("ray_actor_sync", r1.sync, r1.value),
                 Mode("ray_actor_pipelined", r2.pipelined, r2.value),
                 Mode("isthmus_sync", i1.sync, i1.value), Mode("isthmus_pipelined", i2.pipelined, i2.value),
+                Mode("isthmus_program", p1.sync, p1.value), Mode("isthmus_program_traced", p2.sync, p2.value),
             ], iters, repeats, warmup)
         components = time_in_turn(isthmus_components(c, s), iters, repeats, warmup)
         for name, us in components.items():

@@ -1,5 +1,6 @@
-"""The `isthmus` command: `serve`, `demo`, `program show`, and the status commands `devices`,
-`slices`, `runs` and `top` (rich tables, or `--json` for scripts; `client.views`).
+"""The `isthmus` command: `serve`, `demo`, `program show`, the status commands `devices`,
+`slices`, `runs` and `top` (rich tables, or `--json` for scripts; `client.views`), and
+`trace RUN_ID -o FILE` (a traced run's Chrome trace, `client.traces`).
 
 The status commands connect as `connect()` does (`--address`, else `ISTHMUS_ADDRESS`, else
 the local server; the admin token from `ISTHMUS_TOKEN` or the local server's state dir, or
@@ -124,6 +125,27 @@ def _top(args: argparse.Namespace) -> None:
                 return
 
 
+def _trace(args: argparse.Namespace) -> None:
+    from client import traces
+
+    with _connect(args) as c:
+        trace = traces.fetch(c, args.run_id)
+    text = json.dumps(trace)
+    if args.output == "-":
+        print(text)
+        return
+    try:
+        Path(args.output).write_text(text)
+    except OSError as e:
+        raise InvalidArgument(f"-o: cannot write {args.output}: {e}") from None
+    events = sum(1 for e in trace["traceEvents"] if e.get("ph") == "X")
+    hosts = sum(1 for e in trace["traceEvents"] if e.get("name") == "process_name") - 1
+    missing = trace.get("otherData", {}).get("missing_hosts") or {}
+    print(f"{args.output}: {events} events from {hosts} hosts and the server"
+          + (f"; no answer from {', '.join(sorted(missing))}" if missing else "")
+          + " (open it in ui.perfetto.dev or chrome://tracing)")
+
+
 def _program_show(args: argparse.Namespace) -> None:
     """Print a program saved in its wire form (`ir.to_wire`) as text, after verifying it."""
     try:
@@ -203,8 +225,13 @@ def main(argv: list[str] | None = None) -> None:
     top.add_argument("--once", action="store_true", help="print one frame and exit")
     top.add_argument("--interval", type=float, default=1.0, help="seconds between frames (default 1)")
     for command in (devices, slices, runs, top):
-        command.add_argument("--address", help="server address (env ISTHMUS_ADDRESS)")
         command.add_argument("--json", action="store_true", help="print JSON for scripts (top: with --once)")
+    trace = sub.add_parser("trace", help="a traced run's Chrome trace JSON (program(..., trace=True)), "
+                           "for ui.perfetto.dev or chrome://tracing")
+    trace.add_argument("run_id", help="the run's id (`isthmus runs`)")
+    trace.add_argument("-o", "--output", default="-", help="write it here (default: stdout)")
+    for command in (devices, slices, runs, top, trace):
+        command.add_argument("--address", help="server address (env ISTHMUS_ADDRESS)")
     demo = sub.add_parser("demo", help="train a small MLP through Isthmus")
     demo.add_argument("--address", help="use this server (env ISTHMUS_ADDRESS); with neither, the "
                       "one at the default address, else an embedded one started for the demo")
@@ -218,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
                            "NextIteration/Exit)")
     args = parser.parse_args(argv)
     try:
-        {"devices": _devices, "slices": _slices, "runs": _runs, "top": _top, "demo": _demo,
+        {"devices": _devices, "slices": _slices, "runs": _runs, "top": _top, "trace": _trace, "demo": _demo,
          "program": _program_show}[args.command](args)
     except IsthmusError as e:
         sys.exit(f"isthmus {args.command}: {e}")

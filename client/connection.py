@@ -22,6 +22,7 @@ from typing import Any
 import jax
 from jax.sharding import PartitionSpec
 
+from client import traces
 from client.arrays import NotAnArray, as_array, leaf_specs
 from client.buffer import Buffer
 from client.devices import DeviceTable
@@ -125,6 +126,12 @@ class Client:
         answer = self.raw_request(method, path, params=params, json=json, credential=credential, safe=safe)
         return answer.json()
 
+    def trace(self, of: Any, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+        """The Chrome trace JSON of a traced run (`program(..., trace=True)`), once it has
+        ended: `of` is its run id, or a value it computed (a `Buffer`, or a pytree of them);
+        written to `path` too, if given. See `client.traces`."""
+        return traces.fetch(self, of, path)
+
     def raw_view(self, path: str, params: dict[str, Any] | None = None) -> Any:
         """`GET path` as JSON, as widely as this client may look: with the admin token it was
         opened with (every client's slices and runs, say), else with its own secret (its own);
@@ -221,22 +228,23 @@ class Client:
         self._session.flush()
 
     def program(self, fn: Callable[..., Any] | None = None, *, dispatch: str | None = None,
-                fuse: bool | None = None, name: str | None = None, parallel_iterations: int = 1) -> Any:
+                fuse: bool | None = None, name: str | None = None, parallel_iterations: int = 1,
+                trace: bool = False) -> Any:
         """Trace `fn`, whose calls are jitted functions on any slices, into one program.
 
         Calling the result submits one run and returns `Buffer` futures. `dispatch` asks for
         "parallel" (one message per host, the default) or "sequential" dispatch; `fuse`
         whether adjacent computations on one slice become one executable (default: the
         server's setting); `parallel_iterations` how many iterations of each of its loops a
-        host may run at once, unless the loop says otherwise (`isthmus.while_loop`). See
-        `client.program`.
+        host may run at once, unless the loop says otherwise (`isthmus.while_loop`); `trace`
+        records every run of it for `Client.trace`. See `client.program`.
         """
         if fn is None:
             return lambda f: self.program(f, dispatch=dispatch, fuse=fuse, name=name,
-                                          parallel_iterations=parallel_iterations)
-        key = ("program", _identity(fn), dispatch, fuse, name, parallel_iterations)
+                                          parallel_iterations=parallel_iterations, trace=trace)
+        key = ("program", _identity(fn), dispatch, fuse, name, parallel_iterations, trace)
         return self._kept(key, fn, lambda: ProgramFunction(self._session, fn, dispatch, name, fuse,
-                                                           parallel_iterations))
+                                                           parallel_iterations, trace))
 
     def jit(self, fn: Callable[..., Any] | None = None, *, slice: Slice, in_specs: Any = None,
             out_specs: Any = None, name: str | None = None, static_argnums: int | Sequence[int] | None = None,

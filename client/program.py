@@ -43,7 +43,7 @@ class Runs(LetGo, Protocol):
     deleted_slices: dict[str, None]  # the newest slices the client deleted
 
     def run(self, program_id: str, inputs: list[str], dispatch: str | None,
-            outputs: list[Output]) -> list[Buffer]: ...
+            outputs: list[Output], trace: bool = False) -> list[Buffer]: ...
     def put(self, array: np.ndarray, slice_id: str, spec: Spec, view: View = PLAIN) -> Buffer: ...
     def register(self, path: str, body: dict[str, Any]) -> dict[str, Any]: ...
 
@@ -63,13 +63,15 @@ class Registered:
 
 class ProgramFunction:
     def __init__(self, session: Runs, fn: Callable[..., Any], dispatch: str | None = None,
-                 name: str | None = None, fuse: bool | None = None, parallel_iterations: int = 1) -> None:
+                 name: str | None = None, fuse: bool | None = None, parallel_iterations: int = 1,
+                 trace: bool = False) -> None:
         if dispatch is not None and dispatch not in DISPATCH:
             raise ValueError(f"dispatch: expected one of {DISPATCH} or None, got {dispatch!r}")
         self.parallel_iterations = check_parallel_iterations(parallel_iterations)
         self._session = session
         self.fn = fn
         self.dispatch = dispatch
+        self.trace_runs = bool(trace)  # each run traced (`Client.trace`)
         self.fuse = fuse
         self.name = name or default_name(fn, "program")
         # the newest signatures' programs, let go of once evicted or this is gone
@@ -87,7 +89,8 @@ class ProgramFunction:
                 else self._session.put(x[0], t.slice, t.spec, x[1])
                 for x, t in zip(items, traced.arg_types[:len(items)], strict=True)
             ] + [b.live() for b in traced.bound]  # (a closed-over buffer deleted since is named)
-            outs = self._session.run(traced.program_id, [b.id for b in inputs], self.dispatch, traced.outputs)
+            outs = self._session.run(traced.program_id, [b.id for b in inputs], self.dispatch, traced.outputs,
+                                     self.trace_runs)
         return with_fixed(traced.out_tree, traced.fixed, outs)
 
     def _signature(self, args: tuple[tuple[Any, ...], dict[str, Any]]

@@ -110,13 +110,15 @@ class Session:
         return outs
 
     def run(self, program_id: str, inputs: list[str], dispatch: str | None,
-            outputs: list[Output]) -> list[Buffer]:
-        """Queue a program run; `outputs` as for `call`."""
+            outputs: list[Output], trace: bool = False) -> list[Buffer]:
+        """Queue a program run (traced, if `trace`); `outputs` as for `call`."""
         self.check_open()
         outs = [Buffer(self, new_id(self.client_id), s, a, sp, v) for s, a, sp, v in outputs]
-        self._enqueue(Pending({"op": "run", "program_id": program_id, "inputs": inputs,
-                               "ids": [b.id for b in outs], "dispatch": dispatch},
-                              self._unsettle(outs), ids=len(inputs) + len(outs)))
+        body: dict[str, Any] = {"op": "run", "program_id": program_id, "inputs": inputs,
+                                "ids": [b.id for b in outs], "dispatch": dispatch}
+        if trace:
+            body["trace"] = True
+        self._enqueue(Pending(body, self._unsettle(outs), ids=len(inputs) + len(outs)))
         return outs
 
     def put(self, array: np.ndarray, slice_id: str, spec: Spec, view: View = PLAIN) -> Buffer:

@@ -45,6 +45,7 @@ from executors.runner import IN_FLIGHT, RunMessage, Runner
 from executors.shards import Index
 from executors.stats import HostStats
 from executors.store import BufferStore, Failure
+from executors.tracing import HostTrace
 from ir import DeviceMesh, HostPlan, Spec, parse_dtype
 
 log = logging.getLogger("isthmus.executors")
@@ -328,6 +329,15 @@ class Host:
         it replaces this executor while it still answers (`server.keeping`): the dispatch
         thread may be held meanwhile (a computation that does not end), so this takes no turn."""
         return await asyncio.to_thread(kept, self.store, list(buffer_ids), max_bytes)
+
+    def trace(self, run_id: str) -> HostTrace:
+        """What this host recorded of a traced run (`executors.tracing`): not numbered, and
+        read-only."""
+        return self.runner.traces.of(run_id)
+
+    def clock(self) -> int:
+        """This host's wall clock (ns), by which its trace events are timed."""
+        return time.time_ns()
 
     def states(self, buffer_ids: Sequence[str]) -> list[State]:
         """Unsequenced: a buffer whose producer has not been taken yet, or whose value is

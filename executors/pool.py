@@ -38,6 +38,7 @@ from executors.replies import on_missed, settled, settlement
 from executors.runner import RunMessage
 from executors.shards import Index
 from executors.stats import Answered, HostStats, StatsAnswer
+from executors.tracing import HostTrace
 from ir import DeviceMesh, HostPlan, IsthmusError, RemoteError, Unavailable
 from resource_manager import ClusterSpec, DeviceReport, HostSpec
 
@@ -350,6 +351,17 @@ class ExecutorPool(IslandLifecycle):
         """What the host is doing (`Host.stats`); raises `Unavailable` or `RemoteError`."""
         stats: HostStats = await self.links.answer(self.links.call(host, "stats"), host, timeout, "stats")
         return stats
+
+    async def trace(self, host: str, run_id: str, timeout: float) -> HostTrace:
+        """What the host recorded of a traced run (`Host.trace`)."""
+        ref = self.links.call(host, "trace", run_id)
+        trace: HostTrace = await self.links.answer(ref, host, timeout, "trace")
+        return trace
+
+    async def clock(self, host: str, timeout: float) -> int:
+        """The host's wall clock, ns (`Host.clock`)."""
+        now: int = await self.links.answer(self.links.call(host, "clock"), host, timeout, "clock")
+        return now
 
     async def ask(self, host: str, timeout: float) -> StatsAnswer:
         """The host's stats, or why it gave none: gone, silent past `timeout`, or failed."""

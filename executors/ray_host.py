@@ -47,7 +47,7 @@ HOST_CONCURRENCY = 10_000
 # The requests on every call's path go over each executor's channel (`executors.channel`);
 # the rest, and uploads too large for a frame or bound for several hosts, through Ray.
 DIRECT = frozenset({"run", "run_batch", "wait", "fetch", "fetch_shards", "put", "delete", "forget", "skip",
-                    "states", "stats", "expect", "peers_lost", "cancel", "peer_missed"})
+                    "states", "stats", "expect", "peers_lost", "cancel", "peer_missed", "trace", "clock"})
 # Nobody reads their answer:
 TOLD = frozenset({"put", "delete", "forget", "skip", "expect", "peers_lost", "cancel", "peer_missed"})
 DIRECT_PUT_BYTES = 8 << 20

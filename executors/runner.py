@@ -41,6 +41,9 @@ Contract:
   iterations does not hold the host for everyone else.
 - `held()` counts what the runner holds for runs in progress (`executors.stats.Held`):
   nothing once they have finished.
+- A traced run (`RunMessage.trace`) records its wait for its turn, for executables and for
+  arguments, and each step as a span (`executors.tracing`), each computation waited for as
+  it runs; an untraced one tests the flag once per message and once per step.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ from executors.payloads import part_tag, payload_of, received
 from executors.signatures import Signature, Signatures
 from executors.stats import Held
 from executors.store import BufferStore, Failure
+from executors.tracing import Recorder, Traces, event_of, finished
 from ir import Compute, HostPlan, Recv, Reshard, Send
 from ir.plan import Enter, Exit, Merge, NextIteration, Switch, defines
 
@@ -89,6 +93,7 @@ class RunMessage:
     final: bool
     timeout: float
     limit: float = math.inf  # the most seconds the run may loop on this host (from its first message)
+    trace: bool = False  # record what the run does here (`executors.tracing`)
 
 
 @dataclass
@@ -118,6 +123,7 @@ class Runner:
         self._layouts: dict[str, Layout] = {}  # plan key -> its frames (loop heads)
         self._signatures = Signatures()  # by key: what each step needs of its executable
         self._ready: dict[str, tuple[Any, Signature]] = {}  # by key: the compiled executable
+        self.traces = Traces(host)  # what traced runs did here
 
     # -- on arrival (actor thread) ---------------------------------------------------------
 
@@ -131,6 +137,8 @@ class Runner:
         if plan is not None:
             self._plans[message.plan_key] = plan
         self.mail.take(message.run_id)
+        if message.trace:
+            self.traces.arrived(message.run_id, message.lo)
         known = plan or self._plans.get(message.plan_key)
         if known is not None:
             layout = self._layout(known)
@@ -216,20 +224,28 @@ class Runner:
             if run is None:
                 run = self._runs[message.run_id] = _Run()
                 self.mail.limit(message.run_id, message.limit)
+        rec = self._recorder(message) if message.trace else None
+        started = 0 if rec is None else time.time_ns()
         if message.lo == 0:
             run.failure = self._uncompiled(plan, message.timeout)
+            if rec is not None:
+                rec.span("executables", "wait", started, {"compiles": len(plan.compiles)})
+                started = time.time_ns()
         for value, buffer_id in message.args:
             if value not in run.env:
                 run.env[value] = run.failure or self._argument(buffer_id, message.timeout)
+        if rec is not None and message.args:
+            rec.span("arguments", "wait", started, {"buffers": len(message.args)})
         dead = self._dead_after(plan)
         i = message.lo
         while i < message.hi:  # a loop's NextIteration jumps back to its head
             here, step = i, plan.steps[i]
             if isinstance(step, Enter) and step.parallel > 1:  # the whole loop, iterations overlapping
-                i = self._parallel(message, plan, i, run)
+                i = self._parallel(message, plan, i, run, rec)
                 ran: Sequence[int] = range(here, i)  # its steps, its Exit included
             else:
-                i = self._step(message, plan, i, run.env, run.frames)
+                i = (self._step(message, plan, i, run.env, run.frames) if rec is None
+                     else self._traced(rec, message, plan, i, run.env, run.frames))
                 ran = (here,)
             for j in ran:
                 for value in dead[j]:  # no later step reads it, and it is no result: free it now
@@ -288,10 +304,12 @@ class Runner:
         for _, buffer_id in message.results:
             self.store.fail(buffer_id, failure)
 
-    def _parallel(self, message: RunMessage, plan: HostPlan, i: int, run: _Run) -> int:
+    def _parallel(self, message: RunMessage, plan: HostPlan, i: int, run: _Run, rec: Recorder | None) -> int:
         """The loop entered at step i, up to its `parallel` iterations at once; the index
         after its Exit."""
         def step(j: int, env: MutableMapping[str, Any], frames: Frames, deadline: float | None) -> int:
+            if rec is not None:
+                return self._traced(rec, message, plan, j, env, frames, deadline)
             return self._step(message, plan, j, env, frames, deadline)
 
         def mailboxes(recv: Recv, frames: Frames) -> list[Future[Payload]]:
@@ -299,6 +317,27 @@ class Runner:
                     for source in recv.sources]
 
         return run_frame(plan, i, self._layout(plan), run.env, run.frames, step, mailboxes, message.timeout)
+
+    def _recorder(self, message: RunMessage) -> Recorder:
+        """The traced run's recorder, its message's wait for its turn recorded."""
+        rec = self.traces.open(message.run_id)
+        arrived = rec.arrived_ns.pop(message.lo, None)
+        if arrived is not None:
+            rec.span("its turn", "queue", arrived, {"steps": f"{message.lo}..{message.hi}"})
+        return rec
+
+    def _traced(self, rec: Recorder, message: RunMessage, plan: HostPlan, i: int,
+                env: MutableMapping[str, Any], frames: Frames, deadline: float | None = None) -> int:
+        """`_step`, recorded: a computation is waited for, so that its span is its run."""
+        where = frames.where()
+        start = time.time_ns()
+        after = self._step(message, plan, i, env, frames, deadline)
+        step = plan.steps[i]
+        if isinstance(step, Compute):
+            for value in step.outputs:
+                finished(env.get(value))
+        rec.add(event_of(step, i, self.host, self._layout(plan).loops.get(i), frames, where, start))
+        return after
 
     def _step(self, message: RunMessage, plan: HostPlan, i: int, env: MutableMapping[str, Any],
               frames: Frames, deadline: float | None = None) -> int:

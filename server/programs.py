@@ -197,9 +197,10 @@ class Programs:
     # -- runs --------------------------------------------------------------------------------
 
     async def run(self, owner: ClientRecord, program_id: str, inputs: Sequence[str],
-                  dispatch: Dispatch | None = None, ids: Sequence[str] | None = None) -> list[BufferRecord]:
-        """Submit one run; its outputs come back at once as futures, named `ids` (the
-        client's choice) or by the server."""
+                  dispatch: Dispatch | None = None, ids: Sequence[str] | None = None,
+                  trace: bool = False) -> list[BufferRecord]:
+        """Submit one run (traced, if `trace`); its outputs come back at once as futures,
+        named `ids` (the client's choice) or by the server."""
         rec = self.get(owner, program_id)
         runnable("program", rec.id, rec.status)
         if len(inputs) != len(rec.arg_types):
@@ -209,7 +210,7 @@ class Programs:
             found = Type(buf.aval, buf.spec, buf.slice_id)
             if found != want:
                 raise InvalidArgument(f"input {i} (buffer {b}): expected {want}, got {found}")
-        return self._runs.submit(owner, rec, inputs, dispatch, ids)
+        return self._runs.submit(owner, rec, inputs, dispatch, ids, trace)
 
     def usable(self, rec: BufferRecord, what: str = "") -> BufferRecord:
         """The buffer, made again first if it was lost (`server.remake`)."""

@@ -40,6 +40,7 @@ class RunInfo(NamedTuple):
     what: Literal["call", "program"]
     island: str
     hosts: tuple[str, ...]
+    traced: bool = False  # its trace is kept (`server.tracing`)
 
 
 class RunEnded(NamedTuple):

@@ -13,7 +13,8 @@ Contract:
   outputs every host holds computed are noted ready (`server.settling`), and a host that
   reports a failed collective is reported (`on_broken(host, cause)`); a run whose hosts
   did not all report its results computed is told to the run log as failed.
-- Every run that starts is timed and recorded in the run log when it ends (`server.run_log`).
+- Every run that starts is timed and recorded in the run log when it ends (`server.run_log`);
+  a traced run's hosts record what they do, and the server its scheduling (`server.tracing`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from server.run_log import RunInfo, RunLog
 from server.settings import Settings
 from server.settling import Settling
 from server.slices import Slices
+from server.tracing import RunTraces
 
 log = logging.getLogger("isthmus.server")
 Dispatch = Literal["parallel", "sequential"]
@@ -50,7 +52,7 @@ Messages = list[tuple[HostPlan, RunMessage]]
 class Runs:
     def __init__(self, settings: Settings, pool: ExecutorPool, gangs: Gangs, slices: Slices, buffers: Buffers,
                  lineage: Lineage, lowerings: Lowerings, loops: Loops, settling: Settling,
-                 on_broken: Callable[[str, str], None], log: RunLog) -> None:
+                 on_broken: Callable[[str, str], None], log: RunLog, traces: RunTraces) -> None:
         self._settings = settings
         self._pool = pool
         self._gangs = gangs
@@ -62,15 +64,17 @@ class Runs:
         self._settling = settling
         self._on_broken = on_broken
         self._run_log = log
+        self._traces = traces
         self._run_numbers = itertools.count()
         # Run ids are unique across restarts too: executors a new server takes over remember
         # the runs they finished by id.
         self._incarnation = secrets.token_hex(3)
 
     def submit(self, owner: ClientRecord, rec: ProgramRecord, inputs: Sequence[str],
-               dispatch: Dispatch | None = None, ids: Sequence[str] | None = None) -> list[BufferRecord]:
-        """Submit a run of `rec` on inputs the caller has checked against its argument types;
-        its outputs, named `ids` (the client's choice) or by the server."""
+               dispatch: Dispatch | None = None, ids: Sequence[str] | None = None,
+               trace: bool = False) -> list[BufferRecord]:
+        """Submit a run of `rec` on inputs the caller has checked against its argument types
+        (traced, if `trace`); its outputs, named `ids` (the client's choice) or by the server."""
         runnable("program", rec.id, rec.status)
         _, plans = self._lowerings.of(owner, rec)
         holds(rec, plans, self._buffers.quota_bytes)
@@ -81,25 +85,26 @@ class Runs:
         new = self._buffers.output_ids(owner, ids, len(rec.result_types), "ids")
         outs = [BufferRecord(b, owner.id, t.slice, s.hosts, t.aval, t.spec)
                 for b, s, t in zip(new, slices, rec.result_types, strict=True)]
-        run_id = self.dispatch(owner, rec, inputs, new, dispatch, plans)
+        run_id = self.dispatch(owner, rec, inputs, new, dispatch, plans, trace)
         self._buffers.add(owner, outs, footprints)
         self._lineage.ran(Origin(rec, owner.id, tuple(inputs), tuple(new), run=run_id))
         return outs
 
     def dispatch(self, owner: ClientRecord, rec: ProgramRecord, inputs: Sequence[str],
                  outputs: Sequence[str], dispatch: Dispatch | None,
-                 plans: dict[str, HostPlan] | None = None) -> str:
-        """Queue one run on its island's gang scheduler (`plans`: its lowering, if in hand);
-        returns the run's id."""
+                 plans: dict[str, HostPlan] | None = None, trace: bool = False) -> str:
+        """Queue one run on its island's gang scheduler (`plans`: its lowering, if in hand;
+        traced if `trace` or the server traces every run); returns the run's id."""
         if plans is None:
             _, plans = self._lowerings.of(owner, rec)
         run_id = f"{rec.id}/{self._incarnation}.{next(self._run_numbers)}"  # a computation has several
         rec.runs += 1
         timeout, limit = self._settings.step_timeout_s, self._settings.max_run_s
+        trace = trace or self._settings.trace
         messages = [
             (plan, RunMessage(run_id, plan.key, 0, len(plan.steps),
                               [(v, inputs[k]) for k, v in plan.args],
-                              [(v, outputs[k]) for k, v in plan.results], True, timeout, limit))
+                              [(v, outputs[k]) for k, v in plan.results], True, timeout, limit, trace))
             for plan in plans.values()
         ]
         island = self._slices.get(owner, rec.program.slices[0].name).island
@@ -114,9 +119,11 @@ class Runs:
         if looping:
             start = self._loops.track(run_id, owner.id, tuple(sorted(plans)), start,
                                       frozenset(d.name for d in rec.program.slices))
-        start = self._run_log.track(RunInfo(run_id, owner.id, owner.name, kind, rec.name,
-                                            "program" if rec.computation is None else "call", island,
-                                            sub.hosts), start)
+        info = RunInfo(run_id, owner.id, owner.name, kind, rec.name,
+                       "program" if rec.computation is None else "call", island, sub.hosts, trace)
+        if trace:
+            start = self._traces.track(info, start)
+        start = self._run_log.track(info, start)
         start = self._buffers.unless_lost(inputs, list(outputs), start)
         # Sequential dispatch writes the results with its closing messages: they wait until then.
         outs = list(outputs)

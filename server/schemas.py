@@ -175,6 +175,8 @@ class BufferPublic(BaseModel):
     dtype: str
     spec: SpecJSON
     state: Literal["pending", "ready", "failed", "missing"] | None = None
+    run_id: str | None = Field(default=None, description="the run that computes it (GET /v1/buffers/{id} only; "
+                                                 "none for an upload)")
 
 
 class BufferIds(BaseModel):
@@ -260,6 +262,8 @@ class RunCreate(BaseModel):
     dispatch: Literal["parallel", "sequential"] | None = Field(
         None, description="parallel: one message per host; sequential: one per node (default: server's)"
     )
+    trace: bool = Field(False, description="record the run for GET /v1/runs/{id}/trace (its computations "
+                                           "then run one at a time on each host)")
     ids: ChosenIds
 
 
@@ -283,6 +287,7 @@ class RunStatus(BaseModel):
     submitted_at: float = Field(description="when the server took it (Unix seconds)")
     waited_s: float = Field(description="from its submission to its admission on its island")
     ran_s: float = Field(description="from its admission until every host of it had run its part")
+    traced: bool = Field(False, description="its trace is at GET /v1/runs/{id}/trace (the last 64 kept)")
 
 
 # -- a batch: what a client queued, submitted in order in one request ------------------------
@@ -303,6 +308,7 @@ class RunOp(BaseModel):
     inputs: list[Id] = Field(max_length=MAX_ARRAYS)
     ids: list[Id] = Field(max_length=MAX_ARRAYS, description=OUTPUT_IDS)
     dispatch: Literal["parallel", "sequential"] | None = None
+    trace: bool = Field(False, description="record the run for GET /v1/runs/{id}/trace")
 
 
 class PutOp(BaseModel):

@@ -9,7 +9,8 @@ a buffer is `server.reads`).
 uses: clients (`server.clients`), slices and placement (`server.slices`), buffers, quotas
 and host memory (`server.buffers`), computations (`server.computations`), programs and
 calls (`server.programs`, `server.runs`, `server.lowerings`, `server.loops`,
-`server.remake`), the runs that ended last (`server.run_log`), healing (`server.healing`),
+`server.remake`), the runs that ended last (`server.run_log`) and traced runs
+(`server.tracing`), healing (`server.healing`),
 metrics (`server.metrics`, `server.cluster_metrics`). What crosses them (closing a client,
 deleting a slice, an upload) is done here.
 """
@@ -56,6 +57,7 @@ from server.slices import Slices
 from server.state import read_secret, secret
 from server.store import open_store
 from server.tasks import Tasks
+from server.tracing import RunTraces
 
 log = logging.getLogger("isthmus.server")
 CLUSTER = "cluster"  # the registry's note of the cluster the executors were started for
@@ -102,8 +104,9 @@ class Service:
                                        registry.buffers, registry.clients, self.metrics.client_label, pool,
                                        min(SCRAPE_ASK_S, settings.health_timeout_s))
         self.run_log = RunLog()  # the runs that ended last (`GET /v1/runs`)
+        self.traces = RunTraces(self.gangs)  # the traced runs' server events (`GET /v1/runs/{id}/trace`)
         runs = Runs(settings, pool, self.gangs, self._slices, self._buffers, self.lineage, self.lowerings,
-                    self.loops, self.settling, self.healer.broken, self.run_log)
+                    self.loops, self.settling, self.healer.broken, self.run_log, self.traces)
         remaker = Remaker(self._buffers, self._slices, self.lineage, self.gangs, pool, registry.clients)
         self._remaker = remaker
         self.programs = Programs(registry, quotas, settings.max_program_computations, self._slices,
@@ -266,6 +269,18 @@ class Service:
     async def scrape(self) -> bytes:
         """The Prometheus text of `GET /metrics`: what was counted, and what is held now."""
         return self.metrics.exposition(await self._cluster.families())
+
+    def made_by(self, rec: BufferRecord) -> str | None:
+        """The id of the run that computes the buffer (its newest repeat's); None for an upload."""
+        origin = self.lineage.origins.get(rec.id)
+        return origin.run or None if origin is not None else None
+
+    async def trace(self, client: str | None, run_id: str) -> dict[str, Any]:
+        """The Chrome trace of `client`'s traced run (None: the admin, any client's), once
+        it has ended (`server.tracing`)."""
+        run = self.traces.get(client, run_id)
+        timeout = self.settings.rpc_timeout_s
+        return await self.traces.collect(self.pool, run, timeout, timeout)
 
     # -- islands ---------------------------------------------------------------------------
 

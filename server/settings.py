@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     # Program runs: one message per host (parallel), or one per node after the previous
     # one is accepted (sequential, for comparison).
     dispatch: Literal["parallel", "sequential"] = "parallel"
+    # Trace every program run, as `trace=True` on a run asks for one (server/tracing.py): its
+    # hosts wait for each of its computations as it runs, so that each span is its run.
+    trace: bool = False
     # Each multi-host island forms one JAX distributed group, so a slice may span its hosts.
     # Off by default: the island's CPU collectives then all go through gloo, whose reduction
     # order can differ from one process's jax.jit in the last bit (measured).

@@ -78,7 +78,7 @@ async def submit(op: BatchOp, client: ClientRecord, service: Service) -> None:
             service.release(client, op.donate)
         case RunOp():
             with remembered(client, service, op.ids):
-                await service.programs.run(client, op.program_id, op.inputs, op.dispatch, op.ids)
+                await service.programs.run(client, op.program_id, op.inputs, op.dispatch, op.ids, op.trace)
         case PutOp():
             with remembered(client, service, [op.id]):
                 aval = Aval(tuple(op.shape), op.dtype)

@@ -128,7 +128,9 @@ async def get_buffer(
     wait: Annotated[bool, Query(description="wait until ready; a failure answers 424")] = False,
 ) -> BufferPublic:
     rec = service.buffer(client, buffer_id)
-    return public(rec, await (reads.wait(service, rec) if wait else reads.state(service, rec)))
+    shown = public(rec, await (reads.wait(service, rec) if wait else reads.state(service, rec)))
+    shown.run_id = service.made_by(rec)
+    return shown
 
 
 @router.get("/{buffer_id}/data", response_class=Response,

@@ -71,5 +71,6 @@ async def run(body: RunCreate, client: ClientDep, service: ServiceDep) -> RunPub
     # holds its inputs), and what they free counts for its outputs' quota.
     service.release(client, body.release)
     with remembered(client, service, body.ids):
-        outs = await service.programs.run(client, body.program_id, body.inputs, body.dispatch, body.ids)
+        outs = await service.programs.run(client, body.program_id, body.inputs, body.dispatch, body.ids,
+                                           body.trace)
     return RunPublic(outputs=[buffer_public(o) for o in outs])

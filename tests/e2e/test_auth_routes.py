@@ -40,9 +40,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 # Routes only the admin token may use; a client's secret gets 403 there.
 ADMIN_ONLY = {("GET", "/v1/clients"), ("POST", "/v1/clients"), ("POST", "/v1/islands/{name}/restart")}
 # Routes both may use; every other route acts for one client, and the admin token gets 403.
-# (Listing slices and runs, the admin sees every client's, a client its own.)
+# (Listing slices and runs, the admin sees every client's, a client its own; a trace, any.)
 EITHER = {("GET", "/v1/devices"), ("GET", "/v1/islands"), ("DELETE", "/v1/clients/{client_id}"),
-          ("GET", "/v1/slices"), ("GET", "/v1/runs")}
+          ("GET", "/v1/slices"), ("GET", "/v1/runs"), ("GET", "/v1/runs/{run_id}/trace")}
 OCTETS = "application/octet-stream"
 
 
@@ -95,7 +95,7 @@ class Alice:
     @property
     def ids(self) -> dict[str, str]:
         """Each of her ids -> an id of the same form that never existed."""
-        named = ("slice_id", "buffer_id", "computation_id", "program_id", "client_id")
+        named = ("slice_id", "buffer_id", "computation_id", "program_id", "client_id", "run_id")
         ids = {self.values[k] for k in named} | {self.x.id, self.y.id, self.run.id}
         return {i: i.split("-")[0] + "-" + "0" * len(i.split("-", 1)[1]) for i in ids}
 
@@ -116,14 +116,16 @@ def alice(server: Any, token: str) -> Iterator[Alice]:
         step = a.program(lambda v: f(f(v)))
         run = step(x)
         np.testing.assert_array_equal(run.numpy(), np.arange(4) * 4)
+        traced = a.program(lambda v: f(v), trace=True, name="traced")(x)  # a run with a trace
+        traced_run = a.trace(traced)["otherData"]["run_id"]
         [computation] = a.raw_json("GET", "/v1/computations")
-        [program] = a.raw_json("GET", "/v1/programs")
+        [program] = [p for p in a.raw_json("GET", "/v1/programs") if p["name"] != "traced"]
         rep = NamedSharding(s.abstract_mesh, P())
         artifact = jax.export.export(jax.jit(lambda v: v * 3, in_shardings=rep, out_shardings=rep),
                                      platforms=["cpu"])(jax.ShapeDtypeStruct((4,), jnp.float32))
         values = {
             "slice_id": s.id, "buffer_id": x.id, "computation_id": computation["id"],
-            "program_id": program["id"], "client_id": a.id, "name": s.island,
+            "program_id": program["id"], "client_id": a.id, "name": s.island, "run_id": traced_run,
             "ids": [x.id, y.id], "inputs": [x.id], "release": [y.id, run.id],
             "mesh": {"x": 2}, "program": to_wire(step.trace(x)),
             "artifact": base64.b64encode(artifact.serialize()).decode(),
