@@ -14,7 +14,18 @@ from server import errors
 from server.deps import ServiceDep
 from server.guard import Guard
 from server.http_metrics import CountRequests
-from server.routes import batch, buffers, clients, computations, devices, metrics, programs, runs, slices
+from server.routes import (
+    batch,
+    buffers,
+    clients,
+    computations,
+    dashboard,
+    devices,
+    metrics,
+    programs,
+    runs,
+    slices,
+)
 from server.schemas import Health, error_responses
 from server.service import Service
 from server.settings import Settings
@@ -64,4 +75,5 @@ def create_app(settings: Settings) -> FastAPI:
         # What the guard may answer to any /v1 request, before the route runs.
         app.include_router(module.router, responses=error_responses(400, 401, 413))
     app.include_router(metrics.router)
+    app.include_router(dashboard.router)  # `/`: the dashboard's page, which reads the API above
     return app
