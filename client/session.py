@@ -147,7 +147,8 @@ class Session:
         as a batch's put is (`client.sender`)."""
         def post() -> None:
             self.transport.request("POST", "/v1/buffers", params=params, content=data,
-                                   headers={"Content-Type": "application/octet-stream"})
+                                   headers={"Content-Type": "application/octet-stream"},
+                                   progress=f"upload {buffer_id}")
 
         try:
             post()
@@ -200,7 +201,8 @@ class Session:
         registration until it is let go of (`let_go`), whatever id it answers with (one it
         has answered before, for the same function registered again)."""
         self.flush()  # what was let go is forgotten first: its room in the quota is free
-        return self.json("POST", path, json=body)
+        return self.transport.request("POST", path, json_body=body,
+                                      waits=f"compile {body.get('name') or path.rsplit('/', 1)[-1]}").json()
 
     def let_go(self, kind: Literal["computations", "programs"], record_ids: Iterable[str]) -> None:
         """Registrations that are gone (a signature evicted, a function dropped), an id once
@@ -305,7 +307,7 @@ class Session:
         group = self._prefetched(buffer)
         if len(group) > 1:
             try:
-                data = self.transport.request("POST", "/v1/buffers/data", safe=True,
+                data = self.transport.request("POST", "/v1/buffers/data", safe=True, progress="fetch",
                                               json_body={"ids": [b.id for b in group]}).content
             except IsthmusError:
                 data = None
@@ -315,7 +317,8 @@ class Session:
                     b.fetched(data[at:at + b.aval.nbytes])
                     at += b.aval.nbytes
                 return data[:buffer.aval.nbytes]
-        return self.transport.request("GET", f"/v1/buffers/{buffer.id}/data").content
+        return self.transport.request("GET", f"/v1/buffers/{buffer.id}/data",
+                                      progress=f"fetch {buffer.id}").content
 
     def _prefetched(self, buffer: Buffer) -> list[Buffer]:
         """`buffer` and, if it was asked to be fetched with others, those of them still

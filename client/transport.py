@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+from client import progress as bars
 from client.retry import Retry
 from ir import Conflict, DataLoss, InvalidArgument, IsthmusError, NotFound, RemoteError, Unavailable
 
@@ -118,10 +119,12 @@ class Transport:
     def request(self, method: str, path: str, *, params: dict[str, Any] | None = None,
                 json_body: Any = None, content: bytes | None = None,
                 headers: dict[str, str] | None = None, credential: str | None = None,
-                counted: bool = True, safe: bool | None = None) -> Response:
+                counted: bool = True, safe: bool | None = None, progress: str | None = None,
+                waits: str | None = None) -> Response:
         """One request, with `credential` (default: the transport's) as its bearer; `counted`
         False leaves `requests` alone (the lease's own renewals). `safe`: whether it may be
-        sent again after the server may have acted on it (default: a GET may)."""
+        sent again after the server may have acted on it (default: a GET may). A large body or
+        answer shows a bar named `progress`, a long wait one named `waits` (`client.progress`)."""
         url = f"{path}?{urlencode(params)}" if params else path
         if counted:
             self.requests += 1
@@ -132,13 +135,15 @@ class Transport:
             body = json.dumps(json_body).encode()
             head["Content-Type"] = "application/json"
         repeat = method in ("GET", "HEAD") if safe is None else safe
-        response = self.retry.run(lambda: self._once(method, url, body, head),
-                                  lambda e: self.reached and repeatable(e, repeat))
+        with bars.waiting(waits):
+            response = self.retry.run(lambda: self._once(method, url, body, head, progress),
+                                      lambda e: self.reached and repeatable(e, repeat))
         if response.status >= 400:
             raise error_of(method, path, response)
         return response
 
-    def _once(self, method: str, url: str, body: bytes | None, head: dict[str, str]) -> Response:
+    def _once(self, method: str, url: str, body: bytes | None, head: dict[str, str],
+              progress: str | None = None) -> Response:
         """One try: `Unsent` if nothing could be sent, `Dropped` if no whole answer came."""
         conn = self._connection()
         if conn.sock is None:  # connect first: failing here, nothing was sent
@@ -148,9 +153,13 @@ class Transport:
                 self.close()
                 raise Unsent(f"cannot reach the Isthmus server at {self.address}: {e}") from None
         try:
-            conn.request(method, url, body=body, headers=head)
+            sent = body if progress is None or body is None else bars.chunks(progress, body)
+            if sent is not body:  # in chunks, still of a known length
+                head = {**head, "Content-Length": str(len(body or b""))}
+            conn.request(method, url, body=sent, headers=head)
             raw = conn.getresponse()
-            response = Response(raw.status, {k.lower(): v for k, v in raw.getheaders()}, raw.read())
+            headers = {k.lower(): v for k, v in raw.getheaders()}
+            response = Response(raw.status, headers, bars.read(progress, raw))
             self.reached = True
             return response
         except TimeoutError:
