@@ -175,8 +175,8 @@ class BufferPublic(BaseModel):
     dtype: str
     spec: SpecJSON
     state: Literal["pending", "ready", "failed", "missing"] | None = None
-    run_id: str | None = Field(default=None, description="the run that computes it (GET /v1/buffers/{id} only; "
-                                                 "none for an upload)")
+    run_id: str | None = Field(
+        default=None, description="the run that computes it (GET /v1/buffers/{id} only; none for an upload)")
 
 
 class BufferIds(BaseModel):
