@@ -1,0 +1,161 @@
+"""ir.autodiff: reverse mode as a pass over straight-line programs, with stand-in VJP rules:
+each active computation becomes its forward (outputs and residuals) and, in reverse order,
+its backward; a transfer's cotangent goes back by a transfer; fan-out is summed; what the
+loss does not depend on through a differentiated argument is left as it was."""
+
+from __future__ import annotations
+
+import pytest
+
+from ir import Artifact, Aval, ComputeAttrs, Op, Program, ProgramBuilder, Sig, Type, value_types, verify
+from ir.autodiff import NotDifferentiable, Vjp, reverse
+
+pytestmark = pytest.mark.unit
+
+F32 = "float32"
+V = Aval((4, 16), F32)
+SCALAR = Aval((), F32)
+
+
+class Rules:
+    """Stand-in VJPs: a computation's residuals are its inputs; artifacts are named bytes."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, tuple[bool, ...], tuple[bool, ...]]] = []
+
+    def vjp(self, node: ComputeAttrs, wrt: tuple[bool, ...], cts: tuple[bool, ...]) -> Vjp:
+        self.asked.append((node.name, wrt, cts))
+        return Vjp(Artifact.of(f"fwd:{node.name}".encode()), node.ins,
+                   Artifact.of(f"bwd:{node.name}:{wrt}:{cts}".encode()))
+
+    def zeros(self, t: Type) -> Artifact:
+        return Artifact.of(f"zeros:{t}".encode())
+
+    def ones(self, t: Type) -> Artifact:
+        return Artifact.of(f"ones:{t}".encode())
+
+    def add(self, t: Type, n: int) -> Artifact:
+        return Artifact.of(f"add{n}:{t}".encode())
+
+
+def two_islands() -> Program:
+    """w and x on island a; layer(x, w) -> norm -> moved to island b -> a scalar loss there."""
+    b = ProgramBuilder()
+    s0 = b.slice("s0", {"data": 2, "model": 2}, island="a")
+    s1 = b.slice("s1", {"x": 4}, island="b")
+    w = b.arg(Aval((8, 16), F32), (None, "model"), s0)
+    x = b.arg(Aval((4, 8), F32), ("data", None), s0)
+    (h,) = b.compute("layer", b"layer", s0, [x, w], [(V, ("data", None))])
+    (g,) = b.compute("norm", b"norm", s0, [h], [(V, ("data", None))])
+    t = b.transfer(g, ("x", None), s1)
+    (loss,) = b.compute("head", b"head", s1, [t], [(SCALAR, ())])
+    b.result(loss, g)
+    return b.build()
+
+
+def lines(p: Program) -> list[str]:
+    """Each node as `op name` (a computation) or `op` (the rest)."""
+    return [f"{n.op.value} {n.attrs.name}" if isinstance(n.attrs, ComputeAttrs) else n.op.value
+            for n in p.graph.nodes]
+
+
+def test_a_chain_across_islands_runs_forward_then_backward_in_reverse_order():
+    p, rules = two_islands(), Rules()
+    d = reverse(p, [0], rules)
+    verify(d)
+    assert lines(d) == [
+        "arg", "arg", "compute layer_fwd", "compute norm_fwd", "transfer", "compute head_fwd",
+        "compute grad_ones", "compute head_bwd", "transfer", "compute norm_bwd", "compute layer_bwd",
+        "result"]
+    args, results = d.graph.args, d.graph.results
+    types = {n.outputs[0]: n.attrs.type for n in d.graph.nodes if n.op is Op.ARG}
+    assert types[args[0]] == p.graph.nodes[0].attrs.type  # the same arguments
+    got = value_types(d)
+    assert got[results[2]] == got[args[0]]  # the gradient has its argument's type
+    assert got[results[0]].aval == SCALAR and got[results[1]].aval == V  # loss and aux, as before
+    back = next(n for n in reversed(d.graph.nodes) if n.op is Op.TRANSFER)
+    assert back.attrs.type == Type(V, got[p.graph.results[1]].spec, "s0")  # back to norm's slice and spec
+    # x is no argument differentiated: layer's backward gives w's cotangent only
+    assert ("layer", (False, True), (True,)) in rules.asked
+    layer_bwd = next(n for n in d.graph.nodes
+                     if isinstance(n.attrs, ComputeAttrs) and n.attrs.name == "layer_bwd")
+    assert layer_bwd.attrs.outs == (Sig(Aval((8, 16), F32), got[args[0]].spec),)
+
+
+def test_fan_out_is_summed_and_an_unused_argument_s_gradient_is_zeros():
+    b = ProgramBuilder()
+    s = b.slice("s", {"x": 2})
+    x = b.arg(V, ("x", None), s)
+    b.arg(V, ("x", None), s)  # no node reads it
+    (f,) = b.compute("f", b"f", s, [x], [(V, ("x", None))])
+    (g,) = b.compute("g", b"g", s, [x], [(V, ("x", None))])
+    (loss,) = b.compute("sum2", b"sum2", s, [f, g], [(SCALAR, ())])
+    b.result(loss)
+    d = reverse(b.build(), [0, 1], Rules())
+    verify(d)
+    names = lines(d)
+    assert names.count("compute grad_add2") == 1  # x's two contributions
+    assert names[-2] == "compute grad_zeros"  # the unused argument's gradient
+    assert len(d.graph.results) == 3
+
+
+def test_what_the_loss_does_not_depend_on_through_wrt_stays_as_it_was():
+    b = ProgramBuilder()
+    s = b.slice("s", {"x": 2})
+    w = b.arg(V, ("x", None), s)
+    x = b.arg(V, ("x", None), s)
+    (pre,) = b.compute("pre", b"pre", s, [x], [(V, ("x", None))])  # x only: not differentiated
+    (loss,) = b.compute("loss", b"loss", s, [pre, w], [(SCALAR, ())])
+    b.result(loss)
+    p = b.build()
+    d = reverse(p, [0], Rules())
+    kept = next(n for n in d.graph.nodes if isinstance(n.attrs, ComputeAttrs) and n.attrs.name == "pre")
+    assert kept.attrs.artifact == p.graph.nodes[2].attrs.artifact
+    assert "compute pre_bwd" not in lines(d) and "compute loss_bwd" in lines(d)
+
+
+def looped(through_w: bool) -> Program:
+    """A loop doubling a carry (w's, or x's), then a loss of the loop's result and w."""
+    b = ProgramBuilder()
+    s = b.slice("s", {"x": 2})
+    w, x = b.arg(V, ("x", None), s), b.arg(V, ("x", None), s)
+    cond = b.sub()
+    c = cond.arg(V, ("x", None), s)
+    (p,) = cond.compute("small", b"small", s, [c], [(Aval((), "bool"), ())])
+    cond.result(p)
+    body = b.sub()
+    y = body.arg(V, ("x", None), s)
+    (y2,) = body.compute("double", b"double", s, [y], [(V, ("x", None))])
+    body.result(y2)
+    (z,) = b.while_([w if through_w else x], cond.graph(), body.graph())
+    (loss,) = b.compute("loss", b"loss", s, [z, w], [(SCALAR, ())])
+    b.result(loss)
+    return b.build()
+
+
+def test_loops_the_loss_depends_on_are_refused_and_others_kept():
+    with pytest.raises(NotDifferentiable, match=r"a while .*\(%2\): loops and branches are not"):
+        reverse(looped(through_w=True), [0], Rules())
+    d = reverse(looped(through_w=False), [0], Rules())
+    verify(d)
+    assert lines(d) == ["arg", "arg", "while", "compute loss_fwd", "compute grad_ones", "compute loss_bwd",
+                        "result"]
+
+
+def test_what_cannot_be_differentiated_is_named():
+    p = two_islands()
+    with pytest.raises(NotDifferentiable, match=r"argument 0 .* not of an inexact dtype"):
+        b = ProgramBuilder()
+        s = b.slice("s", {"x": 2})
+        n = b.arg(Aval((), "int32"), (), s)
+        (loss,) = b.compute("f", b"f", s, [n], [(SCALAR, ())])
+        b.result(loss)
+        reverse(b.build(), [0], Rules())
+    b = ProgramBuilder()
+    s = b.slice("s", {"x": 2})
+    x = b.arg(V, ("x", None), s)
+    b.result(x)
+    with pytest.raises(NotDifferentiable, match=r"the loss \(%0, float32\[4,16\].*\) must be a scalar"):
+        reverse(b.build(), [0], Rules())
+    with pytest.raises(NotDifferentiable, match="wrt: expected distinct argument positions below 2"):
+        reverse(p, [0, 0], Rules())
