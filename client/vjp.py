@@ -1,0 +1,108 @@
+"""A computation's reverse mode, exported from JAX: a forward that also returns its residuals,
+and a backward that takes them with its outputs' cotangents (what `ir.autodiff.Rules.vjp`
+gives the IR's reverse pass).
+
+Contract:
+- `export_vjp` takes a flat function (array leaves in, a tuple of array leaves out), its
+  inputs' avals and specs and its outputs' specs on a slice's mesh, the inputs to
+  differentiate in (`wrt`) and the outputs whose cotangents come (`cts`). The forward is
+  `jax.vjp` of the function in the `wrt` inputs, returning the outputs and then the
+  pullback's residual arrays (`jax.tree.flatten` of it); the backward rebuilds the pullback
+  from the residuals and applies it to the cotangents given (zeros for the outputs not in
+  `cts`), returning the `wrt` inputs' cotangents, each with its input's spec.
+- A residual keeps one spec, the forward's output sharding and the backward's input
+  sharding alike, so it never leaves its slice: the spec of the one input or output of the
+  same aval, else replicated (correct, though XLA may then gather it).
+- Both are exported as `Function` calls are (`jax.jit` with the shardings, `jax.export`
+  for the slice's platform): artifacts the executors run as any other computation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
+
+from ir import Aval, InvalidArgument, Spec, dtype_name
+
+
+@dataclass(frozen=True)
+class VjpExport:
+    """The serialized forward and backward, and each residual's aval and spec."""
+
+    fwd: bytes
+    bwd: bytes
+    residuals: tuple[tuple[Aval, Spec], ...]
+
+
+def export_vjp(flat: Callable[..., tuple[Any, ...]], avals: Sequence[jax.ShapeDtypeStruct],
+               in_specs: Sequence[Spec], out_specs: Sequence[Spec], wrt: Sequence[bool],
+               cts: Sequence[bool], mesh: AbstractMesh, platform: str) -> VjpExport:
+    """The forward and backward of `flat` (see the module)."""
+    if len(wrt) != len(avals) or len(in_specs) != len(avals) or not any(wrt):
+        raise InvalidArgument(f"vjp: expected a wrt mask over the {len(avals)} inputs, one set; got {wrt}")
+    which = [i for i, w in enumerate(wrt) if w]
+    box: list[Any] = []
+
+    def fwd(*xs: Any) -> tuple[Any, ...]:
+        def of(*d: Any) -> tuple[Any, ...]:
+            full = list(xs)
+            for i, v in zip(which, d, strict=True):
+                full[i] = v
+            return tuple(flat(*full))
+
+        ys, pullback = jax.vjp(of, *(xs[i] for i in which))
+        residuals, tree = jax.tree_util.tree_flatten(pullback)
+        box[:] = [tree]
+        return (*ys, *residuals)
+
+    shapes = jax.eval_shape(fwd, *avals)
+    outs = len(out_specs)
+    if len(cts) != outs or len(shapes) < outs:
+        raise InvalidArgument(f"vjp: expected a cts mask over the {outs} outputs, got {cts}")
+    (tree,) = box
+    out_avals = [_aval(s) for s in shapes[:outs]]
+    res_avals = [_aval(s) for s in shapes[outs:]]
+    known = [*zip(map(_aval, avals), in_specs, strict=True), *zip(out_avals, out_specs, strict=True)]
+    res_specs = [_residual_spec(a, known) for a in res_avals]
+    res_shapes = list(shapes[outs:])
+    ct_shapes = [shapes[k] for k in range(outs) if cts[k]]
+
+    def bwd(*given: Any) -> tuple[Any, ...]:
+        pullback = jax.tree_util.tree_unflatten(tree, list(given[:len(res_shapes)]))
+        it = iter(given[len(res_shapes):])
+        ct = tuple(next(it) if cts[k] else jnp.zeros(shapes[k].shape, shapes[k].dtype) for k in range(outs))
+        return tuple(pullback(ct))
+
+    def sharding(spec: Spec) -> NamedSharding:
+        return NamedSharding(mesh, PartitionSpec(*spec.entries))
+
+    fwd_specs = [*out_specs, *res_specs]
+    bwd_in = [*res_specs, *(out_specs[k] for k in range(outs) if cts[k])]
+    bwd_out = [in_specs[i] for i in which]
+    return VjpExport(
+        _export(fwd, avals, [sharding(s) for s in in_specs], [sharding(s) for s in fwd_specs], platform),
+        _export(bwd, [*res_shapes, *ct_shapes], [sharding(s) for s in bwd_in],
+                [sharding(s) for s in bwd_out], platform),
+        tuple(zip(res_avals, res_specs, strict=True)))
+
+
+def _export(fn: Callable[..., Any], avals: Sequence[Any], ins: Sequence[NamedSharding],
+            outs: Sequence[NamedSharding], platform: str) -> bytes:
+    jitted = jax.jit(fn, in_shardings=tuple(ins), out_shardings=tuple(outs))
+    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=getattr(a, "weak_type", False)) for a in avals]
+    return bytes(jax.export.export(jitted, platforms=[platform])(*avals).serialize())
+
+
+def _aval(shape: Any) -> Aval:
+    return Aval(tuple(shape.shape), dtype_name(shape.dtype))
+
+
+def _residual_spec(aval: Aval, known: Sequence[tuple[Aval, Spec]]) -> Spec:
+    """The spec of the one input or output of the same aval, else replicated."""
+    same = {spec for a, spec in known if a == aval}
+    return next(iter(same)) if len(same) == 1 else Spec.of(())
