@@ -8,13 +8,15 @@
     y.numpy()
 
 Inside `@c.program`, `isthmus.while_loop`, `isthmus.cond` and `isthmus.fori_loop` keep loops
-and branches in the graph (`client.control_flow`).
+and branches in the graph (`client.control_flow`), and `isthmus.grad` / `value_and_grad`
+differentiate a composition of jitted functions on the hosts (`client.grad`).
 """
 
 from client.buffer import Buffer
 from client.connection import Client, Slice, connect
 from client.control_flow import cond, fori_loop, while_loop
 from client.devices import DeviceTable
+from client.grad import grad, value_and_grad
 from client.jit import Function
 from client.transport import OverQuota, Unauthorized
 from ir import Conflict, DataLoss, InvalidArgument, IsthmusError, NotFound, RemoteError, Unavailable
@@ -37,5 +39,7 @@ __all__ = [
     "cond",
     "connect",
     "fori_loop",
+    "grad",
+    "value_and_grad",
     "while_loop",
 ]

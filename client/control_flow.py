@@ -59,13 +59,18 @@ def _flatten(trace: Trace, tree: Any) -> tuple[list[int], Any, list[str]]:
 def _graph(trace: Trace, b: ProgramBuilder, args: Sequence[int], results: Sequence[int],
            names: Names) -> Any:
     sub = b.sub()
+    _emit(trace, sub, args, results, names)
+    return sub.graph()
+
+
+def _emit(trace: Trace, b: ProgramBuilder, args: Sequence[int], results: Sequence[int], names: Names) -> None:
+    """`trace`'s arguments, ops and results into `b`."""
     for v in args:
         t = trace.values[v].type
         assert t is not None
-        names[v] = sub.arg(t.aval, t.spec, t.slice)
-    trace.emit_ops(sub, names)
-    sub.result(*(names[v] for v in results))
-    return sub.graph()
+        names[v] = b.arg(t.aval, t.spec, t.slice)
+    trace.emit_ops(b, names)
+    b.result(*(names[v] for v in results))
 
 
 def _settle(parent: Trace, child: Trace, value: int, want: Type | None) -> int:

@@ -8,7 +8,7 @@ back the leaves a trace knew already (`with_fixed`, `split_float0`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
@@ -33,6 +33,8 @@ class Export:
     out_tree: Any
     outputs: list[Output]
     fixed: tuple[tuple[int, np.ndarray], ...] = ()  # leaves known when traced (float0), by position
+    # the function over its data leaves and their avals, as exported (for its VJP: `client.vjp`)
+    source: Any = field(default=None, compare=False, repr=False)
 
     def tree(self, outs: Sequence[Any]) -> Any:
         """The results' pytree: `outs`, one per computed leaf, with the fixed leaves put back."""

@@ -42,6 +42,7 @@ from client.registrations import LetGo, Registrations
 from client.slices import Output, Slice
 from client.specials import checking
 from client.statics import StaticKey, Statics
+from client.vjp import VjpExport, export_vjp
 from ir import Aval, InvalidArgument, IsthmusError, NotFound, Spec, dtype_name, parse_dtype
 
 # (a flag of JAX's with no public context manager; without it, artifacts only differ more)
@@ -269,7 +270,30 @@ class Function:
                 "jax.export cannot carry the Python functions they call. Remove jax.debug.print, "
                 "jax.pure_callback or io_callback from it, or run that part in the client") from None
         outputs = [(s.id, a, sp, v) for a, sp, v in zip(out_avals, out_specs, out_views, strict=True)]
-        return Export(artifact, in_specs, out_specs, out_avals, out_views, out_tree, outputs, fixed)
+        return Export(artifact, in_specs, out_specs, out_avals, out_views, out_tree, outputs, fixed,
+                      source=(flat, avals))
+
+    def vjp(self, exported: Export, wrt: Sequence[bool], cts: Sequence[bool]) -> VjpExport:
+        """One exported signature's forward with residuals and its backward (`client.vjp`),
+        traced as the signature was: with the slice as the context mesh, else without."""
+        flat, avals = exported.source
+        s = self.slice
+
+        def export() -> VjpExport:
+            return export_vjp(flat, avals, exported.in_specs, exported.out_specs, wrt, cts, s.abstract_mesh,
+                              s.export_platform)
+
+        with jitting(self.name):
+            try:
+                with use_abstract_mesh(s.abstract_mesh):
+                    return export()
+            except IsthmusError:
+                raise
+            except Exception as in_context:
+                try:
+                    return export()
+                except Exception:
+                    raise in_context from None
 
     def _register(self, session: Calls, exported: Export) -> str:
         try:

@@ -34,7 +34,18 @@ from client.context import tracing
 from client.exported import Export
 from client.slices import Slice
 from client.statics import StaticKey
-from ir import Aval, InvalidArgument, MeshAxes, NotFound, Program, ProgramBuilder, Spec, Type, dtype_name
+from ir import (
+    Aval,
+    InvalidArgument,
+    MeshAxes,
+    NotFound,
+    Program,
+    ProgramBuilder,
+    Spec,
+    Type,
+    content_hash,
+    dtype_name,
+)
 
 __all__ = ["DATA_LESS", "Names", "Trace", "Traceable", "Traced", "current_trace", "tracing"]
 
@@ -54,6 +65,7 @@ class Traceable(Protocol):
 
     def own_specs(self, placed: Sequence[tuple[str, Spec] | None]) -> tuple[Spec | None, ...]: ...
     def export(self, args: Any, kwargs: dict[str, Any], sig: Any) -> Export: ...
+    def vjp(self, exported: Export, wrt: Sequence[bool], cts: Sequence[bool]) -> Any: ...
 
 
 @dataclass
@@ -195,6 +207,8 @@ class Trace:
         self._moved: dict[tuple[int, str, Spec], int] = {}
         self._slices: dict[str, Slice] = {} if parent is None else parent._slices
         self.captures: dict[int, int] = {}  # value of the enclosing trace -> this trace's argument
+        # artifact hash -> the function and export it came from (for its VJP: `client.grad`)
+        self.sources: dict[str, tuple[Traceable, Export]] = {} if parent is None else parent.sources
 
     def child(self) -> Trace:
         """A trace for a sub-graph (a loop's cond or body, a branch) of this one."""
@@ -339,6 +353,7 @@ class Trace:
             for aval, view, spec in zip(e.out_avals, e.out_views, e.out_specs, strict=True)
         )
         name = re.sub(r"[\s(){}@%,]", "_", fn.name) or "computation"
+        self.sources.setdefault(content_hash(exported.artifact), (fn, exported))
         self._ops.append(_Compute(name, exported.artifact, fn.slice, inputs, outputs,
                                   tuple(exported.in_specs), tuple(exported.out_specs)))
         return exported.tree([Traced(self, v) for v in outputs])

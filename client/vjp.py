@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
-from ir import Aval, InvalidArgument, Spec, dtype_name
+from ir import Aval, InvalidArgument, Spec, dtype_name, parse_dtype
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,28 @@ def export_vjp(flat: Callable[..., tuple[Any, ...]], avals: Sequence[jax.ShapeDt
         _export(bwd, [*res_shapes, *ct_shapes], [sharding(s) for s in bwd_in],
                 [sharding(s) for s in bwd_out], platform),
         tuple(zip(res_avals, res_specs, strict=True)))
+
+
+def export_fill(aval: Aval, spec: Spec, value: float, mesh: AbstractMesh, platform: str) -> bytes:
+    """A computation of no inputs: an array of `aval` filled with `value` (a cotangent's zeros,
+    the loss's seed)."""
+    dtype = parse_dtype(aval.dtype)
+    return _export(lambda: (jnp.full(aval.shape, value, dtype),), [], [],
+                   [NamedSharding(mesh, PartitionSpec(*spec.entries))], platform)
+
+
+def export_add(aval: Aval, spec: Spec, n: int, mesh: AbstractMesh, platform: str) -> bytes:
+    """A computation of `n` inputs of `aval`: their sum (a value's cotangents, added)."""
+    sharding = NamedSharding(mesh, PartitionSpec(*spec.entries))
+    shape = jax.ShapeDtypeStruct(aval.shape, parse_dtype(aval.dtype))
+
+    def add(*parts: Any) -> tuple[Any, ...]:
+        total = parts[0]
+        for part in parts[1:]:
+            total = total + part
+        return (total,)
+
+    return _export(add, [shape] * n, [sharding] * n, [sharding], platform)
 
 
 def _export(fn: Callable[..., Any], avals: Sequence[Any], ins: Sequence[NamedSharding],

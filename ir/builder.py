@@ -5,13 +5,14 @@ runs that node's type rule at once (abstract evaluation, as a JAX trace does), s
 never holds an ill-typed node: a mismatch raises `InvalidArgument` naming the node. Value
 names are `%0`, `%1`, ... in order of definition. Sub-graphs for `while_` and `cond` come
 from `sub()`, a builder with its own value scope sharing this one's slice and artifact
-tables. `build()` returns a verified `Program`.
+tables. `inline` adds another program's nodes, its arguments bound to values of this one.
+`build()` returns a verified `Program`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from ir.errors import InvalidArgument
 from ir.node import Graph, Node, Op, Sig, Type
@@ -89,6 +90,33 @@ class ProgramBuilder:
     def cond(self, pred: str, operands: Sequence[str], branches: Sequence[Graph]) -> tuple[str, ...]:
         count = len(branches[0].results) if branches else 0
         return self._add(Op.COND, (pred, *operands), count, CondAttrs(tuple(branches)))
+
+    def inline(self, program: Program, inputs: Sequence[str]) -> tuple[str, ...]:
+        """Add `program`'s nodes here, its arguments bound to `inputs` (of its arguments'
+        types), its slices and artifacts to this builder's tables; the values its results are."""
+        graph = program.graph
+        if len(inputs) != len(graph.args):
+            raise InvalidArgument(f"inline: expected {len(graph.args)} inputs, got {len(inputs)}")
+        for s in program.slices:
+            if self._slices.setdefault(s.name, s) != s:
+                raise InvalidArgument(f"inline: slice {s.name}: expected {self._slices[s.name]}, found {s}")
+        for art in program.artifacts:
+            self._artifacts.setdefault(art.hash, art)
+        renamed = dict(zip(graph.args, inputs, strict=True))
+        for node in graph.nodes:
+            if node.op is Op.ARG:
+                assert isinstance(node.attrs, ArgAttrs)
+                found = self.type_of(renamed[node.outputs[0]])
+                if found != node.attrs.type:
+                    raise InvalidArgument(f"inline: argument {node.outputs[0]}: expected {node.attrs.type}, "
+                                          f"found {found}")
+            elif node.op is Op.RESULT:
+                return tuple(renamed[v] for v in node.inputs)
+            else:
+                operands = tuple(renamed[v] for v in node.inputs)
+                made = self._add(node.op, operands, len(node.outputs), cast(Attrs, node.attrs))
+                renamed.update(zip(node.outputs, made, strict=True))
+        raise AssertionError("a graph ends with its result")  # (`Graph` checks it)
 
     def result(self, *values: str) -> None:
         self._add(Op.RESULT, tuple(values), 0, ResultAttrs())

@@ -7,7 +7,19 @@ from __future__ import annotations
 
 import pytest
 
-from ir import Artifact, Aval, ComputeAttrs, Op, Program, ProgramBuilder, Sig, Type, value_types, verify
+from ir import (
+    Artifact,
+    Aval,
+    ComputeAttrs,
+    InvalidArgument,
+    Op,
+    Program,
+    ProgramBuilder,
+    Sig,
+    Type,
+    value_types,
+    verify,
+)
 from ir.autodiff import NotDifferentiable, Vjp, reverse
 
 pytestmark = pytest.mark.unit
@@ -159,3 +171,21 @@ def test_what_cannot_be_differentiated_is_named():
         reverse(b.build(), [0], Rules())
     with pytest.raises(NotDifferentiable, match="wrt: expected distinct argument positions below 2"):
         reverse(p, [0, 0], Rules())
+
+
+def test_a_differentiated_program_inlines_into_another_and_a_wrong_argument_is_named():
+    d = reverse(two_islands(), [0], Rules())
+    b = ProgramBuilder()
+    s0 = b.slice("s0", {"data": 2, "model": 2}, island="a")
+    w = b.arg(Aval((8, 16), F32), (None, "model"), s0)
+    x = b.arg(Aval((4, 8), F32), ("data", None), s0)
+    loss, _, grad_w = b.inline(d, [w, x])
+    b.result(loss, grad_w)
+    p = b.build()
+    assert value_types(p)[p.graph.results[1]] == value_types(p)[w]
+    assert lines(p)[2:-1] == lines(d)[2:-1]  # its nodes, renamed
+    other = ProgramBuilder()
+    s0 = other.slice("s0", {"data": 2, "model": 2}, island="a")
+    w = other.arg(Aval((8, 16), F32), (None, "model"), s0)
+    with pytest.raises(InvalidArgument, match=r"inline: argument %1: expected float32\[4,8\]"):
+        other.inline(d, [w, w])

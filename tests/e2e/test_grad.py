@@ -1,0 +1,95 @@
+"""`isthmus.value_and_grad` / `grad` inside `@c.program`: a model whose layers live on
+islands a and b, differentiated on the hosts in the same run, equal to `jax.value_and_grad`
+of the same composition run locally; pytrees, argnums, has_aux, an optimizer step in the
+same program; what cannot be differentiated is named."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import client as isthmus
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+TOL = {"rtol": 1e-5, "atol": 1e-6}  # forward-with-residuals artifacts and summation order: an ulp
+
+
+def layer(w, x):
+    return jnp.tanh(x @ w["kernel"] + w["bias"])
+
+
+def head(v, h, y):
+    return jnp.mean((h @ v - y) ** 2)
+
+
+def loss_of(params, x, y):
+    return head(params["head"], layer(params["layer"], x), y)
+
+
+def data():
+    rng = np.random.default_rng(0)
+    params = {"layer": {"kernel": rng.standard_normal((8, 16)).astype(np.float32) * 0.3,
+                        "bias": np.zeros(16, np.float32)},
+              "head": rng.standard_normal((16, 2)).astype(np.float32) * 0.3}
+    x, y = rng.standard_normal((4, 8)).astype(np.float32), rng.standard_normal((4, 2)).astype(np.float32)
+    return params, x, y
+
+
+@pytest.fixture
+def model(c):
+    sa, sb = c.slice({"x": 2}, island="a"), c.slice({"y": 2}, island="b")
+    f = c.jit(layer, slice=sa, name="layer")
+    g = c.jit(head, slice=sb, name="head")
+
+    def loss(params, x, y):  # layer on island a, its activations moved to island b for the head
+        return g(params["head"], f(params["layer"], x), y)
+
+    return loss
+
+
+def assert_trees_close(got, want):
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), **TOL)
+
+
+def test_value_and_grad_across_islands_equals_jax(c, model):
+    params, x, y = data()
+    step = c.program(lambda p, x, y: isthmus.value_and_grad(model)(p, x, y))
+    value, grads = step(params, x, y)
+    want_value, want_grads = jax.value_and_grad(loss_of)(params, x, y)
+    np.testing.assert_allclose(value.numpy(), want_value, **TOL)
+    assert_trees_close(jax.device_get(grads), want_grads)
+
+
+def test_grad_in_two_arguments_with_aux_and_an_sgd_step_in_one_program(c, model):
+    params, x, y = data()
+
+    def with_aux(p, x, y):
+        return model(p, x, y), x
+
+    @c.program
+    def step(p, x, y):
+        (grads_p, grads_x), aux = isthmus.grad(with_aux, argnums=(0, 1), has_aux=True)(p, x, y)
+        return grads_p, grads_x, aux
+
+    grads_p, grads_x, aux = step(params, x, y)
+    want_p, want_x = jax.grad(loss_of, argnums=(0, 1))(params, x, y)
+    assert_trees_close(jax.device_get(grads_p), want_p)
+    np.testing.assert_allclose(grads_x.numpy(), want_x, **TOL)
+    np.testing.assert_array_equal(aux.numpy(), x)
+
+
+def test_what_cannot_be_differentiated_is_named(c, model):
+    s = c.slice({"x": 1}, island="a")
+    twice = c.jit(lambda v: v * 2, slice=s)
+    with pytest.raises(isthmus.InvalidArgument, match=r"the loss must be a scalar.*float32\[3\]"):
+        c.program(lambda v: isthmus.grad(lambda u: twice(u))(v))(np.ones(3, np.float32))
+    with pytest.raises(isthmus.InvalidArgument, match="must return one scalar"):
+        c.program(lambda v: isthmus.grad(lambda u: (twice(u), twice(u)))(v))(np.ones(3, np.float32))
+    with pytest.raises(isthmus.InvalidArgument, match="grad requires real- or complex-valued inputs"):
+        c.program(lambda n: isthmus.grad(lambda k: c.jit(lambda m: (m * 1.0).sum(), slice=s)(k))(n))(
+            np.arange(3, dtype=np.int32))
+    with pytest.raises(isthmus.InvalidArgument, match=r"call it inside a @c\.program"):
+        isthmus.grad(lambda u: u)(np.ones(3, np.float32))
