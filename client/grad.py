@@ -181,7 +181,10 @@ class _Rules:
             found = self._trace.sources.get(node.artifact)
             if found is None:
                 raise InvalidArgument(f"value_and_grad: {node.name} was not traced from a JAX function here")
-            fn, exported = found
+            ref, exported = found
+            fn = ref()
+            if fn is None:  # (held by the function being differentiated while it is traced)
+                raise InvalidArgument(f"value_and_grad: {node.name}'s function is gone")
             made = fn.vjp(exported, wrt, cts)
             self._vjps[key] = Vjp(Artifact.of(made.fwd), tuple(Sig(a, s) for a, s in made.residuals),
                                   Artifact.of(made.bwd))

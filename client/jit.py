@@ -216,6 +216,9 @@ class Function:
                  for (shape, dtype, view), spec in zip(leaves, in_specs, strict=True)]
         views = [view for _, _, view in every]
         out_box: list[Any] = []
+        # `flat` is kept with the export (`Export.source`, for its VJP): it holds the function,
+        # not this `Function`, which holds the export (a cycle would outlive a dropped one)
+        fn = self.fn
 
         def flat(*flat_args: Any) -> tuple[Any, ...]:
             given = iter(flat_args)
@@ -224,7 +227,7 @@ class Function:
             wrapped = [wrap(a, v) for a, v in zip(full, views, strict=True)]
             given_args, given_kwargs = jax.tree_util.tree_unflatten(in_tree, wrapped)
             fargs, fkwargs = Statics.join(given_args, given_kwargs, static)
-            out_leaves, out_tree = jax.tree_util.tree_flatten(self.fn(*fargs, **fkwargs))
+            out_leaves, out_tree = jax.tree_util.tree_flatten(fn(*fargs, **fkwargs))
             # float0 results (the gradients of integer inputs) hold no data: made here, as jax.jit does
             kept, fixed = split_float0(out_leaves)
             data, out_views = zip(*map(unwrap, kept), strict=True) if kept else ((), ())

@@ -20,6 +20,7 @@ Contract:
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -207,8 +208,10 @@ class Trace:
         self._moved: dict[tuple[int, str, Spec], int] = {}
         self._slices: dict[str, Slice] = {} if parent is None else parent._slices
         self.captures: dict[int, int] = {}  # value of the enclosing trace -> this trace's argument
-        # artifact hash -> the function and export it came from (for its VJP: `client.grad`)
-        self.sources: dict[str, tuple[Traceable, Export]] = {} if parent is None else parent.sources
+        # artifact hash -> the function (weakly: a trace lives in reference cycles, and a dropped
+        # function must go at once) and export it came from, for its VJP (`client.grad`)
+        self.sources: dict[str, tuple[weakref.ref[Traceable], Export]] = (
+            {} if parent is None else parent.sources)
 
     def child(self) -> Trace:
         """A trace for a sub-graph (a loop's cond or body, a branch) of this one."""
@@ -353,7 +356,7 @@ class Trace:
             for aval, view, spec in zip(e.out_avals, e.out_views, e.out_specs, strict=True)
         )
         name = re.sub(r"[\s(){}@%,]", "_", fn.name) or "computation"
-        self.sources.setdefault(content_hash(exported.artifact), (fn, exported))
+        self.sources.setdefault(content_hash(exported.artifact), (weakref.ref(fn), exported))
         self._ops.append(_Compute(name, exported.artifact, fn.slice, inputs, outputs,
                                   tuple(exported.in_specs), tuple(exported.out_specs)))
         return exported.tree([Traced(self, v) for v in outputs])
