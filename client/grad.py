@@ -8,7 +8,8 @@ backward); the result is inlined into the program, so the gradients are computed
 hosts, across islands, in the same run as everything else.
 
 - The loss (`fun`'s result, or its first with `has_aux`) must be a real or complex scalar,
-  and the arguments differentiated in (`argnums`) of inexact dtypes, as for `jax.grad`.
+  and the arguments differentiated in (`argnums`) of inexact dtypes, as for `jax.grad`
+  (with `allow_int`, an integer input's gradient is float0 zeros, made in the client).
 - A loop or branch the loss depends on through a differentiated argument is refused by
   name (`ir.autodiff`); one it does not depend on runs as it is.
 - Outside a program there is nothing to differentiate: `InvalidArgument`.
@@ -45,10 +46,11 @@ from ir.autodiff import Vjp, inexact, reverse
 __all__ = ["grad", "value_and_grad"]
 
 
-def value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0,
-                   has_aux: bool = False) -> Callable[..., Any]:
+def value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False,
+                   allow_int: bool = False) -> Callable[..., Any]:
     """`fun`'s value and its gradient in the arguments `argnums`, as `jax.value_and_grad`:
-    `(value, grads)`, or with `has_aux` `((value, aux), grads)`; grads in `argnums`'s shape."""
+    `(value, grads)`, or with `has_aux` `((value, aux), grads)`; grads in `argnums`'s shape
+    (with `allow_int`, an integer or boolean input's is float0 zeros, as in JAX)."""
     positions = (argnums,) if isinstance(argnums, int) else tuple(argnums)
     if not positions or not all(isinstance(k, int) for k in positions):
         raise InvalidArgument(f"value_and_grad: argnums: expected an int or a tuple of ints, got {argnums!r}")
@@ -59,17 +61,17 @@ def value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0,
             raise InvalidArgument(f"value_and_grad: argnums {argnums!r} for a function given {len(args)} "
                                   "arguments")
         chosen = [k % len(args) for k in positions]
-        value, aux, grads = _differentiate(trace, fun, args, chosen, has_aux)
+        value, aux, grads = _differentiate(trace, fun, args, chosen, has_aux, allow_int)
         grads_out = grads[0] if isinstance(argnums, int) else tuple(grads)
         return ((value, aux) if has_aux else value), grads_out
 
     return wrapped
 
 
-def grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0,
-         has_aux: bool = False) -> Callable[..., Any]:
+def grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False,
+         allow_int: bool = False) -> Callable[..., Any]:
     """`fun`'s gradient in the arguments `argnums`, as `jax.grad` (with `has_aux`: `(grads, aux)`)."""
-    both = value_and_grad(fun, argnums, has_aux)
+    both = value_and_grad(fun, argnums, has_aux, allow_int)
 
     def wrapped(*args: Any) -> Any:
         value, grads = both(*args)
@@ -92,7 +94,7 @@ class _Inline:
 
 
 def _differentiate(trace: Trace, fun: Callable[..., Any], args: tuple[Any, ...], chosen: Sequence[int],
-                   has_aux: bool) -> tuple[Any, Any, list[Any]]:
+                   has_aux: bool, allow_int: bool) -> tuple[Any, Any, list[Any]]:
     """Trace `fun` in a child trace, differentiate it, inline it; its value, aux and grads."""
     per_arg = [_flatten(trace, a) for a in args]
     ops = [trace.local(v) if trace.typed(v) is not None else v for leaves, _, _ in per_arg for v in leaves]
@@ -126,13 +128,13 @@ def _differentiate(trace: Trace, fun: Callable[..., Any], args: tuple[Any, ...],
             ops[i] = trace.use(v, where, Spec(()))
         if child.values[cargs[i]].type is None:
             child.values[cargs[i]].type = trace.typed(ops[i])
-    wrt = [j for k in chosen for j in range(starts[k], starts[k + 1])]
-    for j in wrt:
-        t = child.typed(cargs[j])
-        assert t is not None
-        if not inexact(t):
-            raise InvalidArgument(f"value_and_grad: argument leaf {j} is {t.aval}: grad requires real- or "
-                                  "complex-valued inputs, as jax.grad does")
+    leaves = [j for k in chosen for j in range(starts[k], starts[k + 1])]
+    wrt = [j for j in leaves if inexact(_typed(child, cargs[j]))]
+    if not allow_int and len(wrt) < len(leaves):
+        j = next(j for j in leaves if j not in wrt)
+        raise InvalidArgument(f"value_and_grad: argument leaf {j} is {_typed(child, cargs[j]).aval}: grad "
+                              "requires real- or complex-valued inputs, as jax.grad does (allow_int=True "
+                              "gives an integer input a float0 gradient)")
     aux_leaves, aux_def, _ = _flatten(child, aux) if has_aux else ([], None, [])
     results = [_settled(child, v, where) for v in (loss_leaves[0], *aux_leaves)]
     captured = _captured([child], [])
@@ -144,13 +146,21 @@ def _differentiate(trace: Trace, fun: Callable[..., Any], args: tuple[Any, ...],
     trace.add(_Inline(differentiated, ops + captured, outputs))
     aux_out = None if aux_def is None else jax.tree_util.tree_unflatten(
         aux_def, [trace.traced(v) for v in outputs[1:len(results)]])
-    grads_flat = [trace.traced(v) for v in outputs[len(results):]]
+    computed = iter(outputs[len(results):])
+    grads_flat = [trace.traced(next(computed)) if j in wrt
+                  else np.zeros(_typed(child, cargs[j]).aval.shape, jax.dtypes.float0) for j in leaves]
     grads, at = [], 0
     for k in chosen:
         n = starts[k + 1] - starts[k]
         grads.append(jax.tree_util.tree_unflatten(per_arg[k][1], grads_flat[at:at + n]))
         at += n
     return trace.traced(outputs[0]), aux_out, grads
+
+
+def _typed(child: Trace, value: int) -> Type:
+    t = child.typed(value)
+    assert t is not None, "every argument of the sub-graph is typed by then"
+    return t
 
 
 def _settled(child: Trace, value: int, where: Slice) -> int:

@@ -1,7 +1,8 @@
 """`isthmus.value_and_grad` / `grad` inside `@c.program`: a model whose layers live on
 islands a and b, differentiated on the hosts in the same run, equal to `jax.value_and_grad`
 of the same composition run locally; pytrees, argnums, has_aux, an optimizer step in the
-same program; what cannot be differentiated is named."""
+same program; an integer input's float0 gradient (allow_int); what cannot be differentiated
+is named."""
 
 from __future__ import annotations
 
@@ -81,6 +82,19 @@ def test_grad_in_two_arguments_with_aux_and_an_sgd_step_in_one_program(c, model)
     np.testing.assert_array_equal(aux.numpy(), x)
 
 
+def test_an_integer_input_has_a_float0_gradient_with_allow_int(c):
+    s = c.slice({"x": 1}, island="b")
+    scaled = c.jit(lambda w, k: jnp.sum(jnp.sin(w) * k), slice=s)
+    w, k = np.linspace(0, 1, 5, dtype=np.float32), np.int32(3)
+    step = c.program(lambda w, k: isthmus.value_and_grad(scaled, argnums=(0, 1), allow_int=True)(w, k))
+    value, (grad_w, grad_k) = step(w, k)
+    want_value, (want_w, want_k) = jax.value_and_grad(lambda w, k: jnp.sum(jnp.sin(w) * k), argnums=(0, 1),
+                                                      allow_int=True)(w, k)
+    np.testing.assert_allclose(value.numpy(), want_value, **TOL)
+    np.testing.assert_allclose(grad_w.numpy(), want_w, **TOL)
+    assert grad_k.dtype == want_k.dtype == jax.dtypes.float0 and grad_k.shape == ()
+
+
 def test_what_cannot_be_differentiated_is_named(c, model):
     s = c.slice({"x": 1}, island="a")
     twice = c.jit(lambda v: v * 2, slice=s)
@@ -88,7 +102,7 @@ def test_what_cannot_be_differentiated_is_named(c, model):
         c.program(lambda v: isthmus.grad(lambda u: twice(u))(v))(np.ones(3, np.float32))
     with pytest.raises(isthmus.InvalidArgument, match="must return one scalar"):
         c.program(lambda v: isthmus.grad(lambda u: (twice(u), twice(u)))(v))(np.ones(3, np.float32))
-    with pytest.raises(isthmus.InvalidArgument, match="grad requires real- or complex-valued inputs"):
+    with pytest.raises(isthmus.InvalidArgument, match=r"requires real- or complex-valued inputs.*allow_int"):
         c.program(lambda n: isthmus.grad(lambda k: c.jit(lambda m: (m * 1.0).sum(), slice=s)(k))(n))(
             np.arange(3, dtype=np.int32))
     with pytest.raises(isthmus.InvalidArgument, match=r"call it inside a @c\.program"):
