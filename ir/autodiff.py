@@ -33,7 +33,7 @@ import numpy as np
 
 from ir.builder import ProgramBuilder
 from ir.errors import InvalidArgument
-from ir.node import Node, Op, Sig, Type
+from ir.node import Node, Op, Sig, Type, subgraphs
 from ir.ops import ArgAttrs, ComputeAttrs, CondAttrs, TransferAttrs, WhileAttrs
 from ir.program import Artifact, Program
 from ir.types import parse_dtype
@@ -155,9 +155,12 @@ class _Reverse:
             if any(live_out):
                 self.tape.append((node, (), None))
         elif any(live_in) and any(live_out):
+            calls = sorted({n.attrs.name for g in subgraphs(node) for n in g.walk()
+                            if isinstance(n.attrs, ComputeAttrs)})
             raise NotDifferentiable(f"grad: a {node.op.value} that the loss depends on through a "
-                                    f"differentiated argument ({', '.join(node.outputs)}): loops and "
-                                    "branches are not differentiated yet")
+                                    f"differentiated argument ({', '.join(node.outputs)}, calling "
+                                    f"{', '.join(calls) or 'nothing'}): loops and branches are not "
+                                    "differentiated yet")
         elif node.op is Op.WHILE:  # the loss does not depend on it through a `wrt` argument: as it is
             w = node.attrs
             assert isinstance(w, WhileAttrs)

@@ -105,5 +105,11 @@ def test_what_cannot_be_differentiated_is_named(c, model):
     with pytest.raises(isthmus.InvalidArgument, match=r"requires real- or complex-valued inputs.*allow_int"):
         c.program(lambda n: isthmus.grad(lambda k: c.jit(lambda m: (m * 1.0).sum(), slice=s)(k))(n))(
             np.arange(3, dtype=np.int32))
+    big = c.jit(lambda v: v.sum() > 1.0, slice=s, name="big")
+    halve = c.jit(lambda v: v / 2, slice=s, name="halve")
+    total = c.jit(jnp.sum, slice=s)
+    with pytest.raises(isthmus.InvalidArgument, match=r"calling big, halve\): loops and branches are not"):
+        c.program(lambda v: isthmus.grad(lambda u: total(isthmus.while_loop(big, halve, u)))(v))(
+            np.ones(3, np.float32))
     with pytest.raises(isthmus.InvalidArgument, match=r"call it inside a @c\.program"):
         isthmus.grad(lambda u: u)(np.ones(3, np.float32))
