@@ -23,6 +23,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -43,6 +44,17 @@ XDIST_EARLY = True  # a long module: handed out first under pytest-xdist (tests/
 
 def bump(v):
     return jnp.sin(v) * 2.0 + 1.0
+
+
+def steady(read: Callable[[], int], polls: int = 5) -> Callable[[], int | None]:
+    """A condition for `until`: what `read` gives, once it has given it `polls` times in a row."""
+    seen: list[int] = []
+
+    def check() -> int | None:
+        seen.append(read())
+        return seen[-1] if len(seen) >= polls and len(set(seen[-polls:])) == 1 else None
+
+    return check
 
 
 class Busy:
@@ -123,7 +135,10 @@ def test_a_server_killed_and_started_again_carries_on_and_a_busy_client_waits_it
             c.flush()  # sent: the server has them when it dies
             until(lambda: "run p-" in str(admin_hosts(servers[0].address, token)[s.hosts[0]]["running"]),
                   60, "the loop running")
-            held = admin_hosts(servers[0].address, token)[s.hosts[0]]["buffer_bytes"]
+            # (measured once the server has freed what the chain's calls released: it does as
+            # their runs settle, which its bookkeeping learns a little after the host ran them)
+            held = until(steady(lambda: admin_hosts(servers[0].address, token)[s.hosts[0]]["buffer_bytes"]),
+                         60, "the host's buffer bytes settled")
             busy = Busy(b)
             until(lambda: busy.rounds >= 3 or busy.errors, 120, "the busy client's first rounds")
             assert not busy.errors, busy.errors
