@@ -78,7 +78,7 @@ class _Reverse:
         self.p, self.wrt, self.rules = program, wrt, rules
         self.b = ProgramBuilder(dict(program.slice_table), dict(program.artifact_table))
         self.renamed: dict[str, str] = {}  # forward value -> its name in the new program
-        self.types: dict[str, Type] = {}  # forward value -> its type
+        self.types: dict[str, Type] = value_types(program)  # forward value -> its type
         self.cts: dict[str, list[str]] = {}  # forward value -> contributions to its cotangent (new names)
         # the active nodes in order, with their residuals' new names and their VJP (a computation's)
         self.tape: list[tuple[Node, tuple[str, ...], Vjp | None]] = []
@@ -91,7 +91,6 @@ class _Reverse:
         if len(set(self.wrt)) != len(self.wrt) or not all(0 <= k < len(args) for k in self.wrt):
             raise NotDifferentiable(f"grad: wrt: expected distinct argument positions below {len(args)}, "
                                     f"got {list(self.wrt)}")
-        self.types = value_types(self.p)
         for k in self.wrt:
             t = self.types[args[k]]
             if not inexact(t):

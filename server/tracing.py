@@ -57,13 +57,13 @@ class RunTraces:
         self._runs[info.id] = run
         while len(self._runs) > self._kept:
             self._runs.popitem(last=False)
-        at_submission = self._queue(info.island)
+        queued, in_flight = self._gangs.stats(info.island)  # (queued counts the parked too)
 
         def started() -> Awaitable[None]:
             admitted = time.time_ns()
             run.events.append(Event(f"queued on island {info.island}", "queue", run.submitted_ns, admitted, {
-                **{f"{k}_at_submission": v for k, v in at_submission.items()},
-                "in_flight_at_admission": self._queue(info.island)["in_flight"],
+                "queued_at_submission": queued, "in_flight_at_submission": in_flight,
+                "in_flight_at_admission": self._gangs.stats(info.island)[1],
                 "policy": type(self._gangs.schedulers[info.island].policy).__name__,
                 "hosts": list(info.hosts),
             }))
@@ -89,12 +89,6 @@ class RunTraces:
         run.events.append(Event("run", "queue", admitted, time.time_ns(),
                                 {"until": "every host reported", "failed": failed}))
         run.ended.set()
-
-    def _queue(self, island: str) -> dict[str, int]:
-        scheduler = self._gangs.schedulers.get(island)
-        if scheduler is None:
-            return {"queued": 0, "in_flight": 0}
-        return {"queued": len(scheduler.queued), "in_flight": len(scheduler.in_flight)}
 
     def get(self, client: str | None, run_id: str) -> TracedRun:
         """The traced run `run_id` of `client` (None: the admin, any client's)."""

@@ -7,6 +7,7 @@
 const REFRESH_MS = 2000;
 const KEY = "isthmus.credential";
 let credential = null;
+let me = null;  // who the credential is (asked once per credential)
 let timer = null;
 
 function el(tag, attrs = {}, ...children) {
@@ -139,7 +140,7 @@ async function whoAmI() {
 async function refresh() {
   clearTimeout(timer);
   try {
-    const me = await whoAmI();
+    me = me || await whoAmI();
     const [islands, devices, slices, runs] = await Promise.all([
       api("/v1/islands"), api("/v1/devices"), api("/v1/slices"), api("/v1/runs?limit=50")]);
     document.getElementById("who").textContent = me.admin ? "admin: every client's work" : `client ${me.name}`;
@@ -161,6 +162,7 @@ function forget() {
   clearTimeout(timer);
   sessionStorage.removeItem(KEY);
   credential = null;
+  me = null;
   document.getElementById("view").hidden = true;
   document.getElementById("login").hidden = false;
 }
