@@ -10,8 +10,9 @@ hosts, across islands, in the same run as everything else.
 - The loss (`fun`'s result, or its first with `has_aux`) must be a real or complex scalar,
   and the arguments differentiated in (`argnums`) of inexact dtypes, as for `jax.grad`
   (with `allow_int`, an integer input's gradient is float0 zeros, made in the client).
-- A loop or branch the loss depends on through a differentiated argument is refused by
-  name (`ir.autodiff`); one it does not depend on runs as it is.
+- A branch (`cond`) is differentiated on the branch taken; a loop the loss depends on
+  through a differentiated argument is refused by name (`ir.autodiff`), and one it does not
+  depend on runs as it is.
 - Outside a program there is nothing to differentiate: `InvalidArgument`.
 """
 

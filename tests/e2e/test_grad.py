@@ -95,6 +95,46 @@ def test_an_integer_input_has_a_float0_gradient_with_allow_int(c):
     assert grad_k.dtype == want_k.dtype == jax.dtypes.float0 and grad_k.shape == ()
 
 
+def branches(c, jit=None):
+    """A loss through a cond whose branches run on islands a and b, the true one holding a
+    cond of its own; with `jit=None`, the same functions run locally under `jax.lax.cond`."""
+    sa, sb = (None, None) if jit is None else (c.slice({"x": 2}, island="a"), c.slice({"y": 2}, island="b"))
+    on = (lambda fn, s, name: fn) if jit is None else (lambda fn, s, name: jit(fn, slice=s, name=name))
+    cond = jax.lax.cond if jit is None else isthmus.cond
+    positive = on(lambda w, x: jnp.sum(x @ w) > 0, sa, "positive")
+    big = on(lambda h: jnp.max(h) > 0.5, sb, "big")
+    left = on(lambda w, x: jnp.sin(x @ w), sa, "left")
+    right = on(lambda w, x: jnp.tanh(x @ w) * 2.0, sb, "right")
+    square = on(lambda h: h * h, sb, "square")
+    total = on(lambda h, w: jnp.sum(h ** 2) + jnp.sum(w), sa, "total")
+
+    def taken(w, x):
+        h = right(w, x)
+        return cond(big(h), square, lambda h: h, h)
+
+    def loss(w, x):
+        return total(cond(positive(w, x), taken, left, w, x), w)
+
+    return loss
+
+
+def test_a_cond_s_gradient_is_the_taken_branch_s_across_islands_and_nested(c):
+    loss, local = branches(c, c.jit), branches(c)
+    step = c.program(lambda w, x: isthmus.value_and_grad(loss)(w, x))
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((8, 4)).astype(np.float32)
+    seen = set()
+    for scale in (1.0, -1.0, 0.01):  # the true branch with its inner one each way, the false one
+        x = (scale * np.abs(rng.standard_normal((2, 8)))).astype(np.float32) * np.sign(w.sum(1))
+        value, g = step(w, x)
+        want_value, want_g = jax.value_and_grad(local)(w, x)
+        np.testing.assert_allclose(value.numpy(), want_value, **TOL)
+        np.testing.assert_allclose(g.numpy(), want_g, **TOL)
+        positive = bool(jnp.sum(x @ w) > 0)
+        seen.add((positive, positive and bool(jnp.max(jnp.tanh(x @ w) * 2.0) > 0.5)))
+    assert seen == {(True, True), (True, False), (False, False)}
+
+
 def test_what_cannot_be_differentiated_is_named(c, model):
     s = c.slice({"x": 1}, island="a")
     twice = c.jit(lambda v: v * 2, slice=s)
@@ -108,7 +148,7 @@ def test_what_cannot_be_differentiated_is_named(c, model):
     big = c.jit(lambda v: v.sum() > 1.0, slice=s, name="big")
     halve = c.jit(lambda v: v / 2, slice=s, name="halve")
     total = c.jit(jnp.sum, slice=s)
-    with pytest.raises(isthmus.InvalidArgument, match=r"calling big, halve\): loops and branches are not"):
+    with pytest.raises(isthmus.InvalidArgument, match=r"calling big, halve\): loops are not"):
         c.program(lambda v: isthmus.grad(lambda u: total(isthmus.while_loop(big, halve, u)))(v))(
             np.ones(3, np.float32))
     with pytest.raises(isthmus.InvalidArgument, match=r"call it inside a @c\.program"):

@@ -146,7 +146,7 @@ def looped(through_w: bool) -> Program:
 
 
 def test_loops_the_loss_depends_on_are_refused_and_others_kept():
-    with pytest.raises(NotDifferentiable, match=r"a while .*\(%2, calling double, small\): loops and"):
+    with pytest.raises(NotDifferentiable, match=r"a while .*\(%2, calling double, small\): loops are not"):
         reverse(looped(through_w=True), [0], Rules())
     d = reverse(looped(through_w=False), [0], Rules())
     verify(d)
@@ -189,3 +189,90 @@ def test_a_differentiated_program_inlines_into_another_and_a_wrong_argument_is_n
     w = other.arg(Aval((8, 16), F32), (None, "model"), s0)
     with pytest.raises(InvalidArgument, match=r"inline: argument %1: expected float32\[4,8\]"):
         other.inline(d, [w, w])
+
+
+def branched(nested: bool = False) -> Program:
+    """A cond on island a's predicate: branch 0 scales w on island a, branch 1 moves it to
+    island b and transforms it there (`nested`: through a cond of its own); then a loss."""
+    b = ProgramBuilder()
+    sa = b.slice("sa", {"x": 2}, island="a")
+    sb = b.slice("sb", {"y": 2}, island="b")
+    w = b.arg(V, ("x", None), sa)
+    x = b.arg(V, ("x", None), sa)
+    (p,) = b.compute("positive", b"positive", sa, [x], [(Aval((), "bool"), ())])
+    zero = b.sub()
+    zw, zx = zero.arg(V, ("x", None), sa), zero.arg(V, ("x", None), sa)
+    (scaled,) = zero.compute("scale", b"scale", sa, [zw, zx], [(V, ("x", None))])
+    zero.result(scaled)
+    one = b.sub()
+    ow, _ = one.arg(V, ("x", None), sa), one.arg(V, ("x", None), sa)
+    moved = one.transfer(ow, ("y", None), sb)
+    if nested:
+        (q,) = one.compute("big", b"big", sb, [moved], [(Aval((), "bool"), ())])
+        keep, square = one.sub(), one.sub()
+        keep.result(keep.arg(V, ("y", None), sb))
+        sq = square.arg(V, ("y", None), sb)
+        square.result(*square.compute("square", b"square", sb, [sq], [(V, ("y", None))]))
+        (t,) = one.cond(q, [moved], [keep.graph(), square.graph()])
+    else:
+        (t,) = one.compute("tanh", b"tanh", sb, [moved], [(V, ("y", None))])
+    one.result(one.transfer(t, ("x", None), sa))
+    (z,) = b.cond(p, [w, x], [zero.graph(), one.graph()])
+    (loss,) = b.compute("loss", b"loss", sa, [z], [(SCALAR, ())])
+    b.result(loss)
+    return b.build()
+
+
+def branch_lines(g) -> list[str]:
+    return [f"{n.op.value} {n.attrs.name}" if isinstance(n.attrs, ComputeAttrs) else n.op.value
+            for n in g.nodes]
+
+
+def test_a_cond_s_transpose_is_a_cond_on_the_same_predicate_over_every_branch_s_residuals():
+    p, rules = branched(), Rules()
+    d = reverse(p, [0], rules)
+    verify(d)
+    assert lines(d) == ["arg", "arg", "compute positive", "cond", "compute loss_fwd", "compute grad_ones",
+                        "compute loss_bwd", "cond", "result"]
+    fwd, bwd = (n for n in d.graph.nodes if n.op is Op.COND)
+    assert bwd.inputs[0] == fwd.inputs[0]  # the same predicate
+    zero, one = fwd.attrs.branches
+    # scale's residuals are its inputs (w, x), tanh's its input (moved): each branch returns
+    # its own and zeros for the other's
+    assert branch_lines(zero) == ["arg", "arg", "compute scale_fwd", "compute grad_zeros", "result"]
+    assert branch_lines(one) == ["arg", "arg", "transfer", "compute tanh_fwd", "transfer",
+                                 "compute grad_zeros", "compute grad_zeros", "result"]
+    types = value_types(d)
+    assert [types[v].slice for v in fwd.outputs] == ["sa", "sa", "sa", "sb"]
+    assert bwd.inputs[1:] == (d.graph.nodes[6].outputs[0], *fwd.outputs[1:])  # ct of z, then residuals
+    back_zero, back_one = bwd.attrs.branches
+    assert branch_lines(back_zero) == ["arg"] * 4 + ["compute scale_bwd", "result"]
+    assert branch_lines(back_one) == ["arg"] * 4 + ["transfer", "compute tanh_bwd", "transfer", "result"]
+    assert d.graph.results[1] == bwd.outputs[0]  # w's gradient: what the taken branch gave
+    assert ("scale", (True, False), (True,)) in rules.asked
+
+
+def test_nested_conds_pass_their_predicate_and_residuals_out_through_the_enclosing_branch():
+    d = reverse(branched(nested=True), [0], Rules())
+    verify(d)
+    fwd, bwd = (n for n in d.graph.nodes if n.op is Op.COND)
+    _, one = fwd.attrs.branches
+    assert branch_lines(one)[-4:] == ["transfer", "compute grad_zeros", "compute grad_zeros", "result"]
+    inner = next(n for n in one.nodes if n.op is Op.COND)
+    # the inner cond gives its result and square's residual (zeros from the branch that keeps)
+    assert len(inner.outputs) == 2
+    saved = one.results[1:]
+    assert inner.inputs[0] in saved and inner.outputs[1] in saved  # its predicate and residual, out
+    back_inner = next(n for n in bwd.attrs.branches[1].nodes if n.op is Op.COND)
+    assert [branch_lines(g) for g in back_inner.attrs.branches] == [
+        ["arg", "arg", "result"], ["arg", "arg", "compute square_bwd", "result"]]
+
+
+def test_a_branch_that_does_not_read_an_operand_gives_it_zeros_and_saves_nothing():
+    d = reverse(branched(), [1], Rules())  # x: scale's operand on branch 0, unread on branch 1
+    verify(d)
+    fwd, bwd = (n for n in d.graph.nodes if n.op is Op.COND)
+    assert len(fwd.outputs) == 1 + 2  # z and scale's residuals: tanh is not on x's path
+    assert branch_lines(fwd.attrs.branches[1]) == ["arg", "arg", "transfer", "compute tanh", "transfer",
+                                                   "compute grad_zeros", "compute grad_zeros", "result"]
+    assert branch_lines(bwd.attrs.branches[1]) == ["arg", "arg", "arg", "compute grad_zeros", "result"]

@@ -1,0 +1,226 @@
+"""One graph's reverse mode: its forward copied into one builder, its backward into
+another (the same one at the top of a program; a sub-graph's own for a branch), with the
+forward values the backward reads passed through `need`.
+
+A `Sweep` walks its graph's nodes once forwards (`forward`: each active computation
+replaced by its forward with residuals, the rest copied) and records a tape; `backward`
+walks the tape in reverse and adds each node's transpose. Ops other than computations and
+transfers get their rules from `FORWARD` and `BACKWARD` (`branches.py` registers `cond`'s).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from ir.builder import ProgramBuilder
+from ir.errors import InvalidArgument
+from ir.node import Graph, Node, Op, Sig, Type, subgraphs
+from ir.ops import ArgAttrs, ComputeAttrs, CondAttrs, TransferAttrs, WhileAttrs
+from ir.program import Artifact, SliceDef
+from ir.types import parse_dtype
+from ir.verify import graph_types
+
+
+class NotDifferentiable(InvalidArgument):
+    """The program cannot be differentiated as asked; the message names the node or value."""
+
+
+@dataclass(frozen=True)
+class Vjp:
+    """A computation's reverse mode: `fwd` computes its outputs and then `residuals`; `bwd`
+    takes the residuals and the cotangents of the outputs asked for (`cts`) and returns the
+    cotangents of the inputs asked for (`wrt`), in order. Sigs are on the computation's slice."""
+
+    fwd: Artifact
+    residuals: tuple[Sig, ...]
+    bwd: Artifact
+
+
+class Rules(Protocol):
+    """Where the computations the pass adds come from (the client exports them with JAX)."""
+
+    def vjp(self, node: ComputeAttrs, wrt: tuple[bool, ...], cts: tuple[bool, ...]) -> Vjp: ...
+    def zeros(self, t: Type) -> Artifact: ...
+    def ones(self, t: Type) -> Artifact: ...
+    def add(self, t: Type, n: int) -> Artifact: ...
+
+
+def inexact(t: Type) -> bool:
+    return bool(np.issubdtype(parse_dtype(t.aval.dtype), np.inexact))
+
+
+# The original program's slices and artifacts, against which its graphs are typed.
+Tables = tuple[Mapping[str, SliceDef], frozenset[str]]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """An active node on the tape: the forward values (new names) its backward reads, and
+    what its rule keeps for the backward (a computation's VJP, a cond's backward branches)."""
+
+    node: Node
+    saved: tuple[str, ...]
+    kept: Any = None
+
+
+# The rules of the ops beyond computations and transfers: (sweep, node, its new inputs).
+FORWARD: dict[Op, Callable[[Sweep, Node, tuple[str, ...]], None]] = {}
+BACKWARD: dict[Op, Callable[[Sweep, Entry], None]] = {}
+
+
+class Sweep:
+    def __init__(self, graph: Graph, tables: Tables, rules: Rules, fwd: ProgramBuilder) -> None:
+        self.graph, self.tables, self.rules, self.fwd = graph, tables, rules, fwd
+        self.types = graph_types(graph, *tables)  # (the graph's own scope)
+        self.bwd = fwd
+        self.need: Callable[[str], str] = lambda v: v  # a forward value (new name) as the backward reads it
+        self.renamed: dict[str, str] = {}  # value -> its name in the forward builder
+        self.cts: dict[str, list[str]] = {}  # value -> contributions to its cotangent (backward names)
+        self.tape: list[Entry] = []
+        self.active_values: set[str] = set()
+
+    # --- which values carry cotangents ------------------------------------------------------
+
+    def active(self, varied: Iterable[str], useful: Iterable[str]) -> set[str]:
+        """The values of an inexact dtype that depend on one in `varied` and that one in
+        `useful` (the loss, or a branch's results that carry cotangents) depends on."""
+        nodes = self.graph.nodes
+        reach = set(varied)
+        for node in nodes:
+            if node.op in (Op.COMPUTE, Op.TRANSFER, Op.WHILE, Op.COND) and reach & set(node.inputs):
+                reach.update(node.outputs)
+        needed = set(useful)
+        for node in reversed(nodes):
+            if needed & set(node.outputs):
+                needed.update(node.inputs)
+        self.active_values = {v for v in reach & needed if inexact(self.types[v])}
+        return self.active_values
+
+    # --- the forward pass: each node copied, an active computation as its forward ----------
+
+    def forward(self, active: set[str]) -> None:
+        """Every node but the result, into the forward builder (the result is the caller's)."""
+        for node in self.graph.nodes[:-1]:
+            self._forward(node, active)
+
+    def _forward(self, node: Node, active: set[str]) -> None:
+        b, inputs = self.fwd, tuple(self.renamed[v] for v in node.inputs)
+        live_in = [v in active for v in node.inputs]
+        live_out = [v in active for v in node.outputs]
+        if node.op is Op.ARG:
+            assert isinstance(node.attrs, ArgAttrs)
+            t = node.attrs.type
+            self.define(node.outputs, (b.arg(t.aval, t.spec, t.slice),))
+        elif node.op is Op.COMPUTE and any(live_in) and any(live_out):
+            a = node.attrs
+            assert isinstance(a, ComputeAttrs)
+            vjp = self.rules.vjp(a, tuple(live_in), tuple(live_out))
+            ref = b.artifact(vjp.fwd.data, dict(vjp.fwd.meta))
+            made = b.compute(f"{a.name}_fwd", ref, a.slice, inputs, [*a.outs, *vjp.residuals], ins=a.ins)
+            self.define(node.outputs, made[:len(a.outs)])
+            self.tape.append(Entry(node, made[len(a.outs):], vjp))
+        elif node.op is Op.COMPUTE:
+            a = node.attrs
+            assert isinstance(a, ComputeAttrs)
+            self.define(node.outputs, b.compute(a.name, a.artifact, a.slice, inputs, a.outs, ins=a.ins))
+        elif node.op is Op.TRANSFER:
+            a = node.attrs
+            assert isinstance(a, TransferAttrs)
+            self.define(node.outputs, (b.transfer(inputs[0], a.type.spec, a.type.slice),))
+            if any(live_out):
+                self.tape.append(Entry(node, ()))
+        elif any(live_in) and any(live_out):
+            rule = FORWARD.get(node.op)
+            if rule is None:
+                calls = sorted({n.attrs.name for g in subgraphs(node) for n in g.walk()
+                                if isinstance(n.attrs, ComputeAttrs)})
+                raise NotDifferentiable(f"grad: a {node.op.value} that the loss depends on through a "
+                                        f"differentiated argument ({', '.join(node.outputs)}, calling "
+                                        f"{', '.join(calls) or 'nothing'}): loops are not differentiated yet")
+            rule(self, node, inputs)
+        elif node.op is Op.WHILE:  # the loss does not depend on it through a `wrt` argument: as it is
+            w = node.attrs
+            assert isinstance(w, WhileAttrs)
+            self.define(node.outputs, b.while_(inputs, w.cond, w.body, w.parallel_iterations))
+        elif node.op is Op.COND:
+            c = node.attrs
+            assert isinstance(c, CondAttrs)
+            self.define(node.outputs, b.cond(inputs[0], inputs[1:], c.branches))
+        else:
+            raise NotDifferentiable(f"grad: {node.op.value} nodes are not supported here "
+                                    f"({', '.join(node.outputs) or 'no outputs'})")
+
+    def define(self, old: Sequence[str], new: Sequence[str]) -> None:
+        self.renamed.update(zip(old, new, strict=True))
+
+    def saved(self) -> tuple[str, ...]:
+        """The forward values (new names) the backward reads, once each, in tape order."""
+        return tuple(dict.fromkeys(v for e in self.tape for v in e.saved))
+
+    # --- the backward pass -----------------------------------------------------------------
+
+    def start_backward(self, bwd: ProgramBuilder, need: Callable[[str], str]) -> None:
+        self.bwd, self.need = bwd, need
+
+    def seed(self, value: str, ct: str) -> None:
+        """A cotangent of `value` (a backward name) contributed from outside the graph."""
+        self.cts.setdefault(value, []).append(ct)
+
+    def backward(self, active: set[str]) -> None:
+        for entry in reversed(self.tape):
+            if entry.node.op is Op.COMPUTE:
+                self._compute_backward(entry, active)
+            elif entry.node.op is Op.TRANSFER:
+                self._transfer_backward(entry.node)
+            else:
+                BACKWARD[entry.node.op](self, entry)
+
+    def _transfer_backward(self, node: Node) -> None:
+        if node.outputs[0] not in self.cts:
+            return
+        source = self.types[node.inputs[0]]
+        back = self.bwd.transfer(self.cotangent(node.outputs[0]), source.spec, source.slice)
+        self.seed(node.inputs[0], back)
+
+    def _compute_backward(self, entry: Entry, active: set[str]) -> None:
+        node, vjp = entry.node, entry.kept
+        a = node.attrs
+        assert isinstance(a, ComputeAttrs) and isinstance(vjp, Vjp)
+        outs = [v for v in node.outputs if v in active]
+        if not any(v in self.cts for v in outs):
+            return  # every cotangent it would take is zero: so are those it would give
+        wrt = [i for i, v in enumerate(node.inputs) if v in active]
+        ref = self.bwd.artifact(vjp.bwd.data, dict(vjp.bwd.meta))
+        cts = [self.cotangent(v) for v in outs]
+        ins = [*vjp.residuals, *(self.types[v].sig for v in outs)]
+        operands = [*(self.need(r) for r in entry.saved), *cts]
+        made = self.bwd.compute(f"{a.name}_bwd", ref, a.slice, operands, [a.ins[i] for i in wrt], ins=ins)
+        for i, ct in zip(wrt, made, strict=True):
+            self.seed(node.inputs[i], ct)
+
+    def cotangent(self, value: str) -> str:
+        """The value's cotangent in the backward: the sum of what was contributed, or zeros."""
+        t = self.types[value]
+        parts = self.cts.get(value, [])
+        if not parts:
+            ct = self.constant(self.rules.zeros(t), t, "grad_zeros")
+        elif len(parts) == 1:
+            ct = parts[0]
+        else:
+            art = self.rules.add(t, len(parts))
+            ref = self.bwd.artifact(art.data, dict(art.meta))
+            n = len(parts)
+            ct = self.bwd.compute(f"grad_add{n}", ref, t.slice, parts, [t.sig], ins=[t.sig] * n)[0]
+        self.cts[value] = [ct]
+        return ct
+
+    def constant(self, art: Artifact, t: Type, name: str, into: ProgramBuilder | None = None) -> str:
+        """A computation of no inputs giving `art`'s value of type `t`, into the backward
+        builder (or `into`)."""
+        b = self.bwd if into is None else into
+        ref = b.artifact(art.data, dict(art.meta))
+        return b.compute(name, ref, t.slice, (), [t.sig], ins=())[0]
