@@ -28,6 +28,7 @@ import pytest
 from servers import WINDOW_1
 
 import bench
+from bench.netns import unusable
 from bench.output import not_finite
 
 ROOT = Path(bench.__file__).resolve().parents[1]
@@ -54,6 +55,9 @@ class Smoke:
     servers: tuple[tuple[str, str], ...] = ()
     plot: bool = False
     elsewhere: str = ""  # the test module that runs this smoke, where it is not test_bench_smoke.py
+    # The benchmark whose smoke runs this one's as part of it (its JSON checked there), where
+    # that one can run (`runs_within`): then this one's is not run again on its own.
+    within: str = ""
 
 
 DEFAULT = (("--server", "default"),)
@@ -62,7 +66,7 @@ DEFAULT = (("--server", "default"),)
 # throughput has the window-1 server too: one token per benchmark, and it is a smoke.
 SMOKES = {
     "actor_step": Smoke(),
-    "call_latency": Smoke(DEFAULT),
+    "call_latency": Smoke(DEFAULT, within="multinode"),  # its embedded half, on the same server
     "control_flow": Smoke(DEFAULT, plot=True),
     "dispatch": Smoke(DEFAULT, plot=True),
     "faults": Smoke(),
@@ -115,6 +119,11 @@ def addresses(request: pytest.FixtureRequest, shared_servers: Callable[[dict[str
         raise KeyError(name)
 
     return get
+
+
+def runs_within(smoke: Smoke) -> bool:
+    """Whether `smoke.within`'s smoke runs here (a namespace cluster needs root and `ip`)."""
+    return smoke.within == "multinode" and unusable() is None
 
 
 def check_result(name: str, result: dict[str, Any]) -> None:

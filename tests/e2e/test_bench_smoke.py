@@ -2,8 +2,9 @@
 promises (`JSON_KEYS`, `bench.output`): a benchmark the code moved away from fails here, not
 when someone next measures. How each runs, and what is checked: `bench_smokes.py`.
 `bench.multinode`'s smoke is `test_bench_smoke_multinode.py` (one namespace cluster at a
-time), `bench.soak`'s is `test_soak.py` (which checks its counts); the GPU dispatch needs a
-GPU and is skipped, with the reason, without one.
+time), and where it runs it smokes `bench.call_latency` too (on the same server, its JSON
+checked there), which then does not run again here; `bench.soak`'s is `test_soak.py` (which
+checks its counts); the GPU dispatch needs a GPU and is skipped, with the reason, without one.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from bench_smokes import EXEMPT, ROOT, SMOKES, addresses, baseline_ray, check_result, run_smoke
+from bench_smokes import EXEMPT, ROOT, SMOKES, addresses, baseline_ray, check_result, run_smoke, runs_within
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 # Spread over the workers (tests/conftest.py): each smoke is seconds, and the servers it is
@@ -37,7 +38,8 @@ def test_every_bench_module_is_smoked_or_exempt() -> None:
     assert all((tests / s.elsewhere).is_file() for s in SMOKES.values() if s.elsewhere)
 
 
-@pytest.mark.parametrize("name", sorted(n for n, s in SMOKES.items() if not s.elsewhere))
+@pytest.mark.parametrize("name", sorted(n for n, s in SMOKES.items()
+                                        if not s.elsewhere and not runs_within(s)))
 def test_a_benchmark_runs_its_smoke_and_writes_what_it_promises(
         name: str, tmp_path: Path, baseline_ray: None, addresses) -> None:
     run_smoke(name, tmp_path, addresses)

@@ -1,14 +1,15 @@
 """`bench.multinode --smoke`: the call-latency and dispatch smokes on the test run's server
 and on a Ray of five network namespaces (`bench.netns`), its JSON checked as every
-benchmark's is (`bench_smokes.py`). Needs root and `ip netns`: skipped, with the reason,
-without them."""
+benchmark's is (`bench_smokes.py`), and the call-latency JSON of each half as that smoke's
+own would be (it does not run again in `test_bench_smoke.py`). Needs root and `ip netns`:
+skipped, with the reason, without them (the call-latency smoke then runs on its own)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from bench_smokes import addresses, baseline_ray, run_smoke
+from bench_smokes import SMOKES, addresses, baseline_ray, check_result, run_smoke, runs_within
 
 from bench.netns import unusable
 
@@ -23,4 +24,8 @@ def test_multinode_runs_its_smoke_and_writes_what_it_promises(tmp_path: Path, ba
                                                                addresses) -> None:
     if (why := unusable()) is not None:
         pytest.skip(f"bench.multinode {why}")
-    run_smoke("multinode", tmp_path, addresses)
+    result = run_smoke("multinode", tmp_path, addresses)
+    for name, smoke in SMOKES.items():  # the smokes it ran, in both halves, as their own would be
+        if runs_within(smoke):
+            check_result(name, result["embedded"][name])
+            check_result(name, result["multinode"][name])
