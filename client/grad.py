@@ -10,9 +10,9 @@ hosts, across islands, in the same run as everything else.
 - The loss (`fun`'s result, or its first with `has_aux`) must be a real or complex scalar,
   and the arguments differentiated in (`argnums`) of inexact dtypes, as for `jax.grad`
   (with `allow_int`, an integer input's gradient is float0 zeros, made in the client).
-- A branch (`cond`) is differentiated on the branch taken; a loop the loss depends on
-  through a differentiated argument is refused by name (`ir.autodiff`), and one it does not
-  depend on runs as it is.
+- Branches (`cond`) and loops (`while_loop`, `fori_loop`) are differentiated on the
+  hosts (`ir.autodiff`): the backward takes the branch the forward took, and runs a loop's
+  trip count backwards, popping the forward values each iteration saved on its hosts.
 - Outside a program there is nothing to differentiate: `InvalidArgument`.
 """
 
@@ -29,7 +29,7 @@ from client.context import tracing
 from client.control_flow import _captured, _emit, _flatten, _slice_of, _trace
 from client.slices import Slice
 from client.trace import Names, Trace
-from client.vjp import export_add, export_fill
+from client.vjp import export_add, export_count, export_fill, export_positive
 from ir import (
     Artifact,
     ComputeAttrs,
@@ -140,7 +140,8 @@ def _differentiate(trace: Trace, fun: Callable[..., Any], args: tuple[Any, ...],
     results = [_settled(child, v, where) for v in (loss_leaves[0], *aux_leaves)]
     captured = _captured([child], [])
     cargs += [child.captures[v] for v in captured]
-    differentiated = reverse(_program(trace, child, cargs, results), wrt, _Rules(trace))
+    differentiated = reverse(_program(trace, child, cargs, results), wrt, _Rules(trace),
+                             stacks=f"g{next(trace.grads)}")
     types = [value_types(differentiated)[r] for r in differentiated.graph.results]
     views = [child.values[v].view for v in results] + [child.values[cargs[j]].view for j in wrt]
     outputs = [trace.new_value(t.aval, view, t) for t, view in zip(types, views, strict=True)]
@@ -196,7 +197,14 @@ class _Rules:
             fn = ref()
             if fn is None:  # (held by the function being differentiated while it is traced)
                 raise InvalidArgument(f"value_and_grad: {node.name}'s function is gone")
-            made = fn.vjp(exported, wrt, cts)
+            try:
+                made = fn.vjp(exported, wrt, cts)
+            except InvalidArgument:
+                raise
+            except Exception as e:  # JAX's own refusal (a lax.while_loop inside, say): by name
+                reason = str(e).strip().split("\n", 1)[0]
+                raise InvalidArgument(f"value_and_grad: {node.name} cannot be differentiated: "
+                                      f"{type(e).__name__}: {reason}") from None
             self._vjps[key] = Vjp(Artifact.of(made.fwd), tuple(Sig(a, s) for a, s in made.residuals),
                                   Artifact.of(made.bwd))
         return self._vjps[key]
@@ -209,6 +217,12 @@ class _Rules:
 
     def add(self, t: Type, n: int) -> Artifact:
         return Artifact.of(export_add(t.aval, t.spec, n, *self._where(t)))
+
+    def count(self, t: Type, delta: int) -> Artifact:
+        return Artifact.of(export_count(t.aval, t.spec, delta, *self._where(t)))
+
+    def positive(self, t: Type) -> Artifact:
+        return Artifact.of(export_positive(t.aval, t.spec, *self._where(t)))
 
     def _where(self, t: Type) -> tuple[Any, str]:
         s = self._trace.slices[t.slice]

@@ -19,6 +19,7 @@ Contract:
 
 from __future__ import annotations
 
+import itertools
 import re
 import weakref
 from collections.abc import Collection, Mapping, Sequence
@@ -212,6 +213,8 @@ class Trace:
         # function must go at once) and export it came from, for its VJP (`client.grad`)
         self.sources: dict[str, tuple[weakref.ref[Traceable], Export]] = (
             {} if parent is None else parent.sources)
+        # each differentiated sub-graph's stack names, unique in the program (`client.grad`)
+        self.grads: itertools.count[int] = itertools.count() if parent is None else parent.grads
 
     def child(self) -> Trace:
         """A trace for a sub-graph (a loop's cond or body, a branch) of this one."""

@@ -69,10 +69,11 @@ from executors.mail import Mail
 from executors.messages import Abort, Failed, Payload
 from executors.payloads import part_tag, payload_of, received
 from executors.signatures import Signature, Signatures
+from executors.stacks import Stacks
 from executors.stats import Held
 from executors.store import BufferStore, Failure
 from executors.tracing import Recorder, Traces, event_of, finished
-from ir import Compute, HostPlan, Recv, Reshard, Send
+from ir import Compute, HostPlan, Pop, Push, Recv, Reshard, Send
 from ir.plan import Enter, Exit, Merge, NextIteration, Switch, defines
 
 log = logging.getLogger("isthmus.executors")
@@ -101,6 +102,7 @@ class _Run:
     env: dict[str, Any] = field(default_factory=dict)  # value -> jax.Array, Failure, DEAD or LIVE
     frames: Frames = field(default_factory=Frames)  # the open loop frames and their iterations
     failure: Failure | None = None  # an executable of its plan that did not compile: every result fails
+    stacks: Stacks = field(default_factory=Stacks)  # its loops' saved values (reverse mode)
 
 
 class Runner:
@@ -199,7 +201,9 @@ class Runner:
         with self._lock:
             runs = list(self._runs.values())
         mailboxes, taken, stopping, limited, aborted = self.mail.held()
-        return Held(len(runs), sum(len(r.frames) for r in runs), mailboxes, taken, stopping, limited, aborted)
+        stacked = [r.stacks.held() for r in runs]
+        return Held(len(runs), sum(len(r.frames) for r in runs), mailboxes, taken, stopping, limited, aborted,
+                    sum(n for n, _ in stacked), sum(b for _, b in stacked))
 
     def _layout(self, plan: HostPlan) -> Layout:
         layout = self._layouts.get(plan.key)
@@ -374,6 +378,8 @@ class Runner:
                 self._send(message.run_id, step, env[step.input], frames)
             elif isinstance(step, Recv):
                 env[step.output] = self._receive(message, step, frames, deadline)
+            elif isinstance(step, Push | Pop):
+                self._stack(message.run_id, step, env, frames)
         except Exception:
             where = f" in {frames.where()}" if len(frames) else ""
             failure = Failure(f"{type(step).__name__.lower()} on host {self.host}{where} failed:\n"
@@ -390,6 +396,18 @@ class Runner:
                         log.exception("host %s: cannot tell host %s why tag %s failed", self.host, to,
                                       step.tag)
         return i + 1
+
+    def _stack(self, run_id: str, step: Push | Pop, env: MutableMapping[str, Any], frames: Frames) -> None:
+        with self._lock:
+            run = self._runs.get(run_id)
+        if run is None:  # (finished meanwhile: cancelled)
+            raise RuntimeError(f"run {run_id} has finished")
+        if isinstance(step, Pop):
+            env[step.output] = run.stacks.pop(step.stack, step.depth, frames)
+            return
+        failure = run.stacks.push(step.stack, step.depth, frames, env[step.input])
+        if failure is not None:
+            raise RuntimeError(failure.cause)
 
     def _abort(self, run_id: str, frames: Frames, peers: frozenset[str], failure: Failure) -> None:
         """Tell the loop's peers this host has left it, so none waits for what it would send."""

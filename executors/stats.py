@@ -29,7 +29,8 @@ class PeerSends:
 class Held:
     """What a host's runner holds for runs in progress (none of it once they have finished):
     runs with an environment, loop frames and mailboxes open; runs taken and not finished,
-    told to stop (`cancel`), with a time limit, and with a peer that left a loop early."""
+    told to stop (`cancel`), with a time limit, and with a peer that left a loop early;
+    values on runs' stacks and their bytes."""
 
     runs: int = 0
     frames: int = 0
@@ -38,6 +39,8 @@ class Held:
     stopping: int = 0
     limited: int = 0
     aborted: int = 0
+    stacked: int = 0  # values on runs' stacks (reverse mode's residuals of loops)
+    stack_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,11 +27,24 @@ from ir.ops import (
     RecvAttrs,
     ResultAttrs,
     SendAttrs,
+    StackAttrs,
     TransferAttrs,
     WhileAttrs,
     transfer_route,
 )
-from ir.plan import CompileJob, Compute, DeviceMesh, HostPlan, Recv, Reshard, Send, Step, executable_key
+from ir.plan import (
+    CompileJob,
+    Compute,
+    DeviceMesh,
+    HostPlan,
+    Pop,
+    Push,
+    Recv,
+    Reshard,
+    Send,
+    Step,
+    executable_key,
+)
 from ir.program import Artifact, Placement, Program, SliceDef, content_hash
 from ir.text import ParseError, node_line, parse_program, print_program
 from ir.types import DTYPES, Aval, MeshAxes, Spec, dtype_name, parse_dtype
@@ -66,8 +79,10 @@ __all__ = [
     "OpAttrs",
     "ParseError",
     "Placement",
+    "Pop",
     "Program",
     "ProgramBuilder",
+    "Push",
     "Recv",
     "RecvAttrs",
     "RemoteError",
@@ -79,6 +94,7 @@ __all__ = [
     "Sig",
     "SliceDef",
     "Spec",
+    "StackAttrs",
     "Step",
     "TransferAttrs",
     "Type",

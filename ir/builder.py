@@ -16,7 +16,16 @@ from typing import Any, cast
 
 from ir.errors import InvalidArgument
 from ir.node import Graph, Node, Op, Sig, Type
-from ir.ops import ArgAttrs, Attrs, ComputeAttrs, CondAttrs, ResultAttrs, TransferAttrs, WhileAttrs
+from ir.ops import (
+    ArgAttrs,
+    Attrs,
+    ComputeAttrs,
+    CondAttrs,
+    ResultAttrs,
+    StackAttrs,
+    TransferAttrs,
+    WhileAttrs,
+)
 from ir.program import Artifact, Program, SliceDef
 from ir.text import node_line
 from ir.types import Aval, MeshAxes, Spec
@@ -91,6 +100,12 @@ class ProgramBuilder:
         count = len(branches[0].results) if branches else 0
         return self._add(Op.COND, (pred, *operands), count, CondAttrs(tuple(branches)))
 
+    def push(self, value: str, stack: str, depth: int = 1) -> None:
+        self._add(Op.PUSH, (value,), 0, StackAttrs(self.type_of(value), stack, depth))
+
+    def pop(self, t: Type, stack: str, depth: int = 1) -> str:
+        return self._add(Op.POP, (), 1, StackAttrs(t, stack, depth))[0]
+
     def inline(self, program: Program, inputs: Sequence[str]) -> tuple[str, ...]:
         """Add `program`'s nodes here, its arguments bound to `inputs` (of its arguments'
         types), its slices and artifacts to this builder's tables; the values its results are."""
@@ -102,6 +117,13 @@ class ProgramBuilder:
                 raise InvalidArgument(f"inline: slice {s.name}: expected {self._slices[s.name]}, found {s}")
         for art in program.artifacts:
             self._artifacts.setdefault(art.hash, art)
+        return self.splice(graph, inputs)
+
+    def splice(self, graph: Graph, inputs: Sequence[str]) -> tuple[str, ...]:
+        """Add `graph`'s nodes here (its slices and artifacts already in this builder's
+        tables), its arguments bound to `inputs`; the values its results are."""
+        if len(inputs) != len(graph.args):
+            raise InvalidArgument(f"splice: expected {len(graph.args)} inputs, got {len(inputs)}")
         renamed = dict(zip(graph.args, inputs, strict=True))
         for node in graph.nodes:
             if node.op is Op.ARG:

@@ -38,6 +38,8 @@ class Op(enum.Enum):
     RESULT = "result"
     WHILE = "while"
     COND = "cond"
+    PUSH = "push"
+    POP = "pop"
 
 
 def check_name(name: object, pattern: re.Pattern[str], what: str) -> None:

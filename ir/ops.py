@@ -8,7 +8,8 @@ Contract:
   `SEND`/`RECV` one value from one host to another, paired by `tag` (the verifier checks the
   pairs), on placed slices only; `RESULT` the graph's outputs, in order, always its last node;
   `WHILE` and `COND` functional control flow whose sub-graphs are closed (they see only
-  their own `ARG`s) and have their own value scope.
+  their own `ARG`s) and have their own value scope; `PUSH`/`POP` a value saved on a per-run
+  stack in one loop's iterations and taken back, last first, in another's (reverse mode).
 - `TYPE_RULES[op](node, env)` returns the types of the node's outputs from the types of its
   operands (`Env`), or raises `RuleError`; `ir.verify` runs them, adding the checks common
   to every node, and hands `env.check_graph` to the control-flow rules.
@@ -365,4 +366,51 @@ def _cond_rule(node: Node, env: Env) -> list[Type]:
 ATTRS[Op.COND], TYPE_RULES[Op.COND] = CondAttrs, _cond_rule
 SUBGRAPHS[Op.COND] = lambda a: a.branches
 
-Attrs = ArgAttrs | ComputeAttrs | TransferAttrs | SendAttrs | RecvAttrs | ResultAttrs | WhileAttrs | CondAttrs
+# --- PUSH / POP: a value saved in one iteration of a loop, taken back in another ------------
+
+MAX_STACK_DEPTH = 16  # (loops nest no deeper on the wire)
+
+
+@dataclass(frozen=True)
+class StackAttrs(OpAttrs):
+    """A per-run stack on the hosts of `type`'s slice (reverse mode's residuals of a loop).
+    `PUSH` saves its operand keyed by the iterations of its `depth` innermost loops (in the
+    frames around those, the key's context); `POP`, in another loop nest of the same
+    `depth`, takes back the value of the greatest key in its own context: pushed in
+    iterations 0..n-1, popped n-1..0. One `PUSH` and one `POP` per stack, program-wide."""
+
+    type: Type
+    stack: str
+    depth: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.type, Type):
+            raise InvalidArgument(f"stack: expected a Type, found {self.type!r}")
+        check_name(self.stack, IDENTIFIER, "stack: name")
+        if isinstance(self.depth, bool) or not isinstance(self.depth, int) or \
+                not 1 <= self.depth <= MAX_STACK_DEPTH:
+            raise InvalidArgument(f"stack {self.stack}: expected a depth from 1 to {MAX_STACK_DEPTH}, "
+                                  f"found {self.depth!r}")
+
+
+def _push_rule(node: Node, env: Env) -> list[Type]:
+    a = node.attrs
+    assert isinstance(a, StackAttrs)
+    _arity(node, 1, 0)
+    if env.types[node.inputs[0]] != a.type:
+        raise RuleError(f"push of {node.inputs[0]} on stack {a.stack}", f"the stack's type {a.type}",
+                        str(env.types[node.inputs[0]]))
+    return []
+
+
+def _pop_rule(node: Node, env: Env) -> list[Type]:
+    assert isinstance(node.attrs, StackAttrs)
+    _arity(node, 0, 1)
+    return [node.attrs.type]
+
+
+ATTRS[Op.PUSH], TYPE_RULES[Op.PUSH] = StackAttrs, _push_rule
+ATTRS[Op.POP], TYPE_RULES[Op.POP] = StackAttrs, _pop_rule
+
+Attrs = (ArgAttrs | ComputeAttrs | TransferAttrs | SendAttrs | RecvAttrs | ResultAttrs | WhileAttrs
+         | CondAttrs | StackAttrs)

@@ -6,7 +6,9 @@ Contract:
   executables it must have compiled. Values are the IR's value names, local to one run.
 - Steps are plain frozen values (no Ray, no JAX): `Compute` runs a compiled executable,
   `Reshard` moves a value between device sets or shardings of this host, `Send` hands a
-  value to another host, `Recv` takes one from another host (paired by `tag`).
+  value to another host, `Recv` takes one from another host (paired by `tag`), `Push` saves
+  a value on a per-run stack in one loop's iterations and `Pop` takes it back, last first, in
+  another's (reverse mode's residuals).
 - In-graph control flow lowers to the five primitives of TensorFlow's dynamic control flow
   (Yu et al., EuroSys 2018), each applied to a tuple of values at once: `Enter` a frame,
   `Merge` (a loop head: the entered values in iteration 0, the `NextIteration` values
@@ -144,7 +146,27 @@ class Exit:
     outputs: tuple[str, ...]
 
 
-Step = Compute | Reshard | Send | Recv | Enter | Merge | Switch | NextIteration | Exit
+@dataclass(frozen=True)
+class Push:
+    """Save `input` on the run's `stack`, keyed by the iterations of the `depth` innermost
+    open frames (the frames around those are its context); a dead value saves nothing."""
+
+    input: str
+    stack: str
+    depth: int
+
+
+@dataclass(frozen=True)
+class Pop:
+    """`output` := the value of the run's `stack` with the greatest key in the context of the
+    frames around the `depth` innermost open ones, taken off the stack."""
+
+    output: str
+    stack: str
+    depth: int
+
+
+Step = Compute | Reshard | Send | Recv | Enter | Merge | Switch | NextIteration | Exit | Push | Pop
 ControlStep = Enter | Merge | Switch | NextIteration | Exit
 
 
@@ -153,7 +175,7 @@ def reads(step: Step) -> tuple[str, ...]:
     match step:
         case Compute() | Enter() | Exit():
             return step.inputs
-        case Reshard() | Send():
+        case Reshard() | Send() | Push():
             return (step.input,)
         case Merge():
             return tuple(v for values in step.inputs for v in values)
@@ -167,7 +189,7 @@ def defines(step: Step) -> tuple[str, ...]:
     match step:
         case Compute() | Enter() | Exit() | Merge() | NextIteration():
             return step.outputs
-        case Reshard() | Recv():
+        case Reshard() | Recv() | Pop():
             return (step.output,)
         case Switch():
             return (*(v for values in step.outputs for v in values), *step.pivots)
@@ -277,4 +299,8 @@ def step_line(s: Step) -> str:
             return f"{_values(s.outputs)} = next_iteration {s.frame} {_values(s.inputs)} while {s.pred}"
         case Exit():
             return f"{_values(s.outputs)} = exit {s.frame} {_values(s.inputs)}"
+        case Push():
+            return f"push {s.input} stack {s.stack} depth {s.depth}"
+        case Pop():
+            return f"{s.output} = pop stack {s.stack} depth {s.depth}"
     raise AssertionError(s)

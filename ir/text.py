@@ -46,6 +46,7 @@ from ir.ops import (
     RecvAttrs,
     ResultAttrs,
     SendAttrs,
+    StackAttrs,
     TransferAttrs,
     WhileAttrs,
 )
@@ -86,6 +87,8 @@ _PRINT: dict[Op, Callable[[Node, Any], str]] = {
     Op.WHILE: lambda node, a: f"while ({_values(node.inputs)})" + (
         f" parallel_iterations {a.parallel_iterations}" if a.parallel_iterations != 1 else ""),
     Op.COND: lambda node, a: f"cond {node.inputs[0] if node.inputs else ''} ({_values(node.inputs[1:])})",
+    Op.PUSH: lambda node, a: f"push {_values(node.inputs)} {a.type} stack {a.stack} depth {a.depth}",
+    Op.POP: lambda node, a: f"pop {a.type} stack {a.stack} depth {a.depth}",
 }
 
 
@@ -305,6 +308,19 @@ def _cond(rest: str, blocks: list[tuple[str, Graph]], n: int) -> tuple[tuple[str
     return (m[1], *_value_list(m[2], n)), _build(n, lambda: CondAttrs(tuple(g for _, g in blocks)))
 
 
+def _push(rest: str, n: int) -> tuple[tuple[str, ...], Attrs]:
+    m = _match(rf"({_VALUE}) (.*) stack (\S+) depth (\d{{1,3}})", rest, n,
+               "'push %value TYPE stack NAME depth N'")
+    saved = _type(m[2], n)
+    return (m[1],), _build(n, lambda: StackAttrs(saved, m[3], int(m[4])))
+
+
+def _pop(rest: str, n: int) -> tuple[tuple[str, ...], Attrs]:
+    m = _match(r"(.*) stack (\S+) depth (\d{1,3})", rest, n, "'pop TYPE stack NAME depth N'")
+    saved = _type(m[1], n)
+    return (), _build(n, lambda: StackAttrs(saved, m[2], int(m[3])))
+
+
 _PARSE: dict[Op, Callable[[str, list[tuple[str, Graph]], int], tuple[tuple[str, ...], Attrs]]] = {
     Op.ARG: _no_blocks(lambda rest, n: ((), ArgAttrs(_type(rest, n)))),
     Op.COMPUTE: _no_blocks(_compute),
@@ -314,4 +330,6 @@ _PARSE: dict[Op, Callable[[str, list[tuple[str, Graph]], int], tuple[tuple[str, 
     Op.RESULT: _no_blocks(lambda rest, n: (_value_list(rest, n), ResultAttrs())),
     Op.WHILE: _while,
     Op.COND: _cond,
+    Op.PUSH: _no_blocks(_push),
+    Op.POP: _no_blocks(_pop),
 }

@@ -20,7 +20,7 @@ from typing import NoReturn
 
 from ir.errors import InvalidArgument
 from ir.node import Graph, GraphSig, Node, Op, RuleError, Type
-from ir.ops import TYPE_RULES, Env, RecvAttrs, SendAttrs
+from ir.ops import TYPE_RULES, Env, RecvAttrs, SendAttrs, StackAttrs
 from ir.program import Program, SliceDef
 from ir.text import node_line
 
@@ -39,6 +39,7 @@ class VerifyError(InvalidArgument):
 def verify(program: Program) -> None:
     """Raise `VerifyError` unless `program` is well formed and well typed."""
     _Checker(program.slice_table, frozenset(program.artifact_table)).graph(program.graph)
+    _check_stacks(program.graph)
 
 
 def value_types(program: Program) -> dict[str, Type]:
@@ -127,6 +128,24 @@ def _check_names(node: Node, index: int, types: Mapping[str, Type], defined_at: 
             raise RuleError(f"output {value}", "a name not defined before",
                             f"{value} already defined by node {defined_at[value]}")
         seen.add(value)
+
+
+def _check_stacks(graph: Graph) -> None:
+    """One `PUSH` and one `POP` per stack, program-wide, of the same type and depth."""
+    at: dict[tuple[Op, str], list[Node]] = {}
+    for node in graph.walk():
+        if isinstance(node.attrs, StackAttrs):
+            at.setdefault((node.op, node.attrs.stack), []).append(node)
+    for (op, stack), nodes in at.items():
+        other = Op.POP if op is Op.PUSH else Op.PUSH
+        if len(nodes) > 1 or (other, stack) not in at:
+            found = f"{len(nodes)} {op.value}es" if len(nodes) > 1 else f"no {other.value}"
+            raise VerifyError(f"`{node_line(nodes[0])}`", f"stack {stack}: expected one push and one pop, "
+                                                          f"found {found}", "")
+        mate = at[other, stack][0]
+        if op is Op.POP and mate.attrs != nodes[0].attrs:
+            raise VerifyError(f"`{node_line(nodes[0])}`", f"stack {stack}: expected the type and depth of "
+                                                          f"its push `{node_line(mate)}`", "")
 
 
 def _check_pairs(graph: Graph, types: Mapping[str, Type], slices: Mapping[str, SliceDef]) -> None:

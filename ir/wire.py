@@ -39,6 +39,7 @@ from ir.ops import (
     RecvAttrs,
     ResultAttrs,
     SendAttrs,
+    StackAttrs,
     TransferAttrs,
     WhileAttrs,
 )
@@ -83,6 +84,8 @@ _ENCODE: dict[Op, Callable[[Any], dict[str, Any]]] = {
     Op.WHILE: lambda a: {"cond": _graph(a.cond), "body": _graph(a.body), **(
         {"parallel_iterations": a.parallel_iterations} if a.parallel_iterations != 1 else {})},
     Op.COND: lambda a: {"branches": [_graph(b) for b in a.branches]},
+    Op.PUSH: lambda a: {"type": _type(a.type), "stack": a.stack, "depth": a.depth},
+    Op.POP: lambda a: {"type": _type(a.type), "stack": a.stack, "depth": a.depth},
 }
 
 
@@ -268,6 +271,11 @@ def _read_recv(at: _At) -> Attrs:
     return at.build(lambda: RecvAttrs(received, sources, tag))
 
 
+def _read_stack(at: _At) -> Attrs:
+    saved, stack, depth = _read_type(at["type"]), at["stack"].text(), at["depth"].integer()
+    return at.build(lambda: StackAttrs(saved, stack, depth))
+
+
 def _hosts(at: _At) -> tuple[str, ...]:
     """A list of host names (or, as older documents have it, one name)."""
     if isinstance(at.value, str):
@@ -287,6 +295,8 @@ _DECODE: dict[Op, Callable[[_At], Attrs]] = {
     Op.SEND: lambda at: at.build(lambda: SendAttrs(_hosts(at["to"]), at["tag"].text())),
     Op.RECV: _read_recv,
     Op.RESULT: lambda at: ResultAttrs() if isinstance(at.value, dict) else at.fail("an object"),
+    Op.PUSH: lambda at: _read_stack(at),
+    Op.POP: lambda at: _read_stack(at),
 }
 # Ops carrying sub-programs: decoded one level deeper.
 _NESTED: dict[Op, Callable[[_At, int], Attrs]] = {

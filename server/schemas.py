@@ -129,6 +129,9 @@ class HostPublic(BaseModel):
     runs: int = Field(0, description="program runs open on the host (started, not finished)")
     frames: int = Field(0, description="loop frames open on the host (in-graph while loops running)")
     mailboxes: int = Field(0, description="mailboxes for values from peer hosts, open on the host")
+    stacked: int = Field(0, description="values saved on runs' stacks on the host (the forward values a "
+                                        "loop's gradient reads back), freed as each run ends")
+    stack_bytes: int = Field(0, description="the bytes of those values")
     dispatch_messages: int = Field(0, description="program run messages the server has sent it")
 
 

@@ -20,9 +20,12 @@ Contract:
   differentiated on its own, its forward returning, besides its results, the residuals its
   backward reads (zeros in the place of the other branches' residuals, so that every branch
   has the same result types), and the backward branch taken is the forward one's.
-- Loops that the loss depends on through a `wrt` argument are refused (`NotDifferentiable`,
-  naming the computations they call), as are `wrt` arguments and a loss that are not of an
-  inexact dtype.
+- A `while`'s transpose is a `while` that runs the forward's trip count backwards
+  (`loops.py`): the forward loop counts its iterations and pushes, per iteration, the
+  forward values the backward reads (`PUSH`); the backward pops them, last first (`POP`).
+  Loops and branches nest, in each other and in themselves.
+- `wrt` arguments and a loss that are not of an inexact dtype are refused
+  (`NotDifferentiable`).
 - Pure: it builds the new program with `ProgramBuilder`, so every node is type-checked as
   it is added and the result is verified.
 """
@@ -32,7 +35,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ir.autodiff import branches as _branches  # noqa: F401  (registers the cond rules)
-from ir.autodiff.sweep import NotDifferentiable, Rules, Sweep, Vjp, inexact
+from ir.autodiff import loops as _loops  # noqa: F401  (registers the while rules)
+from ir.autodiff.sweep import NotDifferentiable, Rules, Stacks, Sweep, Vjp, inexact
 from ir.builder import ProgramBuilder
 from ir.program import Program
 from ir.verify import value_types
@@ -40,7 +44,7 @@ from ir.verify import value_types
 __all__ = ["NotDifferentiable", "Rules", "Vjp", "inexact", "reverse"]
 
 
-def reverse(program: Program, wrt: Sequence[int], rules: Rules) -> Program:
+def reverse(program: Program, wrt: Sequence[int], rules: Rules, stacks: str = "g") -> Program:
     """`program`'s loss, auxiliary results and gradients in the arguments `wrt` (see the module)."""
     graph, positions = program.graph, tuple(wrt)
     args, results = graph.args, graph.results
@@ -59,7 +63,7 @@ def reverse(program: Program, wrt: Sequence[int], rules: Rules) -> Program:
         raise NotDifferentiable(f"grad: the loss ({loss}, {types[loss]}) must be a scalar of an inexact "
                                 "dtype")
     b = ProgramBuilder(dict(program.slice_table), dict(program.artifact_table))
-    sweep = Sweep(graph, (program.slice_table, frozenset(program.artifact_table)), rules, b)
+    sweep = Sweep(graph, (program.slice_table, frozenset(program.artifact_table)), rules, b, Stacks(stacks))
     active = sweep.active({args[k] for k in positions}, {loss})
     sweep.forward(active)
     sweep.start_backward(b, lambda v: v)

@@ -41,7 +41,7 @@ def _forward(sweep: Sweep, node: Node, inputs: tuple[str, ...]) -> None:
     operands, active = node.inputs[1:], sweep.active_values
     sweeps = []
     for g in attrs.branches:
-        inner = Sweep(g, sweep.tables, sweep.rules, sweep.fwd.sub())
+        inner = Sweep(g, sweep.tables, sweep.rules, sweep.fwd.sub(), sweep.stacks, sweep.depth)
         used = inner.active({a for a, v in zip(g.args, operands, strict=True) if v in active},
                             {r for r, v in zip(g.results, node.outputs, strict=True) if v in active})
         inner.forward(used)

@@ -18,7 +18,7 @@ import numpy as np
 
 from ir.builder import ProgramBuilder
 from ir.errors import InvalidArgument
-from ir.node import Graph, Node, Op, Sig, Type, subgraphs
+from ir.node import Graph, Node, Op, Sig, Type
 from ir.ops import ArgAttrs, ComputeAttrs, CondAttrs, TransferAttrs, WhileAttrs
 from ir.program import Artifact, SliceDef
 from ir.types import parse_dtype
@@ -47,6 +47,8 @@ class Rules(Protocol):
     def zeros(self, t: Type) -> Artifact: ...
     def ones(self, t: Type) -> Artifact: ...
     def add(self, t: Type, n: int) -> Artifact: ...
+    def count(self, t: Type, delta: int) -> Artifact: ...  # an integer scalar plus `delta`
+    def positive(self, t: Type) -> Artifact: ...  # an integer scalar > 0, as a bool[] scalar
 
 
 def inexact(t: Type) -> bool:
@@ -72,9 +74,43 @@ FORWARD: dict[Op, Callable[[Sweep, Node, tuple[str, ...]], None]] = {}
 BACKWARD: dict[Op, Callable[[Sweep, Entry], None]] = {}
 
 
+def reached(graph: Graph, varied: Iterable[str]) -> set[str]:
+    """The values that depend on one of `varied` (a loop's or branch's outputs on any input)."""
+    reach = set(varied)
+    for node in graph.nodes:
+        if node.op in (Op.COMPUTE, Op.TRANSFER, Op.WHILE, Op.COND) and reach & set(node.inputs):
+            reach.update(node.outputs)
+    return reach
+
+
+def needed(graph: Graph, useful: Iterable[str]) -> set[str]:
+    """The values one of `useful` depends on."""
+    need = set(useful)
+    for node in reversed(graph.nodes):
+        if need & set(node.outputs):
+            need.update(node.inputs)
+    return need
+
+
+class Stacks:
+    """Names of the stacks a program's reverse adds (`<prefix>s<k>`), unique in the program
+    as long as each reverse inlined into one has its own prefix."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix, self.count = prefix, 0
+
+    def new(self) -> str:
+        self.count += 1
+        return f"{self.prefix}s{self.count - 1}"
+
+
 class Sweep:
-    def __init__(self, graph: Graph, tables: Tables, rules: Rules, fwd: ProgramBuilder) -> None:
+    def __init__(self, graph: Graph, tables: Tables, rules: Rules, fwd: ProgramBuilder, stacks: Stacks,
+                 depth: int = 0) -> None:
+        """`depth`: the loops around the graph that are differentiated (those whose residuals
+        a stack keys by iteration)."""
         self.graph, self.tables, self.rules, self.fwd = graph, tables, rules, fwd
+        self.stacks, self.depth = stacks, depth
         self.types = graph_types(graph, *tables)  # (the graph's own scope)
         self.bwd = fwd
         self.need: Callable[[str], str] = lambda v: v  # a forward value (new name) as the backward reads it
@@ -88,16 +124,8 @@ class Sweep:
     def active(self, varied: Iterable[str], useful: Iterable[str]) -> set[str]:
         """The values of an inexact dtype that depend on one in `varied` and that one in
         `useful` (the loss, or a branch's results that carry cotangents) depends on."""
-        nodes = self.graph.nodes
-        reach = set(varied)
-        for node in nodes:
-            if node.op in (Op.COMPUTE, Op.TRANSFER, Op.WHILE, Op.COND) and reach & set(node.inputs):
-                reach.update(node.outputs)
-        needed = set(useful)
-        for node in reversed(nodes):
-            if needed & set(node.outputs):
-                needed.update(node.inputs)
-        self.active_values = {v for v in reach & needed if inexact(self.types[v])}
+        both = reached(self.graph, varied) & needed(self.graph, useful)
+        self.active_values = {v for v in both if inexact(self.types[v])}
         return self.active_values
 
     # --- the forward pass: each node copied, an active computation as its forward ----------
@@ -136,11 +164,9 @@ class Sweep:
         elif any(live_in) and any(live_out):
             rule = FORWARD.get(node.op)
             if rule is None:
-                calls = sorted({n.attrs.name for g in subgraphs(node) for n in g.walk()
-                                if isinstance(n.attrs, ComputeAttrs)})
                 raise NotDifferentiable(f"grad: a {node.op.value} that the loss depends on through a "
-                                        f"differentiated argument ({', '.join(node.outputs)}, calling "
-                                        f"{', '.join(calls) or 'nothing'}): loops are not differentiated yet")
+                                        f"differentiated argument ({', '.join(node.outputs)}) has no "
+                                        "reverse mode")
             rule(self, node, inputs)
         elif node.op is Op.WHILE:  # the loss does not depend on it through a `wrt` argument: as it is
             w = node.attrs

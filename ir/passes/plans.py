@@ -17,6 +17,8 @@ position (`HostPlan.order`) counts the nodes that are neither `ARG` nor `RESULT`
 - `SEND`: `Send(input, to, tag)` on each host of its operand's slice (each sends its shards);
 - `RECV`: `Recv(output, sources, tag, device mesh, spec)` on each host of its type's slice
   (each takes the shards of every source host and places its part);
+- `PUSH`/`POP`: `Push(input, stack, depth)` / `Pop(output, stack, depth)` on each host of
+  the stack's slice (each saves and takes back its own shards);
 - `RESULT` position k: `(k, value)` in `results` of each host of that value's slice (a
   value may be an argument, and may appear at several positions).
 
@@ -36,9 +38,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
 
+from ir import plan
 from ir.errors import InvalidArgument
 from ir.node import Graph, Node, Op, Type
-from ir.ops import ArgAttrs, ComputeAttrs, CondAttrs, RecvAttrs, SendAttrs, TransferAttrs, WhileAttrs
+from ir.ops import (
+    ArgAttrs,
+    ComputeAttrs,
+    CondAttrs,
+    RecvAttrs,
+    SendAttrs,
+    StackAttrs,
+    TransferAttrs,
+    WhileAttrs,
+)
 from ir.passes.control_flow import lower_cond, lower_while
 from ir.passes.footprint import held_bytes, per_device
 from ir.plan import CompileJob, Compute, DeviceMesh, HostPlan, Recv, Reshard, Send, Step, executable_key
@@ -145,11 +157,25 @@ def _recv(node: Node, where: _Where) -> Planned:
                                            a.type.spec), None
 
 
+def _push(node: Node, where: _Where) -> Planned:
+    a = node.attrs
+    assert isinstance(a, StackAttrs)
+    return where.hosts(a.type.slice), plan.Push(node.inputs[0], a.stack, a.depth), None
+
+
+def _pop(node: Node, where: _Where) -> Planned:
+    a = node.attrs
+    assert isinstance(a, StackAttrs)
+    return where.hosts(a.type.slice), plan.Pop(node.outputs[0], a.stack, a.depth), None
+
+
 _STEPS: dict[Op, Callable[[Node, _Where], Planned]] = {
     Op.COMPUTE: _compute,
     Op.TRANSFER: _reshard,
     Op.SEND: _send,
     Op.RECV: _recv,
+    Op.PUSH: _push,
+    Op.POP: _pop,
 }
 
 

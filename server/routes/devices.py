@@ -93,6 +93,8 @@ class _Reported(TypedDict, total=False):
     runs: int
     frames: int
     mailboxes: int
+    stacked: int
+    stack_bytes: int
 
 
 def _reported(answer: StatsAnswer, up: bool, admin: bool) -> _Reported:
@@ -106,7 +108,8 @@ def _reported(answer: StatsAnswer, up: bool, admin: bool) -> _Reported:
                 running_s=st.running_s, waiting_for=st.waiting_for,
                 collective_error=_collective(st.collective_error, admin), requests=st.requests,
                 buffers=st.buffers, arrays=st.arrays, executables=st.executables, plans=st.plans,
-                runs=st.held.runs, frames=st.held.frames, mailboxes=st.held.mailboxes)
+                runs=st.held.runs, frames=st.held.frames, mailboxes=st.held.mailboxes,
+                stacked=st.held.stacked, stack_bytes=st.held.stack_bytes)
         case Lost():
             return _Reported(status="down", queued=0, completed=0, running=None)
 

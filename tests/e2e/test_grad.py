@@ -1,8 +1,11 @@
 """`isthmus.value_and_grad` / `grad` inside `@c.program`: a model whose layers live on
 islands a and b, differentiated on the hosts in the same run, equal to `jax.value_and_grad`
-of the same composition run locally; pytrees, argnums, has_aux, an optimizer step in the
-same program; an integer input's float0 gradient (allow_int); what cannot be differentiated
-is named."""
+of the same composition run locally (loops unrolled there with the same trip count, branches
+as `jax.lax.cond`); pytrees, argnums, has_aux, an optimizer step in the same program; an
+integer input's float0 gradient (allow_int); branches, loops (a zero-trip one, a
+data-dependent count, an invariant read by every iteration), nested loops and a branch in a
+loop, across islands, with nothing left on the hosts after; what cannot be differentiated is
+named."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hosts_settled import host_rows
 
 import client as isthmus
 
@@ -135,6 +139,103 @@ def test_a_cond_s_gradient_is_the_taken_branch_s_across_islands_and_nested(c):
     assert seen == {(True, True), (True, False), (False, False)}
 
 
+def test_a_fori_loop_rnn_s_gradient_runs_its_steps_backwards_across_islands(c):
+    sa, sb = c.slice({"x": 2}, island="a"), c.slice({"y": 2}, island="b")
+    cell = lambda w, h: jnp.tanh(h @ w["kernel"] + w["bias"])  # noqa: E731
+    head = lambda v, h: jnp.sum((h @ v) ** 2)  # noqa: E731
+    on_a, on_b = c.jit(cell, slice=sa, name="cell"), c.jit(head, slice=sb, name="head")
+
+    def loss(w, v, h):  # the recurrence on island a, its last state's loss on island b
+        return on_b(v, isthmus.fori_loop(0, 6, lambda i, h: on_a(w, h), h))
+
+    def local(w, v, h):
+        for _ in range(6):
+            h = cell(w, h)
+        return head(v, h)
+
+    rng = np.random.default_rng(2)
+    w = {"kernel": rng.standard_normal((8, 8)).astype(np.float32) * 0.5, "bias": np.zeros(8, np.float32)}
+    v, h = rng.standard_normal((8, 3)).astype(np.float32), rng.standard_normal((4, 8)).astype(np.float32)
+    step = c.program(lambda w, v, h: isthmus.value_and_grad(loss, argnums=(0, 1, 2))(w, v, h))
+    value, grads = step(w, v, h)
+    want_value, want_grads = jax.value_and_grad(local, argnums=(0, 1, 2))(w, v, h)
+    np.testing.assert_allclose(value.numpy(), want_value, **TOL)
+    assert_trees_close(jax.device_get(grads), want_grads)
+    assert_nothing_held(c)
+
+
+def assert_nothing_held(c):
+    """No run, frame or stacked value left on any host once the runs have ended."""
+    for name, h in host_rows(c).items():
+        assert (h["runs"], h["frames"], h["stacked"], h["stack_bytes"]) == (0, 0, 0, 0), (name, h)
+
+
+def test_a_while_loop_s_gradient_follows_its_data_dependent_trip_count(c):
+    s = c.slice({"x": 2}, island="a")
+    shrink = lambda w, y: jnp.tanh(y * w) * 0.9  # noqa: E731
+    big = c.jit(lambda y: jnp.sum(y ** 2) > 1.0, slice=s, name="big")
+    on_s, total = c.jit(shrink, slice=s, name="shrink"), c.jit(lambda y: jnp.sum(jnp.sin(y)), slice=s)
+
+    def loss(w, y):  # w is read by every iteration (an invariant): its gradient sums theirs
+        return total(isthmus.while_loop(big, lambda y: on_s(w, y), y))
+
+    step = c.program(lambda w, y: isthmus.value_and_grad(loss, argnums=(0, 1))(w, y))
+    rng = np.random.default_rng(3)
+    for scale in (3.0, 0.1):  # several trips, and none
+        w = rng.uniform(0.8, 1.2, 6).astype(np.float32)
+        y = (scale * rng.standard_normal(6)).astype(np.float32)
+        trips, z = 0, y
+        while np.sum(z ** 2) > 1.0:
+            z, trips = np.asarray(shrink(w, z)), trips + 1
+
+        def local(w, y, trips=trips):
+            for _ in range(trips):
+                y = shrink(w, y)
+            return jnp.sum(jnp.sin(y))
+
+        value, grads = step(w, y)
+        want_value, want_grads = jax.value_and_grad(local, argnums=(0, 1))(w, y)
+        np.testing.assert_allclose(value.numpy(), want_value, **TOL)
+        assert_trees_close(jax.device_get(grads), want_grads)
+        assert (trips > 2) == (scale > 1)
+    assert_nothing_held(c)
+
+
+def test_nested_loops_and_a_branch_in_a_loop_across_islands(c):
+    sa, sb = c.slice({"x": 2}, island="a"), c.slice({"y": 2}, island="b")
+    fa = lambda w, h: jnp.tanh(h @ w)  # noqa: E731
+    fb = lambda w, h: jnp.sin(h @ w) * 0.8  # noqa: E731
+    on_a, on_b = c.jit(fa, slice=sa, name="fa"), c.jit(fb, slice=sb, name="fb")
+    positive = c.jit(lambda h: jnp.sum(h) > 0, slice=sa, name="positive")
+    total = c.jit(lambda h: jnp.sum(h ** 2), slice=sa, name="total")
+    inc = c.jit(lambda i: i + 1, slice=sa, name="inc")
+
+    def loss(wa, wb, h):  # per outer step: a branch on island a or b, then i + 1 inner steps
+        def outer(i, h):
+            h = isthmus.cond(positive(h), lambda h: on_b(wb, h), lambda h: on_a(wa, h), h)
+            return isthmus.fori_loop(0, inc(i), lambda j, h: on_a(wa, h), h)
+
+        return total(isthmus.fori_loop(0, 3, outer, h))
+
+    def local(wa, wb, h):
+        for i in range(3):
+            h = jax.lax.cond(jnp.sum(h) > 0, lambda h: fb(wb, h), lambda h: fa(wa, h), h)
+            for _ in range(i + 1):
+                h = fa(wa, h)
+        return jnp.sum(h ** 2)
+
+    rng = np.random.default_rng(4)
+    wa, wb = (rng.standard_normal((5, 5)).astype(np.float32) * 0.6 for _ in range(2))
+    step = c.program(lambda wa, wb, h: isthmus.value_and_grad(loss, argnums=(0, 1, 2))(wa, wb, h))
+    for sign in (1.0, -1.0):
+        h = sign * np.abs(rng.standard_normal((2, 5))).astype(np.float32)
+        value, grads = step(wa, wb, h)
+        want_value, want_grads = jax.value_and_grad(local, argnums=(0, 1, 2))(wa, wb, h)
+        np.testing.assert_allclose(value.numpy(), want_value, **TOL)
+        assert_trees_close(jax.device_get(grads), want_grads)
+    assert_nothing_held(c)
+
+
 def test_what_cannot_be_differentiated_is_named(c, model):
     s = c.slice({"x": 1}, island="a")
     twice = c.jit(lambda v: v * 2, slice=s)
@@ -145,11 +246,13 @@ def test_what_cannot_be_differentiated_is_named(c, model):
     with pytest.raises(isthmus.InvalidArgument, match=r"requires real- or complex-valued inputs.*allow_int"):
         c.program(lambda n: isthmus.grad(lambda k: c.jit(lambda m: (m * 1.0).sum(), slice=s)(k))(n))(
             np.arange(3, dtype=np.int32))
-    big = c.jit(lambda v: v.sum() > 1.0, slice=s, name="big")
-    halve = c.jit(lambda v: v / 2, slice=s, name="halve")
+    # JAX's own while_loop inside a jitted function has no reverse mode (isthmus.while_loop has)
+    halving = c.jit(lambda v: jax.lax.while_loop(lambda u: u.sum() > 1.0, lambda u: u / 2, v), slice=s,
+                    name="halving")
     total = c.jit(jnp.sum, slice=s)
-    with pytest.raises(isthmus.InvalidArgument, match=r"calling big, halve\): loops are not"):
-        c.program(lambda v: isthmus.grad(lambda u: total(isthmus.while_loop(big, halve, u)))(v))(
-            np.ones(3, np.float32))
+    with pytest.raises(isthmus.InvalidArgument, match=r"halving cannot be differentiated: ValueError: "
+                                                       r"Reverse-mode differentiation does not work for "
+                                                       r"lax.while_loop"):
+        c.program(lambda v: isthmus.grad(lambda u: total(halving(u)))(v))(np.ones(3, np.float32))
     with pytest.raises(isthmus.InvalidArgument, match=r"call it inside a @c\.program"):
         isthmus.grad(lambda u: u)(np.ones(3, np.float32))

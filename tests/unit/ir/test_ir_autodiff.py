@@ -5,6 +5,8 @@ loss does not depend on through a differentiated argument is left as it was."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from ir import (
@@ -17,6 +19,11 @@ from ir import (
     ProgramBuilder,
     Sig,
     Type,
+    VerifyError,
+    from_wire,
+    parse_program,
+    print_program,
+    to_wire,
     value_types,
     verify,
 )
@@ -48,6 +55,12 @@ class Rules:
 
     def add(self, t: Type, n: int) -> Artifact:
         return Artifact.of(f"add{n}:{t}".encode())
+
+    def count(self, t: Type, delta: int) -> Artifact:
+        return Artifact.of(f"count{delta}:{t}".encode())
+
+    def positive(self, t: Type) -> Artifact:
+        return Artifact.of(f"positive:{t}".encode())
 
 
 def two_islands() -> Program:
@@ -145,9 +158,51 @@ def looped(through_w: bool) -> Program:
     return b.build()
 
 
-def test_loops_the_loss_depends_on_are_refused_and_others_kept():
-    with pytest.raises(NotDifferentiable, match=r"a while .*\(%2, calling double, small\): loops are not"):
-        reverse(looped(through_w=True), [0], Rules())
+def test_a_loop_s_transpose_counts_its_trips_and_runs_them_backwards_popping_what_it_pushed():
+    d = reverse(looped(through_w=True), [0], Rules())
+    verify(d)
+    assert lines(d) == ["arg", "arg", "compute grad_zeros", "while", "compute loss_fwd", "compute grad_ones",
+                        "compute loss_bwd", "while", "compute grad_add2", "result"]
+    fwd, bwd = (n for n in d.graph.nodes if n.op is Op.WHILE)
+    assert fwd.inputs[0] == d.graph.nodes[2].outputs[0]  # the trip count starts at 0
+    assert bwd.inputs[0] == fwd.outputs[0]  # and is where the backward's counter starts
+    body = fwd.attrs.body
+    assert lines_of(body) == ["arg", "arg", "compute double_fwd", "push", "compute grad_count", "result"]
+    push = next(n for n in body.nodes if n.op is Op.PUSH)
+    assert push.inputs[0] == body.nodes[2].outputs[1]  # double's residual, saved per iteration
+    assert lines_of(fwd.attrs.cond) == ["arg", "arg", "compute small", "result"]  # the counter unread
+    back = bwd.attrs.body
+    assert lines_of(back) == ["arg", "arg", "pop", "compute double_bwd", "compute grad_count", "result"]
+    pop = next(n for n in back.nodes if n.op is Op.POP)
+    assert (pop.attrs.stack, pop.attrs.depth, pop.attrs.type) == (push.attrs.stack, 1, push.attrs.type)
+    assert lines_of(bwd.attrs.cond) == ["arg", "arg", "compute grad_more", "result"]
+    # w's gradient: through the loss directly, and through the loop
+    assert d.graph.results[1] == d.graph.nodes[8].outputs[0]
+    assert set(d.graph.nodes[8].inputs) == {d.graph.nodes[6].outputs[1], bwd.outputs[1]}
+    text = print_program(d)
+    assert print_program(parse_program(text)) == text and from_wire(to_wire(d)) == d
+
+
+def lines_of(g) -> list[str]:
+    return [f"{n.op.value} {n.attrs.name}" if isinstance(n.attrs, ComputeAttrs) else n.op.value
+            for n in g.nodes]
+
+
+def test_a_stack_needs_one_push_and_one_pop_alike():
+    d = reverse(looped(through_w=True), [0], Rules())
+    fwd = next(n for n in d.graph.nodes if n.op is Op.WHILE)
+    wire = json.dumps(to_wire(d))
+    popped = '"op": "pop", "inputs": [], "outputs": ["%2"], "attrs": {"type": '
+    assert wire.count(popped) == 1 and wire.count('"stack": "gs0", "depth": 1') == 2
+    with pytest.raises(VerifyError, match="stack gs9: expected one push and one pop, found no pop"):
+        verify(from_wire(json.loads(wire.replace('"stack": "gs0"', '"stack": "gs9"', 1))))
+    with pytest.raises(VerifyError, match="stack gs0: expected the type and depth of its push"):
+        verify(from_wire(json.loads(wire[::-1].replace('"stack": "gs0", "depth": 1'[::-1],
+                                                       '"stack": "gs0", "depth": 2'[::-1], 1)[::-1])))
+    assert fwd.attrs.body.nodes[3].attrs.depth == 1
+
+
+def test_loops_the_loss_does_not_depend_on_through_wrt_are_kept():
     d = reverse(looped(through_w=False), [0], Rules())
     verify(d)
     assert lines(d) == ["arg", "arg", "while", "compute loss_fwd", "compute grad_ones", "compute loss_bwd",
