@@ -29,6 +29,7 @@ class RayOptions:
     # other, shared by the hosts placed on that machine (`executors.memory`).
     temp_mb: int | None = None
     buffer_mb: int | None = None
+    stack_mb: int | None = None  # of loop stacks; None: a quarter of the temporaries' share
     # Ray's token: read from (or, for a Ray this pool starts, written to) this file.
     token_file: Path | None = None
     insecure: bool = False  # join an external Ray without token authentication

@@ -69,7 +69,7 @@ from executors.mail import Mail
 from executors.messages import Abort, Failed, Payload
 from executors.payloads import part_tag, payload_of, received
 from executors.signatures import Signature, Signatures
-from executors.stacks import Stacks
+from executors.stacks import Stacks, nbytes
 from executors.stats import Held
 from executors.store import BufferStore, Failure
 from executors.tracing import Recorder, Traces, event_of, finished
@@ -108,10 +108,13 @@ class _Run:
 class Runner:
     def __init__(self, host: str, store: BufferStore, executable: Callable[[str], Future[Any]],
                  deliver: Deliver, failed: Callable[[str], None] = lambda cause: None,
-                 in_flight: int = IN_FLIGHT, temp_budget: int | None = None) -> None:
+                 in_flight: int = IN_FLIGHT, temp_budget: int | None = None,
+                 stack_budget: int | None = None) -> None:
         """`temp_budget`: bytes of XLA temporaries the computations in flight may take
-        together (`executors.memory`); None, not bounded."""
+        together (`executors.memory`); `stack_budget`: bytes the runs' loop stacks may hold
+        together; None, not bounded."""
         self.host = host
+        self.stack_budget = stack_budget
         self.store = store
         self._executable = executable
         self._deliver = deliver
@@ -405,7 +408,20 @@ class Runner:
         if isinstance(step, Pop):
             env[step.output] = run.stacks.pop(step.stack, step.depth, frames)
             return
-        failure = run.stacks.push(step.stack, step.depth, frames, env[step.input])
+        value, size = env[step.input], nbytes(env[step.input])
+        if self.stack_budget is not None and size:
+            with self._lock:
+                runs = list(self._runs.values())
+            held = sum(r.stacks.held()[1] for r in runs)
+            if held + size > self.stack_budget:  # the run fails, the host serves on
+                where = f" in {frames.where()}" if len(frames) else ""
+                cause = (f"run {run_id}: its loop stacks on host {self.host} passed the host's budget of "
+                         f"{self.stack_budget / (1 << 20):g} MiB (executor_stack_mb) at stack {step.stack}"
+                         f"{where}: its loops save {held} bytes already and this iteration "
+                         f"{size} more")
+                self.cancel([run_id], cause)
+                value = Failure(cause)
+        failure = run.stacks.push(step.stack, step.depth, frames, value)
         if failure is not None:
             raise RuntimeError(failure.cause)
 

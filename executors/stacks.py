@@ -27,7 +27,8 @@ from executors.control import DEAD, Frames
 from executors.store import Failure
 
 
-def _nbytes(value: Any) -> int:
+def nbytes(value: Any) -> int:
+    """A stacked value's bytes (0 for a failure)."""
     return int(getattr(value, "nbytes", 0) or 0)
 
 
@@ -54,7 +55,7 @@ class Stacks:
             else:  # (iterations that ran at once pushed out of order)
                 bisect.insort(entries, (key, value), key=lambda e: e[0])
             self._count += 1
-            self._bytes += _nbytes(value)
+            self._bytes += nbytes(value)
         return None
 
     def pop(self, stack: str, depth: int, frames: Frames) -> Any:
@@ -71,7 +72,7 @@ class Stacks:
             if not entries:
                 del self._entries[(stack, context)]
             self._count -= 1
-            self._bytes -= _nbytes(value)
+            self._bytes -= nbytes(value)
         return value
 
     def held(self) -> tuple[int, int]:

@@ -141,6 +141,7 @@ class Service:
             in_flight=settings.executor_in_flight,
             temp_mb=settings.executor_temp_mb,
             buffer_mb=settings.executor_buffer_mb,
+            stack_mb=settings.executor_stack_mb,
             token_file=settings.ray_token_file,
             insecure=settings.insecure_ray,
             detached=True,

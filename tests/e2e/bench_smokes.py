@@ -72,6 +72,7 @@ SMOKES = {
     "faults": Smoke(),
     "gang_order": Smoke((("--server", "grouped"),)),
     "host_moves": Smoke(),
+    "loop_grad": Smoke(DEFAULT),
     "multinode": Smoke(DEFAULT, elsewhere="test_bench_smoke_multinode.py"),
     "multitenancy": Smoke((("--server", "window_1"), ("--share-server", "window_1"))),
     "overlap": Smoke(),

@@ -4,9 +4,10 @@ naming the limit, and closing its client or deleting its slice ends it at once
 the limit (server/healing.py).
 
 The limits are tried on a shared server with `max_run_s` of 8 s and a health probe every
-second (`servers.LIMITED`); the loops count to 2**30, far past it. Closing and deleting are
-tried on the session's server, whose limit (3600 s) is far past the test's timeout: a loop
-that ends there was ended by the close or the delete.
+second (`servers.LIMITED`); the loops count to 2**30, far past it. A loop's gradient whose
+stacks pass that server's 1 MiB stack budget fails, naming the budget, and the host serves
+on. Closing and deleting are tried on the session's server, whose limit (3600 s) is far
+past the test's timeout: a loop that ends there was ended by the close or the delete.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from polling import admin_hosts, until
@@ -57,6 +59,28 @@ def test_a_loop_past_the_run_limit_ends_failed_and_names_it(limited):
         with pytest.raises(isthmus.RemoteError, match=f"looped past its limit of {LIMIT_S}s"):
             count(np.int32(0), np.int32(2**30)).numpy()
         assert int(count(np.int32(5), np.int32(7)).numpy()) == 7  # the host serves on
+
+
+def test_a_loop_whose_stacks_pass_the_host_s_budget_fails_typed_and_the_host_serves_on(limited):
+    address, token = limited
+    with isthmus.connect(address, token=token, name="runaway-stacks") as c:
+        s = c.slice({"x": 1}, island="a")
+        step = c.jit(lambda w, h: jnp.tanh(h * w), slice=s, name="step")
+        total = c.jit(jnp.sum, slice=s, name="total")
+
+        def loss(w, h, n):  # each iteration saves 128 KiB or so for the backward: 1 MiB is 8
+            return total(isthmus.fori_loop(0, n, lambda i, h: step(w, h), h))
+
+        grad = c.program(isthmus.grad(loss))
+        w, h = np.float32(0.5), np.ones(32 << 10, np.float32)
+        want = float(jax.grad(lambda w: jnp.sum(jnp.tanh(jnp.tanh(h * w) * w)))(w))
+        np.testing.assert_allclose(float(grad(w, h, np.int32(2)).numpy()), want, rtol=1e-5)
+        over = r"passed the host's budget of 1 MiB \(executor_stack_mb\)"
+        with pytest.raises(isthmus.RemoteError, match=over):
+            grad(w, h, np.int32(1000)).numpy()
+        np.testing.assert_allclose(float(grad(w, h, np.int32(2)).numpy()), want, rtol=1e-5)  # it serves on
+    for name, row in admin_hosts(address, token).items():  # nothing left on any host
+        assert (row["stacked"], row["stack_bytes"]) == (0, 0), (name, row)
 
 
 def test_closing_a_client_ends_its_loops_and_frees_the_host_for_others(unlimited):
