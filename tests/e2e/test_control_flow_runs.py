@@ -1,10 +1,11 @@
 """What an in-graph loop costs the server, and how it fails: a 1000-iteration run sends the
 executors as many messages as a 1-iteration run, and a failure in iteration k fails the
 results with a cause naming the iteration, leaves no state on any host, and the next run
-succeeds."""
+succeeds; so does a failure in the backward loop of a loop's gradient, its stacks freed."""
 
 from collections.abc import Iterator
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -87,6 +88,44 @@ def test_a_failure_in_iteration_k_names_it_frees_every_frame_and_the_next_run_su
     for _ in range(6):
         want = (want + 1) * 2
     np.testing.assert_array_equal(out, want)
+
+
+@jax.custom_vjp
+def fragile(v):
+    """Doubles; its gradient fails when it runs (it asks for 4 TiB, as `out_of_memory`)."""
+    return v * 2.0
+
+
+fragile.defvjp(lambda v: (v * 2.0, None), lambda _, ct: (out_of_memory(ct),))
+
+
+def test_a_failure_in_the_backward_of_a_loop_names_the_iteration_and_frees_every_stack(roomy):
+    c = roomy
+    sa, sb = c.slice({"x": 1}, island="a"), c.slice({"x": 1}, island="b")
+    f = c.jit(lambda v: jnp.sin(v) + 1.0, slice=sa)
+    breaks = c.jit(fragile, slice=sb, name="fragile")
+    g = c.jit(lambda v: v * 2.0, slice=sb)
+    is_k = c.jit(lambda i, k: i == k, slice=sa)
+    total = c.jit(jnp.sum, slice=sa)
+
+    def loss(x, k):  # iteration k's branch doubles through `fragile`, whose backward fails
+        return total(isthmus.fori_loop(0, 6, lambda i, v: isthmus.cond(is_k(i, k), breaks, g, f(v)), x))
+
+    grad = c.program(isthmus.grad(loss))
+    x = c.put(np.linspace(0, 1, 4, dtype=np.float32), sa)
+    with pytest.raises(isthmus.RemoteError, match=r"(?s)iteration 2 of loop .*Out of memory"):  # 6 - 1 - 3
+        grad(x, c.put(np.int32(3), sa)).numpy()
+    for name, h in host_rows(c).items():
+        assert (h["runs"], h["frames"], h["mailboxes"], h["stacked"]) == (0, 0, 0, 0), (name, h)
+    got = grad(x, c.put(np.int32(-1), sa)).numpy()  # never taken: the next run succeeds
+
+    def local(v):
+        for _ in range(6):
+            v = jnp.sin(v) + 1.0
+            v = v * 2.0
+        return jnp.sum(v)
+
+    np.testing.assert_allclose(got, jax.grad(local)(np.linspace(0, 1, 4, dtype=np.float32)), rtol=1e-5)
 
 
 def test_sequential_dispatch_and_fusion_still_run_a_loop_whole(c):
