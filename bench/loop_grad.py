@@ -25,6 +25,13 @@ parameter on its own slice, all in one program. Modes, measured in one run on on
 - `jax_scan`: the same step with `jax.lax.scan` under `jax.jit` in this process (the limit:
   no hosts, no network).
 
+Swapping, on a server of its own whose hosts keep `stack_mb` of loop stacks on their devices
+and `swap_mb` more in host memory (`SWAP`; for the smoke `SWAP_SMOKE`, whose iterations save
+more): `max_len` is the
+longest sequence that trains with the loop's `swap=False` and with swapping (doubling, then
+bisecting, each probe a run), and `swap_step_s` the seconds per step at 0.9 of the longer,
+on that server (its stacks swapping) and on the measured server (none swapping).
+
 `step_s` is seconds per training step per mode; `trace_s` the first call's seconds (trace,
 compile and run) of `ingraph` and `unrolled` at each length measured. Ratios, larger is
 better for Isthmus's in-graph loop:
@@ -32,11 +39,13 @@ better for Isthmus's in-graph loop:
   dynamic as fast as static);
 - `ingraph_vs_client_training_loop`: `client_loop` over `ingraph` seconds per step;
 - `ingraph_steps_vs_client_steps`: client- over graph-driven seconds for `steps` steps;
-- `jax_scan_vs_ingraph`: in-graph over JAX's seconds per step.
+- `jax_scan_vs_ingraph`: in-graph over JAX's seconds per step;
+- `max_len_swap_vs_no_swap`: the longest length with swapping over without (goal ≥ 2);
+- `swap_overhead`: seconds per step swapping over not swapping (goal ≤ 1.2).
 
 Every mode's parameters are checked against JAX's. `--server URL` measures a running server
 (admin token in ISTHMUS_TOKEN; islands a and b). Output (`--json PATH`, the keys
-`JSON_KEYS`): `step_s`, `trace_s`, `ratios`, `config`, `machine`.
+`JSON_KEYS`): `step_s`, `trace_s`, `max_len`, `swap_step_s`, `ratios`, `config`, `machine`.
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import client as isthmus
+from bench import servers
 from bench.call_latency import isthmus_client
 from bench.machine import describe
 from bench.output import write_json
@@ -61,7 +71,10 @@ from bench.output import write_json
 LR = 0.05
 FULL = {"hidden": 64, "batch": 16, "lengths": (16, 64), "steps": 20, "rounds": 5}
 SMOKE = {"hidden": 8, "batch": 2, "lengths": (2, 3), "steps": 2, "rounds": 1}
-JSON_KEYS = ("step_s", "trace_s", "ratios", "config", "machine")
+JSON_KEYS = ("step_s", "trace_s", "max_len", "swap_step_s", "ratios", "config", "machine")
+# the swapping server's budgets and model (the smoke's saves 256 KiB an iteration: few probes)
+SWAP = {"hidden": 64, "batch": 16, "stack_mb": 1, "swap_mb": 1, "longest": 4096}
+SWAP_SMOKE = {"hidden": 256, "batch": 4, "stack_mb": 1, "swap_mb": 1, "longest": 64}
 
 
 def cell(w: Any, h: Any) -> Any:
@@ -88,7 +101,8 @@ def data(hidden: int, batch: int) -> tuple[dict[str, Any], np.ndarray, np.ndarra
 class Model:
     """The model's functions on islands a and b, and its step programs."""
 
-    def __init__(self, c: isthmus.Client) -> None:
+    def __init__(self, c: isthmus.Client, swap: bool = True) -> None:
+        self.swap = swap
         sa, sb = c.slice({"x": 1}, island="a"), c.slice({"y": 1}, island="b")
         self.cell, self.head = c.jit(cell, slice=sa, name="cell"), c.jit(head, slice=sb, name="head")
         self.sgd_a, self.sgd_b = c.jit(sgd, slice=sa, name="sgd_a"), c.jit(sgd, slice=sb, name="sgd_b")
@@ -105,7 +119,8 @@ class Model:
 
     def _step(self, p: Any, h0: Any, y: Any, n: Any) -> Any:
         def loss(p: Any) -> Any:
-            return self.head(p["b"], isthmus.fori_loop(0, n, lambda i, h: self.cell(p["a"], h), h0), y)
+            h = isthmus.fori_loop(0, n, lambda i, h: self.cell(p["a"], h), h0, swap=self.swap)
+            return self.head(p["b"], h, y)
 
         value, g = isthmus.value_and_grad(loss)(p)
         return self._update(p, g), value
@@ -217,6 +232,56 @@ def measure(c: isthmus.Client, hidden: int, batch: int, lengths: tuple[int, ...]
     return {"step_s": per_step, "trace_s": trace}
 
 
+def trains(model: Model, params: Any, h0: Any, y: Any, length: int) -> bool:
+    """Whether a step of this length runs (False: its stacks do not fit the host's)."""
+    try:
+        model.ingraph(params, h0, y, np.int32(length))[1].numpy()
+    except isthmus.RemoteError as e:
+        if "does not fit the host's loop stacks" not in str(e):
+            raise
+        return False
+    return True
+
+
+def longest(fits: Callable[[int], bool], cap: int) -> int:
+    """The largest length that fits (doubling from 1, then bisecting), at most `cap`."""
+    if not fits(1):
+        return 0
+    good = 1
+    while good < cap and fits(min(2 * good, cap)):
+        good = min(2 * good, cap)
+    bad = min(2 * good, cap + 1)
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits(mid) else (good, mid)
+    return good
+
+
+def measure_swap(c: isthmus.Client, size: dict[str, int], rounds: int) -> dict[str, Any]:
+    """The longest lengths without and with swapping, and a step's time swapping or not."""
+    params, h0, y = data(size["hidden"], size["batch"])
+    env = {"ISTHMUS_EXECUTOR_STACK_MB": str(size["stack_mb"]),
+           "ISTHMUS_EXECUTOR_STACK_SWAP_MB": str(size["swap_mb"])}
+    with servers.own_server(env) as (address, token), \
+            isthmus.connect(address, token=token, name="bench-swap") as small:
+        models = {swap: Model(small, swap) for swap in (False, True)}
+        max_len = {("swap" if swap else "no_swap"): longest(lambda n, m=m: trains(m, params, h0, y, n),
+                                                          size["longest"])
+                   for swap, m in models.items()}
+        length = max(1, int(0.9 * max_len["swap"]))
+        plain, swapping = Model(c), models[True]
+        want, _ = jax_step(length)(params, h0, y)
+        for model in (plain, swapping):
+            close(fetched(model.ingraph(params, h0, y, np.int32(length))[0]), want, f"swap, length {length}")
+        samples: dict[str, list[float]] = {"swapping": [], "not_swapping": []}
+        n = np.int32(length)
+        for _ in range(rounds):
+            samples["swapping"] += timed(lambda: swapping.ingraph(params, h0, y, n)[1].numpy(), 1)
+            samples["not_swapping"] += timed(lambda: plain.ingraph(params, h0, y, n)[1].numpy(), 1)
+    return {"max_len": max_len,
+            "swap_step_s": {k: statistics.median(v) for k, v in samples.items()} | {"length": length}}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.loop_grad", description=__doc__.split("\n")[0])
     p.add_argument("--json", type=Path, default=None, help="write the results here")
@@ -227,14 +292,19 @@ def main(argv: list[str] | None = None) -> int:
     size = SMOKE if args.smoke else FULL
     with isthmus_client(args.server) as c:
         measured = measure(c, size["hidden"], size["batch"], size["lengths"], size["steps"], size["rounds"])
-    s = measured["step_s"]
+        swap = SWAP_SMOKE if args.smoke else SWAP
+        measured |= measure_swap(c, swap, size["rounds"])
+    s, m, w = measured["step_s"], measured["max_len"], measured["swap_step_s"]
     result = {
         **measured,
         "ratios": {"dynamic_vs_unrolled": s["unrolled"] / s["ingraph"],
                    "ingraph_vs_client_training_loop": s["client_loop"] / s["ingraph"],
                    "ingraph_steps_vs_client_steps": s["client_steps"] / s["ingraph_steps"],
-                   "jax_scan_vs_ingraph": s["ingraph"] / s["jax_scan"]},
-        "config": {k: list(v) if isinstance(v, tuple) else v for k, v in size.items()} | {"lr": LR},
+                   "jax_scan_vs_ingraph": s["ingraph"] / s["jax_scan"],
+                   "max_len_swap_vs_no_swap": m["swap"] / max(1, m["no_swap"]),
+                   "swap_overhead": w["swapping"] / w["not_swapping"]},
+        "config": ({k: list(v) if isinstance(v, tuple) else v for k, v in size.items()}
+                   | {"lr": LR, "swap": swap}),
         "machine": describe(),
     }
     print(json.dumps(result, indent=2))

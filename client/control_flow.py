@@ -95,11 +95,12 @@ class _While:
     results: list[int]  # in body, one per carry
     outputs: list[int]
     parallel_iterations: int
+    swap: bool
 
     def emit(self, trace: Trace, b: ProgramBuilder, names: Names) -> None:
         cond = _graph(self.cond, b, self.cond_args, [self.pred], names)
         body = _graph(self.body, b, self.body_args, self.results, names)
-        outs = b.while_([names[v] for v in self.carry], cond, body, self.parallel_iterations)
+        outs = b.while_([names[v] for v in self.carry], cond, body, self.parallel_iterations, self.swap)
         names.update(zip(self.outputs, outs, strict=True))
 
 
@@ -129,7 +130,7 @@ def _captured(children: Sequence[Trace], already: Sequence[int]) -> list[int]:
 
 
 def while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], init_val: Any,
-               parallel_iterations: int | None = None) -> Any:
+               parallel_iterations: int | None = None, swap: bool = True) -> Any:
     """`jax.lax.while_loop` in the graph: `while cond_fun(val): val = body_fun(val)`.
 
     `parallel_iterations` (default: the program's, 1 unless `c.program` says otherwise):
@@ -137,12 +138,16 @@ def while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], i
     iteration k has taken the body, and its steps run as soon as what they read is there,
     so a counter and a predicate can run ahead of a value still crossing hosts. A loop
     whose computations span hosts (an island's JAX group) runs one iteration at a time
-    whatever this asks: its hosts must enter those collectives in one order."""
-    return _while_loop(cond_fun, body_fun, init_val, parallel_iterations, "while_loop")
+    whatever this asks: its hosts must enter those collectives in one order.
+
+    `swap`: whether the values its gradient saves per iteration (`isthmus.grad`) may move to
+    host memory once a host's stacks pass their budget on its devices (`executor_stack_mb`);
+    with False, a run whose stacks do not fit there fails, naming the budget."""
+    return _while_loop(cond_fun, body_fun, init_val, parallel_iterations, "while_loop", swap=swap)
 
 
 def _while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], init_val: Any,
-                parallel_iterations: int | None, what: str, carried: str = "") -> Any:
+                parallel_iterations: int | None, what: str, carried: str = "", swap: bool = True) -> Any:
     """`while_loop`, for `what` (a `fori_loop` too): errors name the user's function and the
     paths of the carry under `carried` (the path of the user's carry within `init_val`)."""
     trace = _trace(what)
@@ -173,7 +178,7 @@ def _while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], 
                               f"it returned {out_def}")
     promoted = _promoted(trace, init_val, init, [body.values[v].aval for v in out_leaves], views, what)
     if promoted is not None:  # traced again, as jax.lax does, with weak carry leaves promoted
-        return _while_loop(cond_fun, body_fun, promoted, parallel_iterations, what, carried)
+        return _while_loop(cond_fun, body_fun, promoted, parallel_iterations, what, carried, swap)
     results = []
     for k, (v, path) in enumerate(zip(out_leaves, paths, strict=True)):
         if body.values[v].aval != avals[k] or body.values[v].view.key != views[k].key:
@@ -197,7 +202,7 @@ def _while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], 
     outputs = [trace.new_value(a, w, t) for a, w, t in zip(avals, views, kept, strict=True)]
     unused = [trace.new_value(trace.values[v].aval, trace.values[v].view, trace.typed(v)) for v in captured]
     trace.add(_While(init + captured, cond, body, cond_args, body_args, pred, results, outputs + unused,
-                     parallel))
+                     parallel, bool(swap)))
     return jax.tree_util.tree_unflatten(treedef, [trace.traced(v) for v in outputs])
 
 
@@ -322,14 +327,14 @@ def _predicate(trace: Trace, p: int, where: Slice) -> int:
 
 
 def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any, Any], Any], init_val: Any,
-              parallel_iterations: int | None = None) -> Any:
+              parallel_iterations: int | None = None, swap: bool = True) -> Any:
     """`jax.lax.fori_loop` in the graph: `for i in range(lower, upper): val = body_fun(i, val)`.
     The counter lives on the slice of the carry's first typed leaf (with none typed yet, of
     the first jitted function the program, or else the body, calls). Its type is
     `jax.lax.fori_loop`'s: the bounds' dtype, equal or a Python int's promoted to the other
     bound's signed integer type (else refused); with both bounds constants, `int()` of each
     and a weakly typed int counter, as `jax.lax.fori_loop` counts a loop of known length.
-    `parallel_iterations` as in `while_loop`."""
+    `parallel_iterations` and `swap` as in `while_loop`."""
     trace = _trace("fori_loop")
     dtype = _counter_dtype(trace, lower, upper)
     leaves, treedef, _ = _flatten(trace, init_val)
@@ -363,7 +368,7 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any, Any], Any], init_
         return inc(c[0]), out
 
     _, carry = _while_loop(keep_going, step, (trace.traced(counter), init_val), parallel_iterations,
-                           "fori_loop", carried="[1]")
+                           "fori_loop", carried="[1]", swap=swap)
     return carry
 
 

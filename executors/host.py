@@ -67,7 +67,7 @@ class Host:
         self.collective_error: str | None = None  # the first failed cross-host collective
         self._frozen = False  # start-up's objects frozen out of garbage collection (`info`)
         self.runner = Runner(host, self.store, self.executables.usable, self._deliver, self._failed,
-                             in_flight, self.temp_budget, budget.stack_bytes())
+                             in_flight, self.temp_budget, budget.stack_bytes(), budget.swap_bytes())
         self.dispatch = Dispatch(host, self.runner.issued)
 
     # -- the island's JAX distributed group ------------------------------------------------

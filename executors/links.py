@@ -48,7 +48,7 @@ def new_executor(host: HostSpec, hosts: Iterable[HostSpec], options: RayOptions,
     sharing = sum(1 for h in hosts if h.node == host.node)
     return new_actor(host, options.namespace, options.wait_timeout_s, options.in_flight, generation,
                      options.detached, Budget(options.temp_mb, options.buffer_mb, max(1, sharing),
-                                                       options.stack_mb))
+                                                       options.stack_mb, options.swap_mb))
 
 
 async def _answer(ref: Any) -> Any:

@@ -18,7 +18,9 @@ Contract:
   Both shares together leave 15% of the machine to the server, Ray and the system.
 - `Budget.stack_bytes` is what a host's runs may keep on their loop stacks together
   (`executor_stack_mb`, else a quarter of the temporaries' share, out of which it comes:
-  a stack is a run's working memory, gone when the run ends). A push past it fails the run.
+  a stack is a run's working memory, gone when the run ends) on the devices; past it, its
+  oldest values move to host memory, up to `Budget.swap_bytes` (`executor_stack_swap_mb`,
+  else as much again; 0: no swapping). A push past both fails the run.
 - `working_bytes(executable)` is what one computation takes on this host: its
   temporaries per device times this process's devices in its mesh. `check` refuses an
   executable that needs more than the whole budget alone (compiling it fails with both
@@ -46,12 +48,16 @@ class Budget:
     buffer_mb: int | None = None  # likewise
     sharing: int = 1  # hosts the cluster places on this host's machine
     stack_mb: int | None = None  # set by the operator; None: a quarter of the temporaries'
+    swap_mb: int | None = None  # of stacks swapped to host memory; None: as many as stack_mb
 
     def temp_bytes(self, machine: int | None = None) -> int:
         return self._bytes(self.temp_mb, TEMP_SHARE, machine)
 
     def stack_bytes(self, machine: int | None = None) -> int:
         return self.stack_mb * MIB if self.stack_mb is not None else self.temp_bytes(machine) // 4
+
+    def swap_bytes(self, machine: int | None = None) -> int:
+        return self.swap_mb * MIB if self.swap_mb is not None else self.stack_bytes(machine)
 
     def buffer_bytes(self, machine: int | None = None) -> int:
         return self._bytes(self.buffer_mb, BUFFER_SHARE, machine)

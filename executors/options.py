@@ -30,6 +30,7 @@ class RayOptions:
     temp_mb: int | None = None
     buffer_mb: int | None = None
     stack_mb: int | None = None  # of loop stacks; None: a quarter of the temporaries' share
+    swap_mb: int | None = None  # of loop stacks swapped to host memory; None: as many again
     # Ray's token: read from (or, for a Ray this pool starts, written to) this file.
     token_file: Path | None = None
     insecure: bool = False  # join an external Ray without token authentication

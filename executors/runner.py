@@ -69,7 +69,7 @@ from executors.mail import Mail
 from executors.messages import Abort, Failed, Payload
 from executors.payloads import part_tag, payload_of, received
 from executors.signatures import Signature, Signatures
-from executors.stacks import Stacks, nbytes
+from executors.stacks import StackMemory, Stacks
 from executors.stats import Held
 from executors.store import BufferStore, Failure
 from executors.tracing import Recorder, Traces, event_of, finished
@@ -109,12 +109,13 @@ class Runner:
     def __init__(self, host: str, store: BufferStore, executable: Callable[[str], Future[Any]],
                  deliver: Deliver, failed: Callable[[str], None] = lambda cause: None,
                  in_flight: int = IN_FLIGHT, temp_budget: int | None = None,
-                 stack_budget: int | None = None) -> None:
+                 stack_budget: int | None = None, swap_budget: int | None = 0) -> None:
         """`temp_budget`: bytes of XLA temporaries the computations in flight may take
         together (`executors.memory`); `stack_budget`: bytes the runs' loop stacks may hold
-        together; None, not bounded."""
+        together on the devices, and `swap_budget` swapped to host memory
+        (`executors.stacks`); None, not bounded."""
         self.host = host
-        self.stack_budget = stack_budget
+        self.stack_memory = StackMemory(stack_budget, swap_budget)
         self.store = store
         self._executable = executable
         self._deliver = deliver
@@ -206,7 +207,7 @@ class Runner:
         mailboxes, taken, stopping, limited, aborted = self.mail.held()
         stacked = [r.stacks.held() for r in runs]
         return Held(len(runs), sum(len(r.frames) for r in runs), mailboxes, taken, stopping, limited, aborted,
-                    sum(n for n, _ in stacked), sum(b for _, b in stacked))
+                    *(sum(column) for column in zip(*stacked, strict=True)) if stacked else (0, 0, 0))
 
     def _layout(self, plan: HostPlan) -> Layout:
         layout = self._layouts.get(plan.key)
@@ -229,7 +230,7 @@ class Runner:
         with self._lock:
             run = self._runs.get(message.run_id)
             if run is None:
-                run = self._runs[message.run_id] = _Run()
+                run = self._runs[message.run_id] = _Run(stacks=Stacks(self.stack_memory))
                 self.mail.limit(message.run_id, message.limit)
         rec = self._recorder(message) if message.trace else None
         started = 0 if rec is None else time.time_ns()
@@ -302,9 +303,12 @@ class Runner:
             return Failure(f"argument {buffer_id} was not ready within {timeout:g}s")
 
     def _finish(self, run_id: str) -> None:
-        """Forget the run: its environment, its mailboxes, and any delivery still to come."""
+        """Forget the run: its environment, its stacks, its mailboxes, and any delivery still
+        to come."""
         with self._lock:
-            self._runs.pop(run_id, None)
+            run = self._runs.pop(run_id, None)
+        if run is not None:
+            run.stacks.drop()
         self.mail.finish(run_id)
 
     def _fail_results(self, message: RunMessage, failure: Failure) -> None:
@@ -408,22 +412,9 @@ class Runner:
         if isinstance(step, Pop):
             env[step.output] = run.stacks.pop(step.stack, step.depth, frames)
             return
-        value, size = env[step.input], nbytes(env[step.input])
-        if self.stack_budget is not None and size:
-            with self._lock:
-                runs = list(self._runs.values())
-            held = sum(r.stacks.held()[1] for r in runs)
-            if held + size > self.stack_budget:  # the run fails, the host serves on
-                where = f" in {frames.where()}" if len(frames) else ""
-                cause = (f"run {run_id}: its loop stacks on host {self.host} passed the host's budget of "
-                         f"{self.stack_budget / (1 << 20):g} MiB (executor_stack_mb) at stack {step.stack}"
-                         f"{where}: its loops save {held} bytes already and this iteration "
-                         f"{size} more")
-                self.cancel([run_id], cause)
-                value = Failure(cause)
-        failure = run.stacks.push(step.stack, step.depth, frames, value)
-        if failure is not None:
-            raise RuntimeError(failure.cause)
+        failure = run.stacks.push(step.stack, step.depth, frames, env[step.input], step.swap)
+        if failure is not None:  # no room for it on this host: the run stops, the host serves on
+            self.cancel([run_id], f"run {run_id} on host {self.host}: {failure.cause}")
 
     def _abort(self, run_id: str, frames: Frames, peers: frozenset[str], failure: Failure) -> None:
         """Tell the loop's peers this host has left it, so none waits for what it would send."""

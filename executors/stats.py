@@ -40,7 +40,8 @@ class Held:
     limited: int = 0
     aborted: int = 0
     stacked: int = 0  # values on runs' stacks (reverse mode's residuals of loops)
-    stack_bytes: int = 0
+    stack_bytes: int = 0  # on the devices
+    stack_swapped_bytes: int = 0  # moved to host memory
 
 
 @dataclass(frozen=True, slots=True)

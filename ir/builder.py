@@ -93,18 +93,19 @@ class ProgramBuilder:
         return self._add(Op.TRANSFER, (value,), 1, TransferAttrs(target))[0]
 
     def while_(self, carry: Sequence[str], cond: Graph, body: Graph,
-               parallel_iterations: int = 1) -> tuple[str, ...]:
-        return self._add(Op.WHILE, tuple(carry), len(carry), WhileAttrs(cond, body, parallel_iterations))
+               parallel_iterations: int = 1, swap: bool = True) -> tuple[str, ...]:
+        attrs = WhileAttrs(cond, body, parallel_iterations, swap)
+        return self._add(Op.WHILE, tuple(carry), len(carry), attrs)
 
     def cond(self, pred: str, operands: Sequence[str], branches: Sequence[Graph]) -> tuple[str, ...]:
         count = len(branches[0].results) if branches else 0
         return self._add(Op.COND, (pred, *operands), count, CondAttrs(tuple(branches)))
 
-    def push(self, value: str, stack: str, depth: int = 1) -> None:
-        self._add(Op.PUSH, (value,), 0, StackAttrs(self.type_of(value), stack, depth))
+    def push(self, value: str, stack: str, depth: int = 1, swap: bool = True) -> None:
+        self._add(Op.PUSH, (value,), 0, StackAttrs(self.type_of(value), stack, depth, swap))
 
-    def pop(self, t: Type, stack: str, depth: int = 1) -> str:
-        return self._add(Op.POP, (), 1, StackAttrs(t, stack, depth))[0]
+    def pop(self, t: Type, stack: str, depth: int = 1, swap: bool = True) -> str:
+        return self._add(Op.POP, (), 1, StackAttrs(t, stack, depth, swap))[0]
 
     def inline(self, program: Program, inputs: Sequence[str]) -> tuple[str, ...]:
         """Add `program`'s nodes here, its arguments bound to `inputs` (of its arguments'

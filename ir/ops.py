@@ -294,11 +294,15 @@ class WhileAttrs(OpAttrs):
     body: Graph
     # How many iterations a host may run at once (`executors.iterations`); 1: one at a time.
     parallel_iterations: int = 1
+    # Whether what its gradient saves per iteration may be swapped to host memory (`PUSH`).
+    swap: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.cond, Graph) or not isinstance(self.body, Graph):
             raise InvalidArgument(f"while: expected cond and body Graphs, found {self.cond!r}, {self.body!r}")
         object.__setattr__(self, "parallel_iterations", check_parallel_iterations(self.parallel_iterations))
+        if not isinstance(self.swap, bool):
+            raise InvalidArgument(f"while: swap: expected a bool, found {self.swap!r}")
 
 
 def check_parallel_iterations(value: object) -> int:
@@ -382,10 +386,13 @@ class StackAttrs(OpAttrs):
     type: Type
     stack: str
     depth: int = 1
+    swap: bool = True  # its values may move to host memory past the host's device budget
 
     def __post_init__(self) -> None:
         if not isinstance(self.type, Type):
             raise InvalidArgument(f"stack: expected a Type, found {self.type!r}")
+        if not isinstance(self.swap, bool):
+            raise InvalidArgument(f"stack {self.stack}: swap: expected a bool, found {self.swap!r}")
         check_name(self.stack, IDENTIFIER, "stack: name")
         if isinstance(self.depth, bool) or not isinstance(self.depth, int) or \
                 not 1 <= self.depth <= MAX_STACK_DEPTH:

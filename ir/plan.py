@@ -154,6 +154,7 @@ class Push:
     input: str
     stack: str
     depth: int
+    swap: bool = True  # it may move to host memory past the host's device budget
 
 
 @dataclass(frozen=True)
@@ -300,7 +301,7 @@ def step_line(s: Step) -> str:
         case Exit():
             return f"{_values(s.outputs)} = exit {s.frame} {_values(s.inputs)}"
         case Push():
-            return f"push {s.input} stack {s.stack} depth {s.depth}"
+            return f"push {s.input} stack {s.stack} depth {s.depth}" + ("" if s.swap else " no_swap")
         case Pop():
             return f"{s.output} = pop stack {s.stack} depth {s.depth}"
     raise AssertionError(s)

@@ -85,10 +85,12 @@ _PRINT: dict[Op, Callable[[Node, Any], str]] = {
     Op.RECV: lambda node, a: f"recv {a.type} from {','.join(a.sources)} tag {a.tag}",
     Op.RESULT: lambda node, a: f"result {_values(node.inputs)}".rstrip(),
     Op.WHILE: lambda node, a: f"while ({_values(node.inputs)})" + (
-        f" parallel_iterations {a.parallel_iterations}" if a.parallel_iterations != 1 else ""),
+        f" parallel_iterations {a.parallel_iterations}" if a.parallel_iterations != 1 else "") + (
+        " no_swap" if not a.swap else ""),
     Op.COND: lambda node, a: f"cond {node.inputs[0] if node.inputs else ''} ({_values(node.inputs[1:])})",
-    Op.PUSH: lambda node, a: f"push {_values(node.inputs)} {a.type} stack {a.stack} depth {a.depth}",
-    Op.POP: lambda node, a: f"pop {a.type} stack {a.stack} depth {a.depth}",
+    Op.PUSH: lambda node, a: f"push {_values(node.inputs)} {a.type} stack {a.stack} depth {a.depth}"
+    + ("" if a.swap else " no_swap"),
+    Op.POP: lambda node, a: f"pop {a.type} stack {a.stack} depth {a.depth}" + ("" if a.swap else " no_swap"),
 }
 
 
@@ -293,12 +295,12 @@ def _value_list(text: str, n: int) -> tuple[str, ...]:
 
 
 def _while(rest: str, blocks: list[tuple[str, Graph]], n: int) -> tuple[tuple[str, ...], Attrs]:
-    m = _match(r"\((.*)\)(?: parallel_iterations (\d{1,4}))?", rest, n,
-               "'while (%carry, ...) [parallel_iterations N] cond {'")
+    m = _match(r"\((.*)\)(?: parallel_iterations (\d{1,4}))?( no_swap)?", rest, n,
+               "'while (%carry, ...) [parallel_iterations N] [no_swap] cond {'")
     if [w for w, _ in blocks] != ["cond", "body"]:
         raise ParseError(f"line {n}: expected sub-graphs cond and body, found {[w for w, _ in blocks]}")
     parallel = int(m[2]) if m[2] else 1
-    return _value_list(m[1], n), _build(n, lambda: WhileAttrs(blocks[0][1], blocks[1][1], parallel))
+    return _value_list(m[1], n), _build(n, lambda: WhileAttrs(blocks[0][1], blocks[1][1], parallel, not m[3]))
 
 
 def _cond(rest: str, blocks: list[tuple[str, Graph]], n: int) -> tuple[tuple[str, ...], Attrs]:
@@ -309,16 +311,17 @@ def _cond(rest: str, blocks: list[tuple[str, Graph]], n: int) -> tuple[tuple[str
 
 
 def _push(rest: str, n: int) -> tuple[tuple[str, ...], Attrs]:
-    m = _match(rf"({_VALUE}) (.*) stack (\S+) depth (\d{{1,3}})", rest, n,
-               "'push %value TYPE stack NAME depth N'")
+    m = _match(rf"({_VALUE}) (.*) stack (\S+) depth (\d{{1,3}})( no_swap)?", rest, n,
+               "'push %value TYPE stack NAME depth N[ no_swap]'")
     saved = _type(m[2], n)
-    return (m[1],), _build(n, lambda: StackAttrs(saved, m[3], int(m[4])))
+    return (m[1],), _build(n, lambda: StackAttrs(saved, m[3], int(m[4]), not m[5]))
 
 
 def _pop(rest: str, n: int) -> tuple[tuple[str, ...], Attrs]:
-    m = _match(r"(.*) stack (\S+) depth (\d{1,3})", rest, n, "'pop TYPE stack NAME depth N'")
+    m = _match(r"(.*) stack (\S+) depth (\d{1,3})( no_swap)?", rest, n,
+               "'pop TYPE stack NAME depth N[ no_swap]'")
     saved = _type(m[1], n)
-    return (), _build(n, lambda: StackAttrs(saved, m[2], int(m[3])))
+    return (), _build(n, lambda: StackAttrs(saved, m[2], int(m[3]), not m[4]))
 
 
 _PARSE: dict[Op, Callable[[str, list[tuple[str, Graph]], int], tuple[tuple[str, ...], Attrs]]] = {

@@ -82,10 +82,11 @@ _ENCODE: dict[Op, Callable[[Any], dict[str, Any]]] = {
     Op.RECV: lambda a: {"type": _type(a.type), "sources": list(a.sources), "tag": a.tag},
     Op.RESULT: lambda a: {},
     Op.WHILE: lambda a: {"cond": _graph(a.cond), "body": _graph(a.body), **(
-        {"parallel_iterations": a.parallel_iterations} if a.parallel_iterations != 1 else {})},
+        {"parallel_iterations": a.parallel_iterations} if a.parallel_iterations != 1 else {}), **(
+        {"swap": False} if not a.swap else {})},
     Op.COND: lambda a: {"branches": [_graph(b) for b in a.branches]},
-    Op.PUSH: lambda a: {"type": _type(a.type), "stack": a.stack, "depth": a.depth},
-    Op.POP: lambda a: {"type": _type(a.type), "stack": a.stack, "depth": a.depth},
+    Op.PUSH: lambda a: {"type": _type(a.type), "stack": a.stack, "depth": a.depth, "swap": a.swap},
+    Op.POP: lambda a: {"type": _type(a.type), "stack": a.stack, "depth": a.depth, "swap": a.swap},
 }
 
 
@@ -273,7 +274,8 @@ def _read_recv(at: _At) -> Attrs:
 
 def _read_stack(at: _At) -> Attrs:
     saved, stack, depth = _read_type(at["type"]), at["stack"].text(), at["depth"].integer()
-    return at.build(lambda: StackAttrs(saved, stack, depth))
+    swap = _flag(at.optional("swap"), True)
+    return at.build(lambda: StackAttrs(saved, stack, depth, swap))
 
 
 def _hosts(at: _At) -> tuple[str, ...]:
@@ -281,6 +283,15 @@ def _hosts(at: _At) -> tuple[str, ...]:
     if isinstance(at.value, str):
         return (at.text(),)
     return tuple(h.text() for h in at.items())
+
+
+def _flag(at: _At, default: bool) -> bool:
+    """A bool (absent: `default`)."""
+    if at.value is None:
+        return default
+    if not isinstance(at.value, bool):
+        at.fail("true or false")
+    return bool(at.value)
 
 
 def _parallel(at: _At) -> int:
@@ -302,7 +313,7 @@ _DECODE: dict[Op, Callable[[_At], Attrs]] = {
 _NESTED: dict[Op, Callable[[_At, int], Attrs]] = {
     Op.WHILE: lambda at, d: at.build(
         lambda: WhileAttrs(_read_graph(at["cond"], d), _read_graph(at["body"], d),
-                           _parallel(at.optional("parallel_iterations")))),
+                           _parallel(at.optional("parallel_iterations")), _flag(at.optional("swap"), True))),
     Op.COND: lambda at, d: at.build(
         lambda: CondAttrs(tuple(_read_graph(b, d) for b in at["branches"].items()))),
 }

@@ -131,7 +131,9 @@ class HostPublic(BaseModel):
     mailboxes: int = Field(0, description="mailboxes for values from peer hosts, open on the host")
     stacked: int = Field(0, description="values saved on runs' stacks on the host (the forward values a "
                                         "loop's gradient reads back), freed as each run ends")
-    stack_bytes: int = Field(0, description="the bytes of those values")
+    stack_bytes: int = Field(0, description="the bytes of those values on the host's devices")
+    stack_swapped_bytes: int = Field(0, description="the bytes of those values swapped to host memory "
+                                                    "(executor_stack_swap_mb)")
     dispatch_messages: int = Field(0, description="program run messages the server has sent it")
 
 

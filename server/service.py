@@ -142,6 +142,7 @@ class Service:
             temp_mb=settings.executor_temp_mb,
             buffer_mb=settings.executor_buffer_mb,
             stack_mb=settings.executor_stack_mb,
+            swap_mb=settings.executor_stack_swap_mb,
             token_file=settings.ray_token_file,
             insecure=settings.insecure_ray,
             detached=True,

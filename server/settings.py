@@ -77,10 +77,12 @@ class Settings(BaseSettings):
     # limit, if lower) shared by the hosts on it: with the temporaries' half, the rest is the
     # server's, Ray's and the system's (server/host_memory.py).
     executor_buffer_mb: int | None = Field(None, ge=1)
-    # MiB a CPU host's runs may keep on their loop stacks together (the forward values a
-    # loop's gradient reads back, executors/stacks.py); past it the run fails, typed, and the
-    # host serves on. Default: a quarter of the temporaries' share (executor_temp_mb).
+    # MiB a host's runs may keep on their loop stacks together on its devices (the forward
+    # values a loop's gradient reads back, executors/stacks.py), and swapped to host memory
+    # past that (0: never swapped); past both the run fails, typed, and the host serves on.
+    # Defaults: a quarter of the temporaries' share (executor_temp_mb), and as much again.
     executor_stack_mb: int | None = Field(None, ge=1)
+    executor_stack_swap_mb: int | None = Field(None, ge=0)
     # The fraction of that room, in each machine's pool, kept for each open client's claim:
     # its weight's share of it. A client may take more only where the others' unused claims
     # leave room (alone, all of it), so that one cannot fill a machine the others share;

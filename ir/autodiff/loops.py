@@ -48,6 +48,7 @@ class _Loop:
     active: tuple[int, ...]
     counter: Type
     stacks: tuple[tuple[str, str], ...]  # (forward value in the body, its stack)
+    swap: bool
 
 
 def _active_carries(sweep: Sweep, node: Node, attrs: WhileAttrs) -> tuple[int, ...]:
@@ -80,7 +81,7 @@ def _forward(sweep: Sweep, node: Node, inputs: tuple[str, ...]) -> None:
     inner.forward(used)
     stacks = tuple((v, sweep.stacks.new()) for v in inner.saved())
     for v, stack in stacks:
-        inner.fwd.push(v, stack, inner.depth)
+        inner.fwd.push(v, stack, inner.depth, attrs.swap)
     (counted,) = _kernel(inner.fwd, sweep.rules.count(counter, 1), "grad_count", counter, [n], counter)
     inner.fwd.result(counted, *(inner.renamed[r] for r in body.results))
     cond = sweep.fwd.sub()  # the loop's own, with the counter first (unread)
@@ -89,9 +90,10 @@ def _forward(sweep: Sweep, node: Node, inputs: tuple[str, ...]) -> None:
     cond_args = [cond.arg(t.aval, t.spec, t.slice) for t in (cond_types[a] for a in attrs.cond.args)]
     cond.result(*cond.splice(attrs.cond, cond_args))
     zero = sweep.constant(sweep.rules.zeros(counter), counter, "grad_zeros", into=sweep.fwd)
-    made = sweep.fwd.while_([zero, *inputs], cond.graph(), inner.fwd.graph(), attrs.parallel_iterations)
+    made = sweep.fwd.while_([zero, *inputs], cond.graph(), inner.fwd.graph(), attrs.parallel_iterations,
+                            attrs.swap)
     sweep.define(node.outputs, made[1:])
-    sweep.tape.append(Entry(node, (made[0],), _Loop(inner, used, carries, counter, stacks)))
+    sweep.tape.append(Entry(node, (made[0],), _Loop(inner, used, carries, counter, stacks, attrs.swap)))
 
 
 def _backward(sweep: Sweep, entry: Entry) -> None:
@@ -105,7 +107,7 @@ def _backward(sweep: Sweep, entry: Entry) -> None:
     bb = sweep.bwd.sub()
     i = bb.arg(counter.aval, counter.spec, counter.slice)
     ct_args = [bb.arg(t.aval, t.spec, t.slice) for t in types]
-    popped = {v: bb.pop(inner.fwd.type_of(v), stack, inner.depth) for v, stack in kept.stacks}
+    popped = {v: bb.pop(inner.fwd.type_of(v), stack, inner.depth, kept.swap) for v, stack in kept.stacks}
     inner.start_backward(bb, popped.__getitem__)
     for k, a in zip(kept.active, ct_args, strict=True):
         if body.results[k] in kept.used:

@@ -160,7 +160,7 @@ def _recv(node: Node, where: _Where) -> Planned:
 def _push(node: Node, where: _Where) -> Planned:
     a = node.attrs
     assert isinstance(a, StackAttrs)
-    return where.hosts(a.type.slice), plan.Push(node.inputs[0], a.stack, a.depth), None
+    return where.hosts(a.type.slice), plan.Push(node.inputs[0], a.stack, a.depth, a.swap), None
 
 
 def _pop(node: Node, where: _Where) -> Planned:

@@ -95,6 +95,7 @@ class _Reported(TypedDict, total=False):
     mailboxes: int
     stacked: int
     stack_bytes: int
+    stack_swapped_bytes: int
 
 
 def _reported(answer: StatsAnswer, up: bool, admin: bool) -> _Reported:
@@ -109,7 +110,8 @@ def _reported(answer: StatsAnswer, up: bool, admin: bool) -> _Reported:
                 collective_error=_collective(st.collective_error, admin), requests=st.requests,
                 buffers=st.buffers, arrays=st.arrays, executables=st.executables, plans=st.plans,
                 runs=st.held.runs, frames=st.held.frames, mailboxes=st.held.mailboxes,
-                stacked=st.held.stacked, stack_bytes=st.held.stack_bytes)
+                stacked=st.held.stacked, stack_bytes=st.held.stack_bytes,
+                stack_swapped_bytes=st.held.stack_swapped_bytes)
         case Lost():
             return _Reported(status="down", queued=0, completed=0, running=None)
 

@@ -46,7 +46,8 @@ LIMITED = {
     "ISTHMUS_HEALTH_PROBE_S": "1",
     "ISTHMUS_MAX_RUN_S": "8",  # a run that never ends is ended: tests look for its error
     "ISTHMUS_LINEAGE_RELEASED": "0",  # a released buffer's lineage is not kept
-    "ISTHMUS_EXECUTOR_STACK_MB": "1",  # a loop's gradient saving more on a host fails
+    "ISTHMUS_EXECUTOR_STACK_MB": "1",  # a loop's gradient saving more on a host's devices swaps
+    "ISTHMUS_EXECUTOR_STACK_SWAP_MB": "4",  # and past 4 MiB more, fails
 }
 # One submission in flight per island: orders are exact. Also where /metrics is scraped
 # (test_metrics.py): a metrics token and 4 client labels, which change nothing else.

@@ -171,13 +171,15 @@ def assert_nothing_held(c):
 
 
 def test_a_while_loop_s_gradient_follows_its_data_dependent_trip_count(c):
-    s = c.slice({"x": 2}, island="a")
-    shrink = lambda w, y: jnp.tanh(y * w) * 0.9  # noqa: E731
+    s, t = c.slice({"x": 2}, island="a"), c.slice({"y": 2}, island="b")
+    tilt, squash = (lambda w, y: y * w), (lambda y: jnp.tanh(y) * 0.9)
+    shrink = lambda w, y: squash(tilt(w, y))  # noqa: E731
     big = c.jit(lambda y: jnp.sum(y ** 2) > 1.0, slice=s, name="big")
-    on_s, total = c.jit(shrink, slice=s, name="shrink"), c.jit(lambda y: jnp.sum(jnp.sin(y)), slice=s)
+    on_s, on_t = c.jit(tilt, slice=s, name="tilt"), c.jit(squash, slice=t, name="squash")
+    total = c.jit(lambda y: jnp.sum(jnp.sin(y)), slice=s)
 
-    def loss(w, y):  # w is read by every iteration (an invariant): its gradient sums theirs
-        return total(isthmus.while_loop(big, lambda y: on_s(w, y), y))
+    def loss(w, y):  # an iteration crosses a -> b -> a; w, read by each, sums their gradients
+        return total(isthmus.while_loop(big, lambda y: on_t(on_s(w, y)), y))
 
     step = c.program(lambda w, y: isthmus.value_and_grad(loss, argnums=(0, 1))(w, y))
     rng = np.random.default_rng(3)

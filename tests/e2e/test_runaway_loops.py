@@ -1,17 +1,19 @@
-"""A loop that would never end does not hold its host: past `max_run_s` it ends failed,
-naming the limit, and closing its client or deleting its slice ends it at once
+"""A loop that would never end does not hold its host: past `max_run_s` it ends failed, naming
+the limit, and closing its client or deleting its slice ends it at once
 (executors/runner.py); one computation that never ends stops with its host's executor past
 the limit (server/healing.py).
 
 The limits are tried on a shared server with `max_run_s` of 8 s and a health probe every
 second (`servers.LIMITED`); the loops count to 2**30, far past it. A loop's gradient whose
-stacks pass that server's 1 MiB stack budget fails, naming the budget, and the host serves
-on. Closing and deleting are tried on the session's server, whose limit (3600 s) is far
-past the test's timeout: a loop that ends there was ended by the close or the delete.
+stacks pass that server's 1 MiB on a host's devices swaps them to host memory, and past 4
+MiB more fails, naming the budgets, while the host serves on. Closing and deleting are tried
+on the session's server, whose limit (3600 s) is far past the test's timeout: a loop that
+ends there was ended by the close or the delete.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import jax
@@ -61,26 +63,34 @@ def test_a_loop_past_the_run_limit_ends_failed_and_names_it(limited):
         assert int(count(np.int32(5), np.int32(7)).numpy()) == 7  # the host serves on
 
 
-def test_a_loop_whose_stacks_pass_the_host_s_budget_fails_typed_and_the_host_serves_on(limited):
+def test_a_loop_s_stacks_swap_past_the_device_budget_and_past_the_swap_budget_fail_typed(limited):
     address, token = limited
     with isthmus.connect(address, token=token, name="runaway-stacks") as c:
         s = c.slice({"x": 1}, island="a")
         step = c.jit(lambda w, h: jnp.tanh(h * w), slice=s, name="step")
         total = c.jit(jnp.sum, slice=s, name="total")
 
-        def loss(w, h, n):  # each iteration saves 128 KiB or so for the backward: 1 MiB is 8
-            return total(isthmus.fori_loop(0, n, lambda i, h: step(w, h), h))
+        def loss(w, h, n, swap=True):  # each iteration saves 128 KiB or more for the backward
+            return total(isthmus.fori_loop(0, n, lambda i, h: step(w, h), h, swap=swap))
 
         grad = c.program(isthmus.grad(loss))
+        grad_on_devices = c.program(isthmus.grad(lambda w, h, n: loss(w, h, n, swap=False)))
         w, h = np.float32(0.5), np.ones(32 << 10, np.float32)
-        want = float(jax.grad(lambda w: jnp.sum(jnp.tanh(jnp.tanh(h * w) * w)))(w))
-        np.testing.assert_allclose(float(grad(w, h, np.int32(2)).numpy()), want, rtol=1e-5)
-        over = r"passed the host's budget of 1 MiB \(executor_stack_mb\)"
+
+        def want(n):
+            return float(jax.grad(lambda w: jnp.sum(functools.reduce(lambda v, _: jnp.tanh(v * w),
+                                                                     range(n), h)))(w))
+
+        np.testing.assert_allclose(float(grad(w, h, np.int32(2)).numpy()), want(2), rtol=1e-5)  # on devices
+        with pytest.raises(isthmus.RemoteError, match=r"1 MiB on the devices .* its loop does not swap"):
+            grad_on_devices(w, h, np.int32(12)).numpy()  # a length that does not fit without swapping
+        np.testing.assert_allclose(float(grad(w, h, np.int32(12)).numpy()), want(12), rtol=1e-5)  # swapped
+        over = r"does not fit the host's loop stacks: 1 MiB on the devices \(executor_stack_mb.*4 MiB swapped"
         with pytest.raises(isthmus.RemoteError, match=over):
             grad(w, h, np.int32(1000)).numpy()
-        np.testing.assert_allclose(float(grad(w, h, np.int32(2)).numpy()), want, rtol=1e-5)  # it serves on
+        np.testing.assert_allclose(float(grad(w, h, np.int32(2)).numpy()), want(2), rtol=1e-5)  # it serves on
     for name, row in admin_hosts(address, token).items():  # nothing left on any host
-        assert (row["stacked"], row["stack_bytes"]) == (0, 0), (name, row)
+        assert (row["stacked"], row["stack_bytes"], row["stack_swapped_bytes"]) == (0, 0, 0), (name, row)
 
 
 def test_closing_a_client_ends_its_loops_and_frees_the_host_for_others(unlimited):

@@ -139,7 +139,7 @@ def test_what_the_loss_does_not_depend_on_through_wrt_stays_as_it_was():
     assert "compute pre_bwd" not in lines(d) and "compute loss_bwd" in lines(d)
 
 
-def looped(through_w: bool) -> Program:
+def looped(through_w: bool, swap: bool = True) -> Program:
     """A loop doubling a carry (w's, or x's), then a loss of the loop's result and w."""
     b = ProgramBuilder()
     s = b.slice("s", {"x": 2})
@@ -152,7 +152,7 @@ def looped(through_w: bool) -> Program:
     y = body.arg(V, ("x", None), s)
     (y2,) = body.compute("double", b"double", s, [y], [(V, ("x", None))])
     body.result(y2)
-    (z,) = b.while_([w if through_w else x], cond.graph(), body.graph())
+    (z,) = b.while_([w if through_w else x], cond.graph(), body.graph(), swap=swap)
     (loss,) = b.compute("loss", b"loss", s, [z, w], [(SCALAR, ())])
     b.result(loss)
     return b.build()
@@ -181,6 +181,16 @@ def test_a_loop_s_transpose_counts_its_trips_and_runs_them_backwards_popping_wha
     assert set(d.graph.nodes[8].inputs) == {d.graph.nodes[6].outputs[1], bwd.outputs[1]}
     text = print_program(d)
     assert print_program(parse_program(text)) == text and from_wire(to_wire(d)) == d
+
+
+def test_a_loop_that_does_not_swap_gives_its_stacks_no_swap_and_they_travel():
+    d = reverse(looped(through_w=True, swap=False), [0], Rules())
+    fwd, bwd = (n for n in d.graph.nodes if n.op is Op.WHILE)
+    push = next(n for n in fwd.attrs.body.nodes if n.op is Op.PUSH)
+    pop = next(n for n in bwd.attrs.body.nodes if n.op is Op.POP)
+    assert not fwd.attrs.swap and not push.attrs.swap and not pop.attrs.swap
+    text = print_program(d)
+    assert "no_swap" in text and print_program(parse_program(text)) == text and from_wire(to_wire(d)) == d
 
 
 def lines_of(g) -> list[str]:
