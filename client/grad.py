@@ -29,7 +29,7 @@ from client.context import tracing
 from client.control_flow import _captured, _emit, _flatten, _slice_of, _trace
 from client.slices import Slice
 from client.trace import Names, Trace
-from client.vjp import export_add, export_count, export_fill, export_positive
+from client.vjp import export_add, export_fill
 from ir import (
     Artifact,
     ComputeAttrs,
@@ -217,12 +217,6 @@ class _Rules:
 
     def add(self, t: Type, n: int) -> Artifact:
         return Artifact.of(export_add(t.aval, t.spec, n, *self._where(t)))
-
-    def count(self, t: Type, delta: int) -> Artifact:
-        return Artifact.of(export_count(t.aval, t.spec, delta, *self._where(t)))
-
-    def positive(self, t: Type) -> Artifact:
-        return Artifact.of(export_positive(t.aval, t.spec, *self._where(t)))
 
     def _where(self, t: Type) -> tuple[Any, str]:
         s = self._trace.slices[t.slice]

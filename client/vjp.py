@@ -113,21 +113,6 @@ def export_add(aval: Aval, spec: Spec, n: int, mesh: AbstractMesh, platform: str
     return _export(add, [shape] * n, [sharding] * n, [sharding], platform)
 
 
-def export_count(aval: Aval, spec: Spec, delta: int, mesh: AbstractMesh, platform: str) -> bytes:
-    """An integer scalar plus `delta` (a differentiated loop's trip counter)."""
-    sharding = NamedSharding(mesh, PartitionSpec(*spec.entries))
-    dtype = parse_dtype(aval.dtype)
-    return _export(lambda n: (n + jnp.asarray(delta, dtype),), [jax.ShapeDtypeStruct(aval.shape, dtype)],
-                   [sharding], [sharding], platform)
-
-
-def export_positive(aval: Aval, spec: Spec, mesh: AbstractMesh, platform: str) -> bytes:
-    """Whether an integer scalar is above 0, as a bool scalar (a backward loop's predicate)."""
-    sharding = NamedSharding(mesh, PartitionSpec(*spec.entries))
-    return _export(lambda n: (n > 0,), [jax.ShapeDtypeStruct(aval.shape, parse_dtype(aval.dtype))],
-                   [sharding], [sharding], platform)
-
-
 def _export(fn: Callable[..., Any], avals: Sequence[Any], ins: Sequence[NamedSharding],
             outs: Sequence[NamedSharding], platform: str) -> bytes:
     jitted = jax.jit(fn, in_shardings=tuple(ins), out_shardings=tuple(outs))

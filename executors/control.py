@@ -32,7 +32,7 @@ import numpy as np
 from executors.messages import Abort
 from executors.store import Failure
 from ir import HostPlan
-from ir.plan import ControlStep, Enter, Exit, Merge, NextIteration, Switch, frame_tag
+from ir.plan import ControlStep, Count, Enter, Exit, Merge, NextIteration, Switch, frame_tag
 
 
 class _Dead:
@@ -154,6 +154,10 @@ def step(s: ControlStep, i: int, env: MutableMapping[str, Any], frames: Frames, 
             for out, value in zip(s.outputs, s.inputs, strict=True):
                 env[out] = env[value]
             frames.stack.pop()
+        case Count():
+            trips = env[s.trips]
+            env[s.output] = trips if trips is DEAD or isinstance(trips, Failure) else \
+                np.bool_(frames.stack[-1][1] < int(trips))
     return i + 1
 
 

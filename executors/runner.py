@@ -59,6 +59,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from executors import control
 from executors.compile import HostArray, on_devices, place
 from executors.control import DEAD, Frames, Layout, blocked
@@ -74,7 +76,7 @@ from executors.stats import Held
 from executors.store import BufferStore, Failure
 from executors.tracing import Recorder, Traces, event_of, finished
 from ir import Compute, HostPlan, Pop, Push, Recv, Reshard, Send
-from ir.plan import Enter, Exit, Merge, NextIteration, Switch, defines
+from ir.plan import Count, Enter, Exit, Merge, NextIteration, Switch, defines
 
 log = logging.getLogger("isthmus.executors")
 IN_FLIGHT = 8  # computations issued and not known finished, per host (see docs/architecture.md)
@@ -361,9 +363,11 @@ class Runner:
             if guarded is None and isinstance(step, Compute):  # the common step, tested first
                 self._compute(step, env, message, frames)
                 return i + 1
-            if isinstance(step, Enter | Merge | Switch | NextIteration | Exit):
+            if isinstance(step, Enter | Merge | Switch | NextIteration | Exit | Count):
                 layout = self._layout(plan)
                 loop = layout.loops.get(i)
+                if isinstance(step, Exit) and step.trips is not None:
+                    return self._exit_counted(message.run_id, plan, i, step, env, frames, layout, guarded)
                 if isinstance(step, Switch) and loop is not None and blocked([env[step.pred]]) is None:
                     stop = self.mail.stopped(message.run_id)
                     if stop is not None:  # the loop ends here, failed, on every host
@@ -403,6 +407,21 @@ class Runner:
                         log.exception("host %s: cannot tell host %s why tag %s failed", self.host, to,
                                       step.tag)
         return i + 1
+
+    def _exit_counted(self, run_id: str, plan: HostPlan, i: int, step: Exit, env: MutableMapping[str, Any],
+                      frames: Frames, layout: Layout, guarded: Any) -> int:
+        """Leave a loop whose trip count its gradient's `REPEAT` takes back: save how many
+        iterations it ran (its predicate's failure, if it failed; nothing if it never ran, in
+        a branch not taken)."""
+        test = next(plan.steps[j] for j, frame in layout.loops.items() if frame == step.frame)
+        assert isinstance(test, Switch) and step.trips is not None
+        pred, trips = env.get(test.pred, DEAD), np.int32(frames.stack[-1][1])
+        after = control.step(step, i, env, frames, layout, guarded)
+        if pred is not DEAD:
+            name = f"%{step.frame}.trips"
+            saved = {name: pred if isinstance(pred, Failure) else trips}
+            self._stack(run_id, Push(name, step.trips, step.trips_depth, swap=False), saved, frames)
+        return after
 
     def _stack(self, run_id: str, step: Push | Pop, env: MutableMapping[str, Any], frames: Frames) -> None:
         with self._lock:

@@ -21,6 +21,7 @@ from ir.ops import (
     Attrs,
     ComputeAttrs,
     CondAttrs,
+    RepeatAttrs,
     ResultAttrs,
     StackAttrs,
     TransferAttrs,
@@ -92,10 +93,13 @@ class ProgramBuilder:
         target = Type(self.type_of(value).aval, Spec.of(spec), slice)
         return self._add(Op.TRANSFER, (value,), 1, TransferAttrs(target))[0]
 
-    def while_(self, carry: Sequence[str], cond: Graph, body: Graph,
-               parallel_iterations: int = 1, swap: bool = True) -> tuple[str, ...]:
-        attrs = WhileAttrs(cond, body, parallel_iterations, swap)
+    def while_(self, carry: Sequence[str], cond: Graph, body: Graph, parallel_iterations: int = 1,
+               swap: bool = True, trips: str | None = None, trips_depth: int = 0) -> tuple[str, ...]:
+        attrs = WhileAttrs(cond, body, parallel_iterations, swap, trips, trips_depth)
         return self._add(Op.WHILE, tuple(carry), len(carry), attrs)
+
+    def repeat(self, carry: Sequence[str], body: Graph, trips: str, depth: int = 0) -> tuple[str, ...]:
+        return self._add(Op.REPEAT, tuple(carry), len(carry), RepeatAttrs(body, trips, depth))
 
     def cond(self, pred: str, operands: Sequence[str], branches: Sequence[Graph]) -> tuple[str, ...]:
         count = len(branches[0].results) if branches else 0

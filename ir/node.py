@@ -40,6 +40,7 @@ class Op(enum.Enum):
     COND = "cond"
     PUSH = "push"
     POP = "pop"
+    REPEAT = "repeat"
 
 
 def check_name(name: object, pattern: re.Pattern[str], what: str) -> None:

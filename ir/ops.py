@@ -296,6 +296,10 @@ class WhileAttrs(OpAttrs):
     parallel_iterations: int = 1
     # Whether what its gradient saves per iteration may be swapped to host memory (`PUSH`).
     swap: bool = True
+    # A stack its trip count is saved on, on each of its hosts, as it exits (a `REPEAT` takes
+    # it back), keyed by the iterations of `trips_depth` loops around it (`StackAttrs`).
+    trips: str | None = None
+    trips_depth: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.cond, Graph) or not isinstance(self.body, Graph):
@@ -303,6 +307,14 @@ class WhileAttrs(OpAttrs):
         object.__setattr__(self, "parallel_iterations", check_parallel_iterations(self.parallel_iterations))
         if not isinstance(self.swap, bool):
             raise InvalidArgument(f"while: swap: expected a bool, found {self.swap!r}")
+        if self.trips is not None:
+            check_name(self.trips, IDENTIFIER, "while: trips stack")
+        check_depth(self.trips_depth, "while: trips_depth", 0)
+
+
+def check_depth(depth: object, what: str, least: int) -> None:
+    if isinstance(depth, bool) or not isinstance(depth, int) or not least <= depth <= MAX_STACK_DEPTH:
+        raise InvalidArgument(f"{what}: expected a depth from {least} to {MAX_STACK_DEPTH}, found {depth!r}")
 
 
 def check_parallel_iterations(value: object) -> int:
@@ -324,9 +336,15 @@ def _while_rule(node: Node, env: Env) -> list[Type]:
     if len(cond_results) != 1 or cond_results[0].aval != BOOL_SCALAR:
         raise RuleError("while cond results", "one bool[] scalar",
                         "(" + ", ".join(map(str, cond_results)) + ")")
-    body_args, body_results = env.check_graph(a.body, "body")
-    _same("while body arguments", carry, body_args)
-    _same("while body results (the carry types)", carry, body_results)
+    return _carried(node, env, a.body, "while")
+
+
+def _carried(node: Node, env: Env, body: Graph, what: str) -> list[Type]:
+    """A loop's carry types, checked against its body's arguments and results."""
+    carry = [env.types[v] for v in node.inputs]
+    body_args, body_results = env.check_graph(body, "body")
+    _same(f"{what} body arguments", carry, body_args)
+    _same(f"{what} body results (the carry types)", carry, body_results)
     return carry
 
 
@@ -394,10 +412,7 @@ class StackAttrs(OpAttrs):
         if not isinstance(self.swap, bool):
             raise InvalidArgument(f"stack {self.stack}: swap: expected a bool, found {self.swap!r}")
         check_name(self.stack, IDENTIFIER, "stack: name")
-        if isinstance(self.depth, bool) or not isinstance(self.depth, int) or \
-                not 1 <= self.depth <= MAX_STACK_DEPTH:
-            raise InvalidArgument(f"stack {self.stack}: expected a depth from 1 to {MAX_STACK_DEPTH}, "
-                                  f"found {self.depth!r}")
+        check_depth(self.depth, f"stack {self.stack}", 1)
 
 
 def _push_rule(node: Node, env: Env) -> list[Type]:
@@ -419,5 +434,35 @@ def _pop_rule(node: Node, env: Env) -> list[Type]:
 ATTRS[Op.PUSH], TYPE_RULES[Op.PUSH] = StackAttrs, _push_rule
 ATTRS[Op.POP], TYPE_RULES[Op.POP] = StackAttrs, _pop_rule
 
+
+# --- REPEAT: carry -> carry, the body run as many times as a `WHILE` ran (backwards) -------
+
+
+@dataclass(frozen=True)
+class RepeatAttrs(OpAttrs):
+    """Run `body` as many times as the `WHILE` whose `trips` stack this names ran, taking its
+    trip count back from that stack (the greatest key in its context, as a `POP`): each
+    host counts its iterations itself, so no predicate is computed or sent."""
+
+    body: Graph
+    trips: str
+    depth: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.body, Graph):
+            raise InvalidArgument(f"repeat: expected a body Graph, found {self.body!r}")
+        check_name(self.trips, IDENTIFIER, "repeat: trips stack")
+        check_depth(self.depth, "repeat: depth", 0)
+
+
+def _repeat_rule(node: Node, env: Env) -> list[Type]:
+    assert isinstance(node.attrs, RepeatAttrs)
+    _arity(node, len(node.inputs), len(node.inputs))
+    return _carried(node, env, node.attrs.body, "repeat")
+
+
+ATTRS[Op.REPEAT], TYPE_RULES[Op.REPEAT] = RepeatAttrs, _repeat_rule
+SUBGRAPHS[Op.REPEAT] = lambda a: (a.body,)
+
 Attrs = (ArgAttrs | ComputeAttrs | TransferAttrs | SendAttrs | RecvAttrs | ResultAttrs | WhileAttrs
-         | CondAttrs | StackAttrs)
+         | CondAttrs | StackAttrs | RepeatAttrs)

@@ -139,11 +139,25 @@ class NextIteration:
 
 @dataclass(frozen=True)
 class Exit:
-    """Values out of `frame`; the frame's last step on this host (its state is freed)."""
+    """Values out of `frame`; the frame's last step on this host (its state is freed). With
+    `trips`, a loop that ran (its predicate not dead) saves how many iterations it ran on
+    that stack, keyed as a `Push` of depth `trips_depth` (a `REPEAT` takes it back)."""
 
     frame: str
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+    trips: str | None = None
+    trips_depth: int = 0
+
+
+@dataclass(frozen=True)
+class Count:
+    """`output` := whether the frame's iteration is below `trips` (a count the frame was
+    entered with): the local predicate of a `REPEAT`, no computation and no send."""
+
+    frame: str
+    trips: str
+    output: str
 
 
 @dataclass(frozen=True)
@@ -167,8 +181,8 @@ class Pop:
     depth: int
 
 
-Step = Compute | Reshard | Send | Recv | Enter | Merge | Switch | NextIteration | Exit | Push | Pop
-ControlStep = Enter | Merge | Switch | NextIteration | Exit
+Step = Compute | Reshard | Send | Recv | Enter | Merge | Switch | NextIteration | Exit | Count | Push | Pop
+ControlStep = Enter | Merge | Switch | NextIteration | Exit | Count
 
 
 def reads(step: Step) -> tuple[str, ...]:
@@ -182,6 +196,8 @@ def reads(step: Step) -> tuple[str, ...]:
             return tuple(v for values in step.inputs for v in values)
         case Switch() | NextIteration():
             return (step.pred, *step.inputs)
+        case Count():
+            return (step.trips,)
     return ()
 
 
@@ -190,7 +206,7 @@ def defines(step: Step) -> tuple[str, ...]:
     match step:
         case Compute() | Enter() | Exit() | Merge() | NextIteration():
             return step.outputs
-        case Reshard() | Recv() | Pop():
+        case Reshard() | Recv() | Pop() | Count():
             return (step.output,)
         case Switch():
             return (*(v for values in step.outputs for v in values), *step.pivots)
@@ -299,7 +315,10 @@ def step_line(s: Step) -> str:
         case NextIteration():
             return f"{_values(s.outputs)} = next_iteration {s.frame} {_values(s.inputs)} while {s.pred}"
         case Exit():
-            return f"{_values(s.outputs)} = exit {s.frame} {_values(s.inputs)}"
+            trips = f" trips {s.trips} depth {s.trips_depth}" if s.trips else ""
+            return f"{_values(s.outputs)} = exit {s.frame} {_values(s.inputs)}{trips}"
+        case Count():
+            return f"{s.output} = count {s.frame} below {s.trips}"
         case Push():
             return f"push {s.input} stack {s.stack} depth {s.depth}" + ("" if s.swap else " no_swap")
         case Pop():

@@ -44,6 +44,7 @@ from ir.ops import (
     ComputeAttrs,
     CondAttrs,
     RecvAttrs,
+    RepeatAttrs,
     ResultAttrs,
     SendAttrs,
     StackAttrs,
@@ -63,6 +64,7 @@ _SIG = r"(?P<aval>[a-z0-9]+\[[0-9,]*\]) (?P<spec>P\((?:[^()]|\([^()]*\))*\))"
 _TYPE = _SIG + r" @(?P<slice>\S+)"
 _BLOCK_WORDS: dict[Op, Callable[[Node], list[str]]] = {
     Op.WHILE: lambda node: ["cond", "body"],
+    Op.REPEAT: lambda node: ["body"],
     Op.COND: lambda node: ["branch"] * len(SUBGRAPHS[Op.COND](node.attrs)),
 }
 
@@ -86,7 +88,8 @@ _PRINT: dict[Op, Callable[[Node, Any], str]] = {
     Op.RESULT: lambda node, a: f"result {_values(node.inputs)}".rstrip(),
     Op.WHILE: lambda node, a: f"while ({_values(node.inputs)})" + (
         f" parallel_iterations {a.parallel_iterations}" if a.parallel_iterations != 1 else "") + (
-        " no_swap" if not a.swap else ""),
+        " no_swap" if not a.swap else "") + (f" trips {a.trips} depth {a.trips_depth}" if a.trips else ""),
+    Op.REPEAT: lambda node, a: f"repeat ({_values(node.inputs)}) trips {a.trips} depth {a.depth}",
     Op.COND: lambda node, a: f"cond {node.inputs[0] if node.inputs else ''} ({_values(node.inputs[1:])})",
     Op.PUSH: lambda node, a: f"push {_values(node.inputs)} {a.type} stack {a.stack} depth {a.depth}"
     + ("" if a.swap else " no_swap"),
@@ -295,12 +298,21 @@ def _value_list(text: str, n: int) -> tuple[str, ...]:
 
 
 def _while(rest: str, blocks: list[tuple[str, Graph]], n: int) -> tuple[tuple[str, ...], Attrs]:
-    m = _match(r"\((.*)\)(?: parallel_iterations (\d{1,4}))?( no_swap)?", rest, n,
-               "'while (%carry, ...) [parallel_iterations N] [no_swap] cond {'")
+    m = _match(r"\((.*)\)(?: parallel_iterations (\d{1,4}))?( no_swap)?(?: trips (\S+) depth (\d{1,3}))?",
+               rest, n, "'while (%carry, ...) [parallel_iterations N] [no_swap] [trips NAME depth N] cond {'")
     if [w for w, _ in blocks] != ["cond", "body"]:
         raise ParseError(f"line {n}: expected sub-graphs cond and body, found {[w for w, _ in blocks]}")
     parallel = int(m[2]) if m[2] else 1
-    return _value_list(m[1], n), _build(n, lambda: WhileAttrs(blocks[0][1], blocks[1][1], parallel, not m[3]))
+    return _value_list(m[1], n), _build(n, lambda: WhileAttrs(blocks[0][1], blocks[1][1], parallel, not m[3],
+                                                              m[4], int(m[5] or 0)))
+
+
+def _repeat(rest: str, blocks: list[tuple[str, Graph]], n: int) -> tuple[tuple[str, ...], Attrs]:
+    m = _match(r"\((.*)\) trips (\S+) depth (\d{1,3})", rest, n,
+               "'repeat (%carry, ...) trips NAME depth N body {'")
+    if [w for w, _ in blocks] != ["body"]:
+        raise ParseError(f"line {n}: expected one sub-graph, body, found {[w for w, _ in blocks]}")
+    return _value_list(m[1], n), _build(n, lambda: RepeatAttrs(blocks[0][1], m[2], int(m[3])))
 
 
 def _cond(rest: str, blocks: list[tuple[str, Graph]], n: int) -> tuple[tuple[str, ...], Attrs]:
@@ -332,6 +344,7 @@ _PARSE: dict[Op, Callable[[str, list[tuple[str, Graph]], int], tuple[tuple[str, 
     Op.RECV: _no_blocks(_recv),
     Op.RESULT: _no_blocks(lambda rest, n: (_value_list(rest, n), ResultAttrs())),
     Op.WHILE: _while,
+    Op.REPEAT: _repeat,
     Op.COND: _cond,
     Op.PUSH: _no_blocks(_push),
     Op.POP: _no_blocks(_pop),

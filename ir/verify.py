@@ -20,7 +20,7 @@ from typing import NoReturn
 
 from ir.errors import InvalidArgument
 from ir.node import Graph, GraphSig, Node, Op, RuleError, Type
-from ir.ops import TYPE_RULES, Env, RecvAttrs, SendAttrs, StackAttrs
+from ir.ops import TYPE_RULES, Env, RecvAttrs, RepeatAttrs, SendAttrs, StackAttrs, WhileAttrs
 from ir.program import Program, SliceDef
 from ir.text import node_line
 
@@ -131,11 +131,27 @@ def _check_names(node: Node, index: int, types: Mapping[str, Type], defined_at: 
 
 
 def _check_stacks(graph: Graph) -> None:
-    """One `PUSH` and one `POP` per stack, program-wide, of the same type and depth."""
+    """One `PUSH` and one `POP` per stack, program-wide, of the same type and depth; a
+    `REPEAT`'s trip count saved by one `WHILE`, at the same depth."""
     at: dict[tuple[Op, str], list[Node]] = {}
+    trips: dict[str, tuple[list[Node], list[Node]]] = {}
     for node in graph.walk():
         if isinstance(node.attrs, StackAttrs):
             at.setdefault((node.op, node.attrs.stack), []).append(node)
+        elif isinstance(node.attrs, WhileAttrs) and node.attrs.trips is not None:
+            trips.setdefault(node.attrs.trips, ([], []))[0].append(node)
+        elif isinstance(node.attrs, RepeatAttrs):
+            trips.setdefault(node.attrs.trips, ([], []))[1].append(node)
+    for stack, (saved, taken) in trips.items():
+        first = (saved or taken)[0]
+        if len(saved) != 1 or len(taken) != 1:
+            problem = f"trips {stack}: expected one while that saves them and one repeat"
+            raise VerifyError(f"`{node_line(first)}`", f"{problem}, found {len(saved)} and {len(taken)}", "")
+        w, r = saved[0].attrs, taken[0].attrs
+        assert isinstance(w, WhileAttrs) and isinstance(r, RepeatAttrs)
+        if w.trips_depth != r.depth:
+            raise VerifyError(f"`{node_line(taken[0])}`", f"trips {stack}: expected the depth of its while, "
+                                                          f"{w.trips_depth}", "")
     for (op, stack), nodes in at.items():
         other = Op.POP if op is Op.PUSH else Op.PUSH
         if len(nodes) > 1 or (other, stack) not in at:

@@ -37,6 +37,7 @@ from ir.ops import (
     ComputeAttrs,
     CondAttrs,
     RecvAttrs,
+    RepeatAttrs,
     ResultAttrs,
     SendAttrs,
     StackAttrs,
@@ -83,7 +84,9 @@ _ENCODE: dict[Op, Callable[[Any], dict[str, Any]]] = {
     Op.RESULT: lambda a: {},
     Op.WHILE: lambda a: {"cond": _graph(a.cond), "body": _graph(a.body), **(
         {"parallel_iterations": a.parallel_iterations} if a.parallel_iterations != 1 else {}), **(
-        {"swap": False} if not a.swap else {})},
+        {"swap": False} if not a.swap else {}), **(
+        {"trips": a.trips, "trips_depth": a.trips_depth} if a.trips is not None else {})},
+    Op.REPEAT: lambda a: {"body": _graph(a.body), "trips": a.trips, "depth": a.depth},
     Op.COND: lambda a: {"branches": [_graph(b) for b in a.branches]},
     Op.PUSH: lambda a: {"type": _type(a.type), "stack": a.stack, "depth": a.depth, "swap": a.swap},
     Op.POP: lambda a: {"type": _type(a.type), "stack": a.stack, "depth": a.depth, "swap": a.swap},
@@ -294,6 +297,11 @@ def _flag(at: _At, default: bool) -> bool:
     return bool(at.value)
 
 
+def _depth(at: _At) -> int:
+    """A stack's depth in loops (absent: 0)."""
+    return 0 if at.value is None else at.integer()
+
+
 def _parallel(at: _At) -> int:
     """A loop's `parallel_iterations` (absent: 1)."""
     return 1 if at.value is None else at.integer()
@@ -313,7 +321,10 @@ _DECODE: dict[Op, Callable[[_At], Attrs]] = {
 _NESTED: dict[Op, Callable[[_At, int], Attrs]] = {
     Op.WHILE: lambda at, d: at.build(
         lambda: WhileAttrs(_read_graph(at["cond"], d), _read_graph(at["body"], d),
-                           _parallel(at.optional("parallel_iterations")), _flag(at.optional("swap"), True))),
+                           _parallel(at.optional("parallel_iterations")), _flag(at.optional("swap"), True),
+                           at.optional("trips").text_or_none(), _depth(at.optional("trips_depth")))),
+    Op.REPEAT: lambda at, d: at.build(
+        lambda: RepeatAttrs(_read_graph(at["body"], d), at["trips"].text(), _depth(at.optional("depth")))),
     Op.COND: lambda at, d: at.build(
         lambda: CondAttrs(tuple(_read_graph(b, d) for b in at["branches"].items()))),
 }

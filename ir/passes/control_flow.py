@@ -24,6 +24,10 @@ A `COND` with predicate `p` and operands `o` becomes, on each participating host
       <branch k's steps on a_k, guarded by %C.k>   for each branch k
     Merge (branch results on h) -> the cond's results (the one live input)
 
+A `REPEAT` (reverse mode's backward loop) becomes the same frame with no predicate
+computed or sent: each host pops the trip count its `WHILE`'s `Exit` saved, enters it with
+the carry, and its `Count` step is the predicate (`lower_repeat`).
+
 Sub-graph values are renamed `%<frame>.<graph>.<name>` (`b` body, `c` cond, `kN` branch N)
 so that one run's environment holds every level. A host runs up to the loop's
 `parallel_iterations` iterations of it at once (`Enter.parallel`; `executors.iterations`),
@@ -33,11 +37,13 @@ enter those collectives in one order, so such a loop runs one iteration at a tim
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from ir.node import Graph, Node
-from ir.ops import CondAttrs, WhileAttrs
-from ir.plan import DeviceMesh, Enter, Exit, Merge, NextIteration, Recv, Send, Step, Switch
+from ir.ops import CondAttrs, RepeatAttrs, WhileAttrs
+from ir.plan import Count, DeviceMesh, Enter, Exit, Merge, NextIteration, Pop, Recv, Send, Step, Switch
 from ir.types import Spec
 
 
@@ -83,42 +89,115 @@ def _broadcast(walk: Lowering, pred: str, hosts: list[str], frame: str, guard: s
     return names
 
 
+@dataclass(frozen=True)
+class _Frame:
+    """A loop's values as one host's frame names them: the carry entered (`e`), merged at the
+    head (`m`), switched to the exit (`x`) or the body (`s`), and the next iteration's (`n`);
+    a carry the body returns unchanged is an invariant, entered once and never merged."""
+
+    name: str
+    carry: list[str]
+    outs: list[str]
+    invariant: list[bool]
+
+    @classmethod
+    def of(cls, name: str, node: Node, body: Graph) -> _Frame:
+        carry = list(node.inputs)
+        return cls(name, carry, list(node.outputs),
+                   [body.results[i] == body.args[i] for i in range(len(carry))])
+
+    def _named(self, kind: str) -> list[str]:
+        return [f"%{self.name}.e{i}" if invariant else f"%{self.name}.{kind}{i}"
+                for i, invariant in enumerate(self.invariant)]
+
+    @property
+    def entered(self) -> list[str]:
+        return self._named("e")
+
+    @property
+    def merged(self) -> list[str]:
+        return self._named("m")
+
+    @property
+    def exits(self) -> list[str]:
+        return self._named("x")
+
+    @property
+    def body_in(self) -> list[str]:
+        return self._named("s")
+
+    @property
+    def nexts(self) -> list[str]:
+        return [f"%{self.name}.n{i}" for i in range(len(self.carry))]
+
+    def on(self, walk: Lowering, host: str) -> tuple[list[int], list[int]]:
+        """The carry positions the host holds, and those of them that move."""
+        held = [i for i, v in enumerate(self.carry) if host in walk.hosts(v)]
+        return held, [i for i in held if not self.invariant[i]]
+
+    def head(self, walk: Lowering, hosts: list[str], parallel: int, guard: str | None,
+             extra: tuple[tuple[str, str], ...] = ()) -> None:
+        """Enter (the carry on each host, and `extra` (value, entered name) pairs) and Merge."""
+        entered = self.entered
+        for h in hosts:
+            on, _ = self.on(walk, h)
+            walk.emit((h,), Enter(self.name, (*(self.carry[i] for i in on), *(v for v, _ in extra)),
+                                  (*(entered[i] for i in on), *(e for _, e in extra)), parallel), guard)
+        for h in hosts:
+            _, moving = self.on(walk, h)
+            walk.emit((h,), Merge(self.name, tuple((entered[i], self.nexts[i]) for i in moving),
+                                  tuple(self.merged[i] for i in moving)), None)
+
+    def tail(self, walk: Lowering, hosts: list[str], preds: dict[str, str], body: Graph,
+             exit_: Callable[[tuple[str, ...], tuple[str, ...]], Exit]) -> None:
+        """Switch on each host's predicate, the body under `%F.body`, NextIteration, Exit."""
+        go, stop = f"%{self.name}.body", f"%{self.name}.exit"
+        for h in hosts:
+            _, moving = self.on(walk, h)
+            outs = (tuple(self.exits[i] for i in moving), tuple(self.body_in[i] for i in moving))
+            walk.emit((h,), Switch(preds[h], tuple(self.merged[i] for i in moving), outs, (stop, go)), None)
+        results = walk.graph(body, dict(zip(body.args, self.body_in, strict=True)), f"{self.name}.b.", go)
+        for h in hosts:
+            _, moving = self.on(walk, h)
+            walk.emit((h,), NextIteration(self.name, preds[h], tuple(results[i] for i in moving),
+                                          tuple(self.nexts[i] for i in moving)), None)
+        for h in hosts:
+            on, _ = self.on(walk, h)
+            walk.emit((h,), exit_(tuple(self.exits[i] for i in on), tuple(self.outs[i] for i in on)), None)
+
+
 def lower_while(walk: Lowering, node: Node, attrs: WhileAttrs, frame: str, guard: str | None) -> None:
-    carry, outs = list(node.inputs), list(node.outputs)
-    body_args, body_results = attrs.body.args, attrs.body.results
-    invariant = [body_results[i] == body_args[i] for i in range(len(carry))]
-    entered = [f"%{frame}.e{i}" for i in range(len(carry))]
-    merged = [entered[i] if invariant[i] else f"%{frame}.m{i}" for i in range(len(carry))]
-    exits = [entered[i] if invariant[i] else f"%{frame}.x{i}" for i in range(len(carry))]
-    body_in = [entered[i] if invariant[i] else f"%{frame}.s{i}" for i in range(len(carry))]
-    nexts = [f"%{frame}.n{i}" for i in range(len(carry))]
-    cond_names = dict(zip(attrs.cond.args, merged, strict=True))
-    body_names = dict(zip(body_args, body_in, strict=True))
-    go, stop = f"%{frame}.body", f"%{frame}.exit"
-    hosts = sorted(_participants(walk, carry, [(attrs.cond, cond_names, f"{frame}.c."),
-                                               (attrs.body, body_names, f"{frame}.b.")], guard))
-    on = {h: [i for i, v in enumerate(carry) if h in walk.hosts(v)] for h in hosts}
-    moving = {h: [i for i in on[h] if not invariant[i]] for h in hosts}
+    f = _Frame.of(frame, node, attrs.body)
+    cond_names = dict(zip(attrs.cond.args, f.merged, strict=True))
+    body_names = dict(zip(attrs.body.args, f.body_in, strict=True))
+    hosts = sorted(_participants(walk, f.carry, [(attrs.cond, cond_names, f"{frame}.c."),
+                                                 (attrs.body, body_names, f"{frame}.b.")], guard))
     gang = walk.spans_hosts(attrs.cond) or walk.spans_hosts(attrs.body)
-    parallel = 1 if gang else attrs.parallel_iterations
-    for h in hosts:
-        walk.emit((h,), Enter(frame, tuple(carry[i] for i in on[h]), tuple(entered[i] for i in on[h]),
-                              parallel), guard)
-    for h in hosts:
-        walk.emit((h,), Merge(frame, tuple((entered[i], nexts[i]) for i in moving[h]),
-                              tuple(merged[i] for i in moving[h])), None)
+    # (a loop whose trips are saved runs one iteration at a time: its Exit counts them)
+    parallel = 1 if gang or attrs.trips is not None else attrs.parallel_iterations
+    f.head(walk, hosts, parallel, guard)
     (pred,) = walk.graph(attrs.cond, cond_names, f"{frame}.c.", guard)
     preds = _broadcast(walk, pred, hosts, frame, guard)
+    f.tail(walk, hosts, preds, attrs.body,
+           lambda inputs, outputs: Exit(frame, inputs, outputs, attrs.trips, attrs.trips_depth))
+
+
+def lower_repeat(walk: Lowering, node: Node, attrs: RepeatAttrs, frame: str, guard: str | None) -> None:
+    """A `REPEAT` as a frame whose predicate each host counts itself (`Count`): its trip
+    count popped from the stack its `WHILE` saved it on, before it is entered; no predicate
+    is computed or sent. Each participant must have taken part in that `WHILE` (it pushed the
+    count there); one that did not fails its pop, typed."""
+    f = _Frame.of(frame, node, attrs.body)
+    body_names = dict(zip(attrs.body.args, f.body_in, strict=True))
+    hosts = sorted(_participants(walk, f.carry, [(attrs.body, body_names, f"{frame}.b.")], guard))
+    trips, counted, pred = f"%{frame}.t", f"%{frame}.et", f"%{frame}.p"
     for h in hosts:
-        walk.emit((h,), Switch(preds[h], tuple(merged[i] for i in moving[h]),
-                               (tuple(exits[i] for i in moving[h]), tuple(body_in[i] for i in moving[h])),
-                               (stop, go)), None)
-    results = walk.graph(attrs.body, body_names, f"{frame}.b.", go)
+        walk.emit((h,), Pop(trips, attrs.trips, attrs.depth), guard)
+    f.head(walk, hosts, 1, guard, ((trips, counted),))
     for h in hosts:
-        walk.emit((h,), NextIteration(frame, preds[h], tuple(results[i] for i in moving[h]),
-                                      tuple(nexts[i] for i in moving[h])), None)
-    for h in hosts:
-        walk.emit((h,), Exit(frame, tuple(exits[i] for i in on[h]), tuple(outs[i] for i in on[h])), None)
+        walk.emit((h,), Count(frame, counted, pred), None)
+    f.tail(walk, hosts, dict.fromkeys(hosts, pred), attrs.body,
+           lambda inputs, outputs: Exit(frame, inputs, outputs))
 
 
 def lower_cond(walk: Lowering, node: Node, attrs: CondAttrs, frame: str, guard: str | None) -> None:

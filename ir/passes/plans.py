@@ -46,12 +46,13 @@ from ir.ops import (
     ComputeAttrs,
     CondAttrs,
     RecvAttrs,
+    RepeatAttrs,
     SendAttrs,
     StackAttrs,
     TransferAttrs,
     WhileAttrs,
 )
-from ir.passes.control_flow import lower_cond, lower_while
+from ir.passes.control_flow import lower_cond, lower_repeat, lower_while
 from ir.passes.footprint import held_bytes, per_device
 from ir.plan import CompileJob, Compute, DeviceMesh, HostPlan, Recv, Reshard, Send, Step, executable_key
 from ir.program import Placement, Program, SliceDef
@@ -238,6 +239,8 @@ class _Walk:
                 return True
             if isinstance(a, WhileAttrs) and (self.spans_hosts(a.cond) or self.spans_hosts(a.body)):
                 return True
+            if isinstance(a, RepeatAttrs) and self.spans_hosts(a.body):
+                return True
             if isinstance(a, CondAttrs) and any(self.spans_hosts(b) for b in a.branches):
                 return True
         return False
@@ -256,6 +259,8 @@ class _Walk:
                             outputs=tuple(map(rename, node.outputs)))
             if isinstance(node.attrs, WhileAttrs):  # (a node's attributes are its op's)
                 lower_while(self, named, node.attrs, f"{prefix}w{self.position}", guard)
+            elif isinstance(node.attrs, RepeatAttrs):
+                lower_repeat(self, named, node.attrs, f"{prefix}r{self.position}", guard)
             elif isinstance(node.attrs, CondAttrs):
                 lower_cond(self, named, node.attrs, f"{prefix}c{self.position}", guard)
             elif node.op in _STEPS:
@@ -264,7 +269,7 @@ class _Walk:
             else:
                 raise InvalidArgument(
                     f"host_plans: `{node_line(node)}`: expected one of "
-                    f"{', '.join(o.value for o in (*_STEPS, Op.WHILE, Op.COND))}, "
+                    f"{', '.join(o.value for o in (*_STEPS, Op.WHILE, Op.REPEAT, Op.COND))}, "
                     f"found {node.op.value} (lower the program first)"
                 )
         return [rename(v) for v in graph.results]

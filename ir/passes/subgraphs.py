@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from ir.node import Graph, Node, Op, Type
-from ir.ops import CondAttrs, WhileAttrs
+from ir.ops import CondAttrs, RepeatAttrs, WhileAttrs
 from ir.program import Program
 from ir.verify import graph_types
 
@@ -31,6 +31,9 @@ def rewrite_graphs(program: Program, rewrite: GraphRewrite) -> Program:
         if n.op is Op.WHILE:
             assert isinstance(n.attrs, WhileAttrs)
             return replace(n, attrs=replace(n.attrs, cond=graph(n.attrs.cond), body=graph(n.attrs.body)))
+        if n.op is Op.REPEAT:
+            assert isinstance(n.attrs, RepeatAttrs)
+            return replace(n, attrs=replace(n.attrs, body=graph(n.attrs.body)))
         if n.op is Op.COND:
             assert isinstance(n.attrs, CondAttrs)
             return replace(n, attrs=CondAttrs(tuple(graph(b) for b in n.attrs.branches)))

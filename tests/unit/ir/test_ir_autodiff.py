@@ -56,12 +56,6 @@ class Rules:
     def add(self, t: Type, n: int) -> Artifact:
         return Artifact.of(f"add{n}:{t}".encode())
 
-    def count(self, t: Type, delta: int) -> Artifact:
-        return Artifact.of(f"count{delta}:{t}".encode())
-
-    def positive(self, t: Type) -> Artifact:
-        return Artifact.of(f"positive:{t}".encode())
-
 
 def two_islands() -> Program:
     """w and x on island a; layer(x, w) -> norm -> moved to island b -> a scalar loss there."""
@@ -158,39 +152,44 @@ def looped(through_w: bool, swap: bool = True) -> Program:
     return b.build()
 
 
-def test_a_loop_s_transpose_counts_its_trips_and_runs_them_backwards_popping_what_it_pushed():
+def test_a_loop_s_transpose_repeats_its_trip_count_backwards_popping_what_it_pushed():
     d = reverse(looped(through_w=True), [0], Rules())
     verify(d)
-    assert lines(d) == ["arg", "arg", "compute grad_zeros", "while", "compute loss_fwd", "compute grad_ones",
-                        "compute loss_bwd", "while", "compute grad_add2", "result"]
-    fwd, bwd = (n for n in d.graph.nodes if n.op is Op.WHILE)
-    assert fwd.inputs[0] == d.graph.nodes[2].outputs[0]  # the trip count starts at 0
-    assert bwd.inputs[0] == fwd.outputs[0]  # and is where the backward's counter starts
+    assert lines(d) == ["arg", "arg", "while", "compute loss_fwd", "compute grad_ones", "compute loss_bwd",
+                        "repeat", "compute grad_add2", "result"]
+    fwd, bwd = d.graph.nodes[2], d.graph.nodes[6]
+    assert (fwd.attrs.trips, fwd.attrs.trips_depth) == (bwd.attrs.trips, bwd.attrs.depth) == ("gs1", 0)
+    assert fwd.attrs.cond == looped(through_w=True).graph.nodes[2].attrs.cond  # the loop's own test
     body = fwd.attrs.body
-    assert lines_of(body) == ["arg", "arg", "compute double_fwd", "push", "compute grad_count", "result"]
+    assert lines_of(body) == ["arg", "compute double_fwd", "push", "result"]
     push = next(n for n in body.nodes if n.op is Op.PUSH)
-    assert push.inputs[0] == body.nodes[2].outputs[1]  # double's residual, saved per iteration
-    assert lines_of(fwd.attrs.cond) == ["arg", "arg", "compute small", "result"]  # the counter unread
+    assert push.inputs[0] == body.nodes[1].outputs[1]  # double's residual, saved per iteration
     back = bwd.attrs.body
-    assert lines_of(back) == ["arg", "arg", "pop", "compute double_bwd", "compute grad_count", "result"]
+    assert lines_of(back) == ["arg", "pop", "compute double_bwd", "result"]  # no predicate to compute
     pop = next(n for n in back.nodes if n.op is Op.POP)
     assert (pop.attrs.stack, pop.attrs.depth, pop.attrs.type) == (push.attrs.stack, 1, push.attrs.type)
-    assert lines_of(bwd.attrs.cond) == ["arg", "arg", "compute grad_more", "result"]
     # w's gradient: through the loss directly, and through the loop
-    assert d.graph.results[1] == d.graph.nodes[8].outputs[0]
-    assert set(d.graph.nodes[8].inputs) == {d.graph.nodes[6].outputs[1], bwd.outputs[1]}
+    assert d.graph.results[1] == d.graph.nodes[7].outputs[0]
+    assert set(d.graph.nodes[7].inputs) == {d.graph.nodes[5].outputs[1], bwd.outputs[0]}
     text = print_program(d)
     assert print_program(parse_program(text)) == text and from_wire(to_wire(d)) == d
 
 
-def test_a_loop_that_does_not_swap_gives_its_stacks_no_swap_and_they_travel():
-    d = reverse(looped(through_w=True, swap=False), [0], Rules())
-    fwd, bwd = (n for n in d.graph.nodes if n.op is Op.WHILE)
-    push = next(n for n in fwd.attrs.body.nodes if n.op is Op.PUSH)
-    pop = next(n for n in bwd.attrs.body.nodes if n.op is Op.POP)
-    assert not fwd.attrs.swap and not push.attrs.swap and not pop.attrs.swap
-    text = print_program(d)
-    assert "no_swap" in text and print_program(parse_program(text)) == text and from_wire(to_wire(d)) == d
+def test_a_stack_needs_one_push_and_one_pop_alike_and_a_repeat_its_while():
+    d = reverse(looped(through_w=True), [0], Rules())
+    wire = json.dumps(to_wire(d))
+    assert wire.count('"stack": "gs0", "depth": 1') == 2
+    with pytest.raises(VerifyError, match="stack gs9: expected one push and one pop, found no pop"):
+        verify(from_wire(json.loads(wire.replace('"stack": "gs0"', '"stack": "gs9"', 1))))
+    with pytest.raises(VerifyError, match="stack gs0: expected the type and depth of its push"):
+        verify(from_wire(json.loads(wire[::-1].replace('"stack": "gs0", "depth": 1'[::-1],
+                                                       '"stack": "gs0", "depth": 2'[::-1], 1)[::-1])))
+    with pytest.raises(VerifyError, match="trips gs1: expected one while that saves them and one repeat, "
+                                          "found 1 and 0"):
+        verify(from_wire(json.loads(wire.replace('"trips": "gs1", "depth"', '"trips": "gs7", "depth"'))))
+    with pytest.raises(VerifyError, match="trips gs1: expected the depth of its while, 0"):
+        verify(from_wire(json.loads(wire.replace('"trips": "gs1", "depth": 0',
+                                                 '"trips": "gs1", "depth": 1'))))
 
 
 def lines_of(g) -> list[str]:
@@ -198,18 +197,14 @@ def lines_of(g) -> list[str]:
             for n in g.nodes]
 
 
-def test_a_stack_needs_one_push_and_one_pop_alike():
-    d = reverse(looped(through_w=True), [0], Rules())
-    fwd = next(n for n in d.graph.nodes if n.op is Op.WHILE)
-    wire = json.dumps(to_wire(d))
-    popped = '"op": "pop", "inputs": [], "outputs": ["%2"], "attrs": {"type": '
-    assert wire.count(popped) == 1 and wire.count('"stack": "gs0", "depth": 1') == 2
-    with pytest.raises(VerifyError, match="stack gs9: expected one push and one pop, found no pop"):
-        verify(from_wire(json.loads(wire.replace('"stack": "gs0"', '"stack": "gs9"', 1))))
-    with pytest.raises(VerifyError, match="stack gs0: expected the type and depth of its push"):
-        verify(from_wire(json.loads(wire[::-1].replace('"stack": "gs0", "depth": 1'[::-1],
-                                                       '"stack": "gs0", "depth": 2'[::-1], 1)[::-1])))
-    assert fwd.attrs.body.nodes[3].attrs.depth == 1
+def test_a_loop_that_does_not_swap_gives_its_stacks_no_swap_and_they_travel():
+    d = reverse(looped(through_w=True, swap=False), [0], Rules())
+    fwd, bwd = (n for n in d.graph.nodes if n.op in (Op.WHILE, Op.REPEAT))
+    push = next(n for n in fwd.attrs.body.nodes if n.op is Op.PUSH)
+    pop = next(n for n in bwd.attrs.body.nodes if n.op is Op.POP)
+    assert not fwd.attrs.swap and not push.attrs.swap and not pop.attrs.swap
+    text = print_program(d)
+    assert "no_swap" in text and print_program(parse_program(text)) == text and from_wire(to_wire(d)) == d
 
 
 def test_loops_the_loss_does_not_depend_on_through_wrt_are_kept():
