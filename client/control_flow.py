@@ -138,7 +138,8 @@ def while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], i
     iteration k has taken the body, and its steps run as soon as what they read is there,
     so a counter and a predicate can run ahead of a value still crossing hosts. A loop
     whose computations span hosts (an island's JAX group) runs one iteration at a time
-    whatever this asks: its hosts must enter those collectives in one order.
+    whatever this asks: its hosts must enter those collectives in one order. So does a loop
+    `isthmus.grad` differentiates: its hosts count its iterations for its backward.
 
     `swap`: whether the values its gradient saves per iteration (`isthmus.grad`) may move to
     host memory once a host's stacks pass their budget on its devices (`executor_stack_mb`);
@@ -151,6 +152,8 @@ def _while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], 
     """`while_loop`, for `what` (a `fori_loop` too): errors name the user's function and the
     paths of the carry under `carried` (the path of the user's carry within `init_val`)."""
     trace = _trace(what)
+    if not isinstance(swap, bool):
+        raise InvalidArgument(f"{what}: swap must be True or False, found {swap!r}")
     parallel = trace.root.parallel_iterations if parallel_iterations is None else \
         check_parallel_iterations(parallel_iterations)
     init, treedef, paths = _flatten(trace, init_val)
@@ -202,7 +205,7 @@ def _while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], 
     outputs = [trace.new_value(a, w, t) for a, w, t in zip(avals, views, kept, strict=True)]
     unused = [trace.new_value(trace.values[v].aval, trace.values[v].view, trace.typed(v)) for v in captured]
     trace.add(_While(init + captured, cond, body, cond_args, body_args, pred, results, outputs + unused,
-                     parallel, bool(swap)))
+                     parallel, swap))
     return jax.tree_util.tree_unflatten(treedef, [trace.traced(v) for v in outputs])
 
 

@@ -20,10 +20,11 @@ Contract:
   differentiated on its own, its forward returning, besides its results, the residuals its
   backward reads (zeros in the place of the other branches' residuals, so that every branch
   has the same result types), and the backward branch taken is the forward one's.
-- A `while`'s transpose is a `while` that runs the forward's trip count backwards
-  (`loops.py`): the forward loop counts its iterations and pushes, per iteration, the
-  forward values the backward reads (`PUSH`); the backward pops them, last first (`POP`).
-  Loops and branches nest, in each other and in themselves.
+- A `while`'s transpose is a `REPEAT` that runs the forward's trip count backwards
+  (`loops.py`): the forward loop saves its trip count on its hosts as it exits and pushes,
+  per iteration, the forward values the backward reads (`PUSH`); the backward takes the
+  count back and pops them, last first (`POP`). Loops and branches nest, in each other and
+  in themselves.
 - `wrt` arguments and a loss that are not of an inexact dtype are refused
   (`NotDifferentiable`).
 - Pure: it builds the new program with `ProgramBuilder`, so every node is type-checked as
