@@ -355,6 +355,27 @@ def program_of_loops_nested_100_deep(a):
     return a.http.post("/v1/programs", json={"program": doc})
 
 
+@case(400, "stack s0", "expected one push and one pop, found no push")
+def program_popping_a_stack_nothing_pushed(a):
+    doc = copy.deepcopy(a.program)
+    nodes = doc["graph"]["nodes"]
+    arg = next(n for n in nodes if n["op"] == "arg")
+    nodes.insert(len(nodes) - 1, {"op": "pop", "inputs": [], "outputs": ["%popped"],
+                                  "attrs": {"type": arg["attrs"]["type"], "stack": "s0", "depth": 1}})
+    return a.http.post("/v1/programs", json={"program": doc})
+
+
+@case(400, "trips t0", "expected one while that saves them and one repeat, found 0 and 1")
+def program_repeating_a_loop_that_never_ran(a):
+    doc = copy.deepcopy(a.program)
+    nodes = doc["graph"]["nodes"]
+    nodes.insert(len(nodes) - 1, {"op": "repeat", "inputs": [], "outputs": [],
+                                  "attrs": {"body": {"nodes": [{"op": "result", "inputs": [], "outputs": [],
+                                                                "attrs": {}}]},
+                                            "trips": "t0", "depth": 0}})
+    return a.http.post("/v1/programs", json={"program": doc})
+
+
 @case(404, "does not exist")
 def id_of_10000_characters_in_a_path(a):
     return a.http.get(f"/v1/buffers/b-{'0' * 10_000}")
