@@ -1,11 +1,13 @@
 """One graph's reverse mode: its forward copied into one builder, its backward into
-another (the same one at the top of a program; a sub-graph's own for a branch), with the
-forward values the backward reads passed through `need`.
+another (the same one at the top of a program; a sub-graph's own for a branch or a loop's
+body), with the forward values the backward reads passed through `need` (a branch's
+arguments, a loop body's pops).
 
 A `Sweep` walks its graph's nodes once forwards (`forward`: each active computation
 replaced by its forward with residuals, the rest copied) and records a tape; `backward`
 walks the tape in reverse and adds each node's transpose. Ops other than computations and
-transfers get their rules from `FORWARD` and `BACKWARD` (`branches.py` registers `cond`'s).
+transfers get their rules from `FORWARD` and `BACKWARD` (`branches.py` registers `cond`'s,
+`loops.py` `while`'s).
 """
 
 from __future__ import annotations
