@@ -185,10 +185,11 @@ class _Rules:
 
     def __init__(self, trace: Trace) -> None:
         self._trace = trace
-        self._vjps: dict[tuple[str, tuple[bool, ...], tuple[bool, ...]], Vjp] = {}
+        self._vjps: dict[tuple[str, tuple[bool, ...], tuple[bool, ...], tuple[bool, ...]], Vjp] = {}
 
-    def vjp(self, node: ComputeAttrs, wrt: tuple[bool, ...], cts: tuple[bool, ...]) -> Vjp:
-        key = (node.artifact, wrt, cts)
+    def vjp(self, node: ComputeAttrs, wrt: tuple[bool, ...], cts: tuple[bool, ...],
+            acc: tuple[bool, ...] = ()) -> Vjp:
+        key = (node.artifact, wrt, cts, acc)
         if key not in self._vjps:
             found = self._trace.sources.get(node.artifact)
             if found is None:
@@ -198,7 +199,7 @@ class _Rules:
             if fn is None:  # (held by the function being differentiated while it is traced)
                 raise InvalidArgument(f"value_and_grad: {node.name}'s function is gone")
             try:
-                made = fn.vjp(exported, wrt, cts)
+                made = fn.vjp(exported, wrt, cts, acc)
             except InvalidArgument:
                 raise
             except Exception as e:  # JAX's own refusal (a lax.while_loop inside, say): by name

@@ -276,7 +276,8 @@ class Function:
         return Export(artifact, in_specs, out_specs, out_avals, out_views, out_tree, outputs, fixed,
                       source=(flat, avals))
 
-    def vjp(self, exported: Export, wrt: Sequence[bool], cts: Sequence[bool]) -> VjpExport:
+    def vjp(self, exported: Export, wrt: Sequence[bool], cts: Sequence[bool],
+            acc: Sequence[bool] = ()) -> VjpExport:
         """One exported signature's forward with residuals and its backward (`client.vjp`),
         traced as the signature was: with the slice as the context mesh, else without."""
         flat, avals = exported.source
@@ -284,7 +285,7 @@ class Function:
 
         def export() -> VjpExport:
             return export_vjp(flat, avals, exported.in_specs, exported.out_specs, wrt, cts, s.abstract_mesh,
-                              s.export_platform)
+                              s.export_platform, acc)
 
         with jitting(self.name):
             try:

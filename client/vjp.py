@@ -41,8 +41,11 @@ class VjpExport:
 
 def export_vjp(flat: Callable[..., tuple[Any, ...]], avals: Sequence[jax.ShapeDtypeStruct],
                in_specs: Sequence[Spec], out_specs: Sequence[Spec], wrt: Sequence[bool],
-               cts: Sequence[bool], mesh: AbstractMesh, platform: str) -> VjpExport:
-    """The forward and backward of `flat` (see the module)."""
+               cts: Sequence[bool], mesh: AbstractMesh, platform: str,
+               acc: Sequence[bool] = ()) -> VjpExport:
+    """The forward and backward of `flat` (see the module); with `acc` (a mask over the `wrt`
+    inputs), the backward takes one more input per masked one after the cotangents, and
+    returns that input's cotangent added to it (an accumulator, as a loop's invariant keeps)."""
     if len(wrt) != len(avals) or len(in_specs) != len(avals) or not any(wrt):
         raise InvalidArgument(f"vjp: expected a wrt mask over the {len(avals)} inputs, one set; got {wrt}")
     which = [i for i, w in enumerate(wrt) if w]
@@ -72,21 +75,28 @@ def export_vjp(flat: Callable[..., tuple[Any, ...]], avals: Sequence[jax.ShapeDt
     res_shapes = list(shapes[outs:])
     ct_shapes = [shapes[k] for k in range(outs) if cts[k]]
 
+    added = list(acc) or [False] * len(which)
+    if len(added) != len(which):
+        raise InvalidArgument(f"vjp: expected an acc mask over the {len(which)} inputs differentiated, "
+                              f"got {acc}")
+
     def bwd(*given: Any) -> tuple[Any, ...]:
         pullback = jax.tree_util.tree_unflatten(tree, list(given[:len(res_shapes)]))
         it = iter(given[len(res_shapes):])
         ct = tuple(next(it) if cts[k] else jnp.zeros(shapes[k].shape, shapes[k].dtype) for k in range(outs))
-        return tuple(pullback(ct))
+        return tuple(g + next(it) if a else g for g, a in zip(pullback(ct), added, strict=True))
 
     def sharding(spec: Spec) -> NamedSharding:
         return NamedSharding(mesh, PartitionSpec(*spec.entries))
 
     fwd_specs = [*out_specs, *res_specs]
-    bwd_in = [*res_specs, *(out_specs[k] for k in range(outs) if cts[k])]
     bwd_out = [in_specs[i] for i in which]
+    bwd_in = [*res_specs, *(out_specs[k] for k in range(outs) if cts[k]),
+              *(s for s, a in zip(bwd_out, added, strict=True) if a)]
+    acc_shapes = [avals[i] for i, a in zip(which, added, strict=True) if a]
     return VjpExport(
         _export(fwd, avals, [sharding(s) for s in in_specs], [sharding(s) for s in fwd_specs], platform),
-        _export(bwd, [*res_shapes, *ct_shapes], [sharding(s) for s in bwd_in],
+        _export(bwd, [*res_shapes, *ct_shapes, *acc_shapes], [sharding(s) for s in bwd_in],
                 [sharding(s) for s in bwd_out], platform),
         tuple(zip(res_avals, res_specs, strict=True)))
 

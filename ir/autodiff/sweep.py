@@ -45,7 +45,10 @@ class Vjp:
 class Rules(Protocol):
     """Where the computations the pass adds come from (the client exports them with JAX)."""
 
-    def vjp(self, node: ComputeAttrs, wrt: tuple[bool, ...], cts: tuple[bool, ...]) -> Vjp: ...
+    def vjp(self, node: ComputeAttrs, wrt: tuple[bool, ...], cts: tuple[bool, ...],
+            acc: tuple[bool, ...] = ()) -> Vjp:
+        """`acc` (a mask over the `wrt` inputs): the backward also takes, after the cotangents,
+        an accumulator per masked input, and returns that input's cotangent added to it."""
     def zeros(self, t: Type) -> Artifact: ...
     def ones(self, t: Type) -> Artifact: ...
     def add(self, t: Type, n: int) -> Artifact: ...
@@ -118,6 +121,7 @@ class Sweep:
         self.cts: dict[str, list[str]] = {}  # value -> contributions to its cotangent (backward names)
         self.tape: list[Entry] = []
         self.active_values: set[str] = set()
+        self.seeds: set[str] = set()  # cotangents from outside the graph (a loop body's carried ones)
 
     # --- which values carry cotangents ------------------------------------------------------
 
@@ -195,6 +199,7 @@ class Sweep:
     def seed(self, value: str, ct: str) -> None:
         """A cotangent of `value` (a backward name) contributed from outside the graph."""
         self.cts.setdefault(value, []).append(ct)
+        self.seeds.add(ct)
 
     def backward(self, active: set[str]) -> None:
         for entry in reversed(self.tape):
@@ -210,7 +215,7 @@ class Sweep:
             return
         source = self.types[node.inputs[0]]
         back = self.bwd.transfer(self.cotangent(node.outputs[0]), source.spec, source.slice)
-        self.seed(node.inputs[0], back)
+        self.cts.setdefault(node.inputs[0], []).append(back)
 
     def _compute_backward(self, entry: Entry, active: set[str]) -> None:
         node, vjp = entry.node, entry.kept
@@ -220,13 +225,27 @@ class Sweep:
         if not any(v in self.cts for v in outs):
             return  # every cotangent it would take is zero: so are those it would give
         wrt = [i for i, v in enumerate(node.inputs) if v in active]
-        ref = self.bwd.artifact(vjp.bwd.data, dict(vjp.bwd.meta))
         cts = [self.cotangent(v) for v in outs]
-        ins = [*vjp.residuals, *(self.types[v].sig for v in outs)]
-        operands = [*(self.need(r) for r in entry.saved), *cts]
+        acc = tuple(self._accumulates(node, i) for i in wrt)
+        if any(acc):  # the backward that also adds each of those in
+            vjp = self.rules.vjp(a, tuple(v in active for v in node.inputs),
+                                 tuple(v in active for v in node.outputs), acc)
+        into = [self.cts.pop(node.inputs[i])[0] for i, added in zip(wrt, acc, strict=True) if added]
+        ins = [*vjp.residuals, *(self.types[v].sig for v in outs),
+               *(a.ins[i] for i, added in zip(wrt, acc, strict=True) if added)]
+        ref = self.bwd.artifact(vjp.bwd.data, dict(vjp.bwd.meta))
+        operands = [*(self.need(r) for r in entry.saved), *cts, *into]
         made = self.bwd.compute(f"{a.name}_bwd", ref, a.slice, operands, [a.ins[i] for i in wrt], ins=ins)
         for i, ct in zip(wrt, made, strict=True):
-            self.seed(node.inputs[i], ct)
+            self.cts.setdefault(node.inputs[i], []).append(ct)
+
+    def _accumulates(self, node: Node, i: int) -> bool:
+        """Whether input i's cotangent so far is only one carried in from outside the graph (a
+        loop-invariant's, which each iteration adds to): the backward adds into it, in one
+        computation rather than two. (An input read twice by the node is left to `cotangent`.)"""
+        v = node.inputs[i]
+        parts = self.cts.get(v, [])
+        return len(parts) == 1 and parts[0] in self.seeds and node.inputs.index(v) == i
 
     def cotangent(self, value: str) -> str:
         """The value's cotangent in the backward: the sum of what was contributed, or zeros."""
