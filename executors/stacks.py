@@ -109,6 +109,8 @@ class Stacks:
         size = nbytes(value)
         with self.memory._lock:
             entries = self._entries.setdefault((stack, context), [])
+            if not swap:
+                self._unswapped.add(stack)
             if not self.memory.fits(resident=size):
                 self._swap_out(size)
             if not self.memory.fits(resident=size):  # no older value to move: this one goes
@@ -117,8 +119,6 @@ class Stacks:
                         del self._entries[(stack, context)]
                     return Failure(self._full(stack, size, frames, swap))
                 value = Swapped(np.array(value, copy=True), value.sharding)
-            if not swap:
-                self._unswapped.add(stack)
             entry = [key, value]
             if entries and entries[-1][0] < key:
                 entries.append(entry)
