@@ -1,11 +1,11 @@
-"""`isthmus.value_and_grad` / `grad` inside `@c.program`: a model whose layers live on
-islands a and b, differentiated on the hosts in the same run, equal to `jax.value_and_grad`
-of the same composition run locally (loops unrolled there with the same trip count, branches
-as `jax.lax.cond`); pytrees, argnums, has_aux, an optimizer step in the same program; an
-integer input's float0 gradient (allow_int); branches, loops (a zero-trip one, a
-data-dependent count, an invariant read by every iteration), nested loops and a branch in a
-loop, across islands, with nothing left on the hosts after; what cannot be differentiated is
-named."""
+"""`isthmus.value_and_grad` / `grad` inside `@c.program`: a model whose layers live on islands
+a and b, differentiated on the hosts in the same run, equal to `jax.value_and_grad` of the
+same composition run locally (loops unrolled there with the same trip count, branches as
+`jax.lax.cond`); pytrees, argnums, has_aux, an optimizer step in the same program; an
+integer input's float0 gradient (allow_int); branches, loops (a zero-trip one, a data-
+dependent count, an invariant read by every iteration), nested loops and a branch in a loop
+and a loop in a branch, across islands, with nothing left on the hosts after; what cannot be
+differentiated is named."""
 
 from __future__ import annotations
 
@@ -234,6 +234,36 @@ def test_nested_loops_and_a_branch_in_a_loop_across_islands(c):
         h = sign * np.abs(rng.standard_normal((2, 5))).astype(np.float32)
         value, grads = step(wa, wb, h)
         want_value, want_grads = jax.value_and_grad(local, argnums=(0, 1, 2))(wa, wb, h)
+        np.testing.assert_allclose(value.numpy(), want_value, **TOL)
+        assert_trees_close(jax.device_get(grads), want_grads)
+    assert_nothing_held(c)
+
+
+def test_a_loop_in_a_branch_is_differentiated_when_taken_and_leaves_nothing_when_not(c):
+    sa, sb = c.slice({"x": 2}, island="a"), c.slice({"y": 2}, island="b")
+    fa = lambda w, h: jnp.tanh(h * w)  # noqa: E731
+    on_a, on_b = c.jit(fa, slice=sa, name="fa"), c.jit(lambda h: jnp.sin(h) * 0.5, slice=sb, name="fb")
+    positive = c.jit(lambda h: jnp.sum(h) > 0, slice=sa, name="positive")
+    total = c.jit(jnp.sum, slice=sa, name="total")
+
+    def loss(w, h):  # the taken branch loops 3 times on island a; the other calls island b
+        return total(isthmus.cond(positive(h), lambda h: isthmus.fori_loop(0, 3, lambda i, h: on_a(w, h), h),
+                                  on_b, h))
+
+    def local(w, h):
+        def looped(h):
+            for _ in range(3):
+                h = fa(w, h)
+            return h
+
+        return jnp.sum(jax.lax.cond(jnp.sum(h) > 0, looped, lambda h: jnp.sin(h) * 0.5, h))
+
+    step = c.program(lambda w, h: isthmus.value_and_grad(loss, argnums=(0, 1))(w, h))
+    w = np.linspace(0.5, 1.5, 6, dtype=np.float32)
+    for sign in (1.0, -1.0):
+        h = sign * np.linspace(0.1, 1.0, 6, dtype=np.float32)
+        value, grads = step(w, h)
+        want_value, want_grads = jax.value_and_grad(local, argnums=(0, 1))(w, h)
         np.testing.assert_allclose(value.numpy(), want_value, **TOL)
         assert_trees_close(jax.device_get(grads), want_grads)
     assert_nothing_held(c)
