@@ -2,10 +2,10 @@
 a and b, differentiated on the hosts in the same run, equal to `jax.value_and_grad` of the
 same composition run locally (loops unrolled there with the same trip count, branches as
 `jax.lax.cond`); pytrees, argnums, has_aux, an optimizer step in the same program; an
-integer input's float0 gradient (allow_int); branches, loops (a zero-trip one, a data-
-dependent count, an invariant read by every iteration), nested loops and a branch in a loop
-and a loop in a branch, across islands, with nothing left on the hosts after; what cannot be
-differentiated is named."""
+integer input's float0 gradient (allow_int); branches, loops (a zero-trip one, a
+data-dependent count, an invariant read by every iteration), nested loops and a branch in a
+loop and a loop in a branch, across islands, with nothing left on the hosts after; what
+cannot be differentiated is named."""
 
 from __future__ import annotations
 
