@@ -47,7 +47,7 @@ class Budget:
     temp_mb: int | None = None  # set by the operator; None: a share of the machine (below)
     buffer_mb: int | None = None  # likewise
     sharing: int = 1  # hosts the cluster places on this host's machine
-    stack_mb: int | None = None  # set by the operator; None: a quarter of the temporaries'
+    stack_mb: int | None = None  # set by the operator; None: a quarter of the temporaries' share
     swap_mb: int | None = None  # of stacks swapped to host memory; None: as many as stack_mb
 
     def temp_bytes(self, machine: int | None = None) -> int:
