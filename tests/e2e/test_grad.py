@@ -59,13 +59,18 @@ def assert_trees_close(got, want):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), **TOL)
 
 
+def assert_equals_jax(step, local, argnums, *args):
+    """`step(*args)`'s value and gradients equal `jax.value_and_grad(local, argnums)` here."""
+    value, grads = step(*args)
+    want_value, want_grads = jax.value_and_grad(local, argnums=argnums)(*args)
+    np.testing.assert_allclose(value.numpy(), want_value, **TOL)
+    assert_trees_close(jax.device_get(grads), want_grads)
+
+
 def test_value_and_grad_across_islands_equals_jax(c, model):
     params, x, y = data()
     step = c.program(lambda p, x, y: isthmus.value_and_grad(model)(p, x, y))
-    value, grads = step(params, x, y)
-    want_value, want_grads = jax.value_and_grad(loss_of)(params, x, y)
-    np.testing.assert_allclose(value.numpy(), want_value, **TOL)
-    assert_trees_close(jax.device_get(grads), want_grads)
+    assert_equals_jax(step, loss_of, 0, params, x, y)
 
 
 def test_grad_in_two_arguments_with_aux_and_an_sgd_step_in_one_program(c, model):
@@ -130,10 +135,7 @@ def test_a_cond_s_gradient_is_the_taken_branch_s_across_islands_and_nested(c):
     seen = set()
     for scale in (1.0, -1.0, 0.01):  # the true branch with its inner one each way, the false one
         x = (scale * np.abs(rng.standard_normal((2, 8)))).astype(np.float32) * np.sign(w.sum(1))
-        value, g = step(w, x)
-        want_value, want_g = jax.value_and_grad(local)(w, x)
-        np.testing.assert_allclose(value.numpy(), want_value, **TOL)
-        np.testing.assert_allclose(g.numpy(), want_g, **TOL)
+        assert_equals_jax(step, local, 0, w, x)
         positive = bool(jnp.sum(x @ w) > 0)
         seen.add((positive, positive and bool(jnp.max(jnp.tanh(x @ w) * 2.0) > 0.5)))
     assert seen == {(True, True), (True, False), (False, False)}
@@ -157,10 +159,7 @@ def test_a_fori_loop_rnn_s_gradient_runs_its_steps_backwards_across_islands(c):
     w = {"kernel": rng.standard_normal((8, 8)).astype(np.float32) * 0.5, "bias": np.zeros(8, np.float32)}
     v, h = rng.standard_normal((8, 3)).astype(np.float32), rng.standard_normal((4, 8)).astype(np.float32)
     step = c.program(lambda w, v, h: isthmus.value_and_grad(loss, argnums=(0, 1, 2))(w, v, h))
-    value, grads = step(w, v, h)
-    want_value, want_grads = jax.value_and_grad(local, argnums=(0, 1, 2))(w, v, h)
-    np.testing.assert_allclose(value.numpy(), want_value, **TOL)
-    assert_trees_close(jax.device_get(grads), want_grads)
+    assert_equals_jax(step, local, (0, 1, 2), w, v, h)
     assert_nothing_held(c)
 
 
@@ -195,10 +194,7 @@ def test_a_while_loop_s_gradient_follows_its_data_dependent_trip_count(c):
                 y = shrink(w, y)
             return jnp.sum(jnp.sin(y))
 
-        value, grads = step(w, y)
-        want_value, want_grads = jax.value_and_grad(local, argnums=(0, 1))(w, y)
-        np.testing.assert_allclose(value.numpy(), want_value, **TOL)
-        assert_trees_close(jax.device_get(grads), want_grads)
+        assert_equals_jax(step, local, (0, 1), w, y)
         counts.append(trips)
     assert counts[0] > 2 and counts[1] == 0, counts  # several trips, and a zero-trip loop
     assert_nothing_held(c)
@@ -232,10 +228,7 @@ def test_nested_loops_and_a_branch_in_a_loop_across_islands(c):
     step = c.program(lambda wa, wb, h: isthmus.value_and_grad(loss, argnums=(0, 1, 2))(wa, wb, h))
     for sign in (1.0, -1.0):
         h = sign * np.abs(rng.standard_normal((2, 5))).astype(np.float32)
-        value, grads = step(wa, wb, h)
-        want_value, want_grads = jax.value_and_grad(local, argnums=(0, 1, 2))(wa, wb, h)
-        np.testing.assert_allclose(value.numpy(), want_value, **TOL)
-        assert_trees_close(jax.device_get(grads), want_grads)
+        assert_equals_jax(step, local, (0, 1, 2), wa, wb, h)
     assert_nothing_held(c)
 
 
@@ -262,10 +255,7 @@ def test_a_loop_in_a_branch_is_differentiated_when_taken_and_leaves_nothing_when
     w = np.linspace(0.5, 1.5, 6, dtype=np.float32)
     for sign in (1.0, -1.0):
         h = sign * np.linspace(0.1, 1.0, 6, dtype=np.float32)
-        value, grads = step(w, h)
-        want_value, want_grads = jax.value_and_grad(local, argnums=(0, 1))(w, h)
-        np.testing.assert_allclose(value.numpy(), want_value, **TOL)
-        assert_trees_close(jax.device_get(grads), want_grads)
+        assert_equals_jax(step, local, (0, 1), w, h)
     assert_nothing_held(c)
 
 
