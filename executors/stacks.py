@@ -95,6 +95,9 @@ class Stacks:
     _resident: int = 0
     _swapped: int = 0
     _unswapped: set[str] = field(default_factory=set)  # stacks whose loops do not swap
+    # per list, how many of its first entries `_swap_out` has been past (swapped, or not to be):
+    # it starts there, so a push that swaps one value does not walk the whole stack again
+    _scanned: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def push(self, stack: str, depth: int, frames: Frames, value: Any, swap: bool = True) -> Failure | None:
         """Save `value`; a `Failure` if this is not inside `depth` frames, or if the host's
@@ -123,7 +126,9 @@ class Stacks:
             if entries and entries[-1][0] < key:
                 entries.append(entry)
             else:  # (iterations that ran at once pushed out of order)
-                bisect.insort(entries, entry, key=lambda e: e[0])
+                at = bisect.bisect_left(entries, key, key=lambda e: e[0])
+                entries.insert(at, entry)
+                self._rescan((stack, context), at)
             self._count += 1
             self._account(value, 1)
         return None
@@ -144,8 +149,10 @@ class Stacks:
             self._account(value, -1)
             if not entries:
                 del self._entries[(stack, context)]
+                self._scanned.pop((stack, context), None)
             else:
                 self._prefetch(entries)
+                self._rescan((stack, context), max(0, len(entries) - PREFETCH))
         return value.back() if isinstance(value, Swapped) else value
 
     def held(self) -> tuple[int, int, int]:
@@ -160,6 +167,7 @@ class Stacks:
                 for _, value in entries:
                     self._account(value, -1)
             self._entries.clear()
+            self._scanned.clear()
             self._count = 0
 
     def _account(self, value: Any, sign: int) -> None:
@@ -174,21 +182,28 @@ class Stacks:
     def _swap_out(self, needed: int) -> None:
         """Move the run's oldest device-resident values (each stack's first, the last it will
         pop) to host memory until `needed` more bytes fit on the devices, or none is left."""
-        for k in range(max((len(e) for e in self._entries.values()), default=0)):
-            for (stack, _), entries in self._entries.items():
-                if stack in self._unswapped:
-                    continue
+        lists = {key: entries for key, entries in self._entries.items() if key[0] not in self._unswapped}
+        start = min((self._scanned.get(key, 0) for key in lists), default=0)
+        for k in range(start, max((len(e) for e in lists.values()), default=0)):
+            for key, entries in lists.items():
                 if self.memory.fits(resident=needed):
                     return
-                if k >= len(entries):
+                if k < self._scanned.get(key, 0) or k >= len(entries):
                     continue
                 value = entries[k][1]
-                if isinstance(value, Swapped) or not _swappable(value) or \
-                        not self.memory.fits(swapped=nbytes(value)):
+                if not self.memory.fits(swapped=nbytes(value)):
+                    continue  # (tried again once there is room)
+                self._scanned[key] = k + 1
+                if isinstance(value, Swapped) or not _swappable(value):
                     continue
                 self._account(value, -1)
                 entries[k][1] = Swapped(np.array(value, copy=True), value.sharding)  # its device buffer goes
                 self._account(entries[k][1], 1)
+
+    def _rescan(self, key: tuple[str, str], at: int) -> None:
+        """Entries from `at` on may be resident again (put back, or pushed out of order)."""
+        if self._scanned.get(key, 0) > at:
+            self._scanned[key] = at
 
     def _prefetch(self, entries: list[Entry]) -> None:
         """Put the next swapped values back on their devices, ahead of their pops."""
