@@ -27,7 +27,8 @@ parameter on its own slice, all in one program. Modes, measured in one run on on
 
 Swapping, on a server of its own whose hosts keep `stack_mb` of loop stacks on their devices
 and `swap_mb` more in host memory (`SWAP`; for the smoke `SWAP_SMOKE`, whose iterations save
-more): `max_len` is the
+more), or on a running server with small stack budgets of its own (`--swap-server URL`, its
+settings ISTHMUS_EXECUTOR_STACK_MB and ISTHMUS_EXECUTOR_STACK_SWAP_MB): `max_len` is the
 longest sequence that trains with the loop's `swap=False` and with swapping (doubling, then
 bisecting, each probe a run), and `swap_step_s` the seconds per step at 0.9 of the longer,
 on that server (its stacks swapping) and on the measured server (none swapping).
@@ -257,12 +258,14 @@ def longest(fits: Callable[[int], bool], cap: int) -> int:
     return good
 
 
-def measure_swap(c: isthmus.Client, size: dict[str, int], rounds: int) -> dict[str, Any]:
-    """The longest lengths without and with swapping, and a step's time swapping or not."""
+def measure_swap(c: isthmus.Client, size: dict[str, int], rounds: int,
+                 swap_server: str | None = None) -> dict[str, Any]:
+    """The longest lengths without and with swapping, and a step's time swapping or not: on
+    the server at `swap_server`, or on one of its own with `size`'s budgets."""
     params, h0, y = data(size["hidden"], size["batch"])
     env = {"ISTHMUS_EXECUTOR_STACK_MB": str(size["stack_mb"]),
            "ISTHMUS_EXECUTOR_STACK_SWAP_MB": str(size["swap_mb"])}
-    with servers.own_server(env) as (address, token), \
+    with servers.server(swap_server, env) as (address, token), \
             isthmus.connect(address, token=token, name="bench-swap") as small:
         models = {swap: Model(small, swap) for swap in (False, True)}
         max_len = {("swap" if swap else "no_swap"): longest(lambda n, m=m: trains(m, params, h0, y, n),
@@ -288,12 +291,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="every mode, tiny: seconds, for CI")
     p.add_argument("--server", help="a running server's address (admin token in ISTHMUS_TOKEN) "
                                     "instead of a local one")
+    p.add_argument("--swap-server", help="a running server with small stack budgets for the swap "
+                                         "measurement (admin token in ISTHMUS_TOKEN) instead of "
+                                         "one of its own")
     args = p.parse_args(argv)
     size = SMOKE if args.smoke else FULL
     with isthmus_client(args.server) as c:
         measured = measure(c, size["hidden"], size["batch"], size["lengths"], size["steps"], size["rounds"])
         swap = SWAP_SMOKE if args.smoke else SWAP
-        measured |= measure_swap(c, swap, size["rounds"])
+        measured |= measure_swap(c, swap, size["rounds"], args.swap_server)
+        if args.swap_server is not None:  # the budgets are that server's, not these
+            swap = {k: v for k, v in swap.items() if k not in ("stack_mb", "swap_mb")}
     s, m, w = measured["step_s"], measured["max_len"], measured["swap_step_s"]
     result = {
         **measured,

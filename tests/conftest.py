@@ -7,6 +7,7 @@ import gc
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,48 +30,79 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         srv.stop()
 
 
-@pytest.fixture(scope="session")
-def grouped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    """A server whose multi-host islands are JAX distributed groups (ISTHMUS_ISLAND_GROUPS),
-    so a slice may span an island's hosts: (address, admin token)."""
-    from client.embedded import EmbeddedServer
+class SharedServers:
+    """Servers kept for the tests that share them, one per set of `ISTHMUS_*` settings, each
+    started when first asked for (`tests/e2e/servers.py`, `shared_server`).
 
-    state = tmp_path_factory.mktemp("isthmus-grouped")
-    # A host left alone in a collective fails it within 60 s: a stuck island shows up as
-    # errors naming the cause (and in the server's log), well inside the tests' timeout.
-    srv = EmbeddedServer.start(state, env={"ISTHMUS_ISLAND_GROUPS": "1", "ISTHMUS_STEP_TIMEOUT_S": "60"})
-    try:
-        yield srv.address, (state / "token").read_text().strip()
-    finally:
-        srv.stop()
-        # Shown with the last test that used it, if it failed: what the server saw of a late host.
-        print("".join(line for line in srv.log if "WARNING" in line or "ERROR" in line)[-20000:])
+    A server first asked for by a test of an xdist group (`pytest_collection_modifyitems`)
+    is that group's: it is stopped, by pid, once the worker has run the group's last test
+    (`pytest_runtest_teardown`), as a group's tests run on one worker, one after another.
+    An idle server still costs a twentieth of a core (Ray's and the executors' timers), so
+    one left standing for the rest of the run costs CI time. The others stop at the end of
+    the session. Each one's log is kept beside its state dir."""
+
+    def __init__(self, factory: pytest.TempPathFactory) -> None:
+        self.factory = factory
+        self.started: dict[frozenset[tuple[str, str]], tuple[Any, Path, str | None]] = {}
+
+    def get(self, env: dict[str, str]) -> tuple[str, str]:
+        """(address, admin token) of the server with these settings, started if need be."""
+        from client.embedded import EmbeddedServer
+
+        key = frozenset(env.items())
+        if key not in self.started:
+            state = self.factory.mktemp("isthmus-shared") / "state"
+            self.started[key] = (EmbeddedServer.start(state, env=env), state, _running[0])
+        srv, state, _ = self.started[key]
+        return srv.address, (state / "token").read_text().strip()
+
+    def release(self, group: str | None) -> None:
+        """Stop the servers of `group` (every one, where None)."""
+        for key, (srv, state, owner) in list(self.started.items()):
+            if group is None or owner == group:
+                del self.started[key]
+                srv.stop()
+                (state.parent / "server.log").write_text("".join(srv.log))
+
+
+_shared: list[SharedServers] = []  # the session's, while it lasts
+_running: list[str | None] = [None]  # the xdist group of the test being run
 
 
 @pytest.fixture(scope="session")
 def shared_servers(
         tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[dict[str, str]], tuple[str, str]]]:
-    """Servers kept for the test session, one per set of `ISTHMUS_*` settings, each started
-    when first asked for (`tests/e2e/servers.py`, `shared_server`): (address, admin token).
-    Stopped, by pid, at the end; each one's log is kept beside its state dir."""
-    from client.embedded import EmbeddedServer
-
-    started: dict[frozenset[tuple[str, str]], tuple[EmbeddedServer, Path]] = {}
-
-    def get(env: dict[str, str]) -> tuple[str, str]:
-        key = frozenset(env.items())
-        if key not in started:
-            state = tmp_path_factory.mktemp("isthmus-shared") / "state"
-            started[key] = (EmbeddedServer.start(state, env=env), state)
-        srv, state = started[key]
-        return srv.address, (state / "token").read_text().strip()
-
+    """`SharedServers.get` of the test session's servers; every one stopped at the end."""
+    servers = SharedServers(tmp_path_factory)
+    _shared.append(servers)
     try:
-        yield get
+        yield servers.get
     finally:
-        for srv, state in started.values():
-            srv.stop()
-            (state.parent / "server.log").write_text("".join(srv.log))
+        _shared.remove(servers)
+        servers.release(None)
+
+
+def xdist_group(item: pytest.Item | None) -> str | None:
+    mark = item.get_closest_marker("xdist_group") if item is not None else None
+    if mark is None:
+        return None
+    return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _running[0] = xdist_group(item)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After the last test of a group on this worker (its module fixtures torn down): the
+    group's shared servers stopped."""
+    yield
+    group = xdist_group(item)
+    if group is not None and group != xdist_group(nextitem):
+        for servers in _shared:
+            servers.release(group)
 
 
 @pytest.fixture

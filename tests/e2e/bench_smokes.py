@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from servers import WINDOW_1
+from servers import GROUPED, LIMITED, WINDOW_1
 
 import bench
 from bench.netns import unusable
@@ -49,8 +49,8 @@ EXEMPT = {
 @dataclass(frozen=True)
 class Smoke:
     """How a benchmark's smoke runs: which of the test run's servers it is pointed at
-    (option -> `default`, `grouped` or `window_1`; one admin token for all of them), and
-    whether it draws (`--plot`)."""
+    (option -> `default`, `grouped`, `window_1` or `limited`; one admin token for all of
+    them), and whether it draws (`--plot`)."""
 
     servers: tuple[tuple[str, str], ...] = ()
     plot: bool = False
@@ -60,10 +60,23 @@ class Smoke:
     within: str = ""
 
 
+    @property
+    def group(self) -> str | None:
+        """The pytest-xdist group of the tests that share its server (tests/conftest.py), so
+        that the server a worker keeps for them starts once, or None for the default server
+        (every worker has one)."""
+        groups = {GROUPS[server] for _, server in self.servers if server in GROUPS}
+        assert len(groups) <= 1, f"servers of two groups: {self.servers}"
+        return groups.pop() if groups else None
+
+
+# The servers shared with other tests, and the xdist group of those tests.
+GROUPS = {"grouped": "grouped", "window_1": "window_1", "limited": "healing"}
 DEFAULT = (("--server", "default"),)
 # Every benchmark. A server of its own where it kills or restarts it (faults, soak), or
 # needs settings no other test shares (gang_order's island order off). Multitenancy's
-# throughput has the window-1 server too: one token per benchmark, and it is a smoke.
+# throughput has the window-1 server too, and loop_grad's measurement the limited one (with
+# small stack budgets, for swapping): one token per benchmark, and it is a smoke.
 SMOKES = {
     "actor_step": Smoke(),
     "call_latency": Smoke(DEFAULT, within="multinode"),  # its embedded half, on the same server
@@ -72,7 +85,7 @@ SMOKES = {
     "faults": Smoke(),
     "gang_order": Smoke((("--server", "grouped"),)),
     "host_moves": Smoke(),
-    "loop_grad": Smoke(DEFAULT),
+    "loop_grad": Smoke((("--server", "limited"), ("--swap-server", "limited"))),
     "multinode": Smoke(DEFAULT, elsewhere="test_bench_smoke_multinode.py"),
     "multitenancy": Smoke((("--server", "window_1"), ("--share-server", "window_1"))),
     "overlap": Smoke(),
@@ -114,9 +127,11 @@ def addresses(request: pytest.FixtureRequest, shared_servers: Callable[[dict[str
             srv = request.getfixturevalue("server")
             return srv.address, (Path(srv.state_dir) / "token").read_text().strip()
         if name == "grouped":
-            return request.getfixturevalue("grouped")
+            return shared_servers(GROUPED)
         if name == "window_1":
             return shared_servers(WINDOW_1)
+        if name == "limited":
+            return shared_servers(LIMITED)
         raise KeyError(name)
 
     return get

@@ -4,7 +4,8 @@ server starts apart from itself (executors/ray_daemon.py).
 A server start-up costs about ten seconds of CI, so a setting is shared, not started per
 test: `shared_server(env)` is a module's fixture whose server is the one the whole test
 session keeps for those `ISTHMUS_*` settings (`tests/conftest.py`, `shared_servers`),
-started when a test first asks for it. Tests that share one leave it as they found it
+started when a test first asks for it, and stopped once the worker has run the last test of
+the xdist group that asked first. Tests that share one leave it as they found it
 (hosts up, their clients closed). `own_server` is for a test that must start or kill the
 server itself."""
 
@@ -35,6 +36,11 @@ def own_server(state: Path, env: dict[str, str]) -> Iterator[tuple[str, str]]:
 
 
 # Settings that several modules' tests run under (a shared server each).
+# Multi-host islands that are JAX distributed groups (ISTHMUS_ISLAND_GROUPS), so a slice may
+# span an island's hosts. A host left alone in a collective fails it within 60 s: a stuck
+# island shows up as errors naming the cause (and in the server's log), well inside the
+# tests' timeout.
+GROUPED = {"ISTHMUS_ISLAND_GROUPS": "1", "ISTHMUS_STEP_TIMEOUT_S": "60"}
 HEALING = {
     "ISTHMUS_HEALTH_PROBE_S": "1",  # a dead executor is noticed within a second
     "ISTHMUS_MAX_HOLD_S": "4",  # a run holding a host another client waits on is stopped

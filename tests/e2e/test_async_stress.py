@@ -18,9 +18,12 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from servers import GROUPED, shared_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 XDIST_GROUP = "grouped"  # its server's tests together under pytest-xdist (tests/conftest.py)
+
+grouped = shared_server(GROUPED)  # multi-host islands as JAX distributed groups
 
 CLIENTS = 4
 CALLS = int(os.environ.get("ISTHMUS_STRESS_CALLS", "2000"))  # per client

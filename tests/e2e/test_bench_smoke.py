@@ -21,8 +21,8 @@ import pytest
 from bench_smokes import EXEMPT, ROOT, SMOKES, addresses, baseline_ray, check_result, run_smoke, runs_within
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
-# Spread over the workers (tests/conftest.py): each smoke is seconds, and the servers it is
-# pointed at are started where it runs, when first asked for.
+# Spread over the workers (tests/conftest.py), but for a smoke pointed at a server other tests
+# share: that one runs with them (`Smoke.group`), where their worker keeps that server.
 XDIST_GROUP = None
 XDIST_EARLY = True  # long smokes (gang_order, faults, multitenancy): handed out first (tests/conftest.py)
 
@@ -38,8 +38,9 @@ def test_every_bench_module_is_smoked_or_exempt() -> None:
     assert all((tests / s.elsewhere).is_file() for s in SMOKES.values() if s.elsewhere)
 
 
-@pytest.mark.parametrize("name", sorted(n for n, s in SMOKES.items()
-                                        if not s.elsewhere and not runs_within(s)))
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=[pytest.mark.xdist_group(s.group)] if s.group else [])
+    for n, s in sorted(SMOKES.items()) if not s.elsewhere and not runs_within(s)])
 def test_a_benchmark_runs_its_smoke_and_writes_what_it_promises(
         name: str, tmp_path: Path, baseline_ray: None, addresses) -> None:
     run_smoke(name, tmp_path, addresses)

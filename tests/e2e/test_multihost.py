@@ -6,11 +6,13 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from servers import GROUPED, shared_server
 
 from ir import Conflict, NotFound
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 XDIST_GROUP = "grouped"  # its server's tests together under pytest-xdist (tests/conftest.py)
+grouped = shared_server(GROUPED)  # multi-host islands as JAX distributed groups
 PROGRAMS = 50  # per client, 8 clients, as the issue asks
 
 
