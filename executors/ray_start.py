@@ -111,7 +111,8 @@ def _connect(address: str | None, owned: bool, restore: Mapping[str, str | None]
     if owned:
         ray.init(address="local", num_cpus=num_cpus, object_store_memory=object_store_bytes,
                  include_dashboard=False,
-                 _system_config={"enable_metrics_collection": False, "enable_worker_prestart": False},
+                 _system_config={"enable_metrics_collection": False, "enable_worker_prestart": False,
+                                "prestart_worker_first_driver": False},
                  **common)
     else:
         try:

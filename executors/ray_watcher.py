@@ -121,9 +121,11 @@ def _ray_start_command(args: argparse.Namespace, temp_dir: Path) -> list[str]:
             "--node-ip-address=127.0.0.1", "--port=0", f"--num-cpus={args.num_cpus}",
             f"--object-store-memory={args.object_store_bytes}", "--include-dashboard=false",
             "--disable-usage-stats", f"--temp-dir={temp_dir}",
-            # no idle workers started ahead (each executor is a worker of its own, with its own
-            # environment, so Ray's prestarted ones only cost a second of CPU and ~100 MB each)
-            '--system-config={"enable_metrics_collection": false, "enable_worker_prestart": false}',
+            # no idle workers started ahead, at start or when the first driver joins (each
+            # executor is a worker of its own, with its own environment, so Ray's prestarted
+            # ones only cost a second of CPU and ~100 MB each)
+            '--system-config={"enable_metrics_collection": false, "enable_worker_prestart": false, '
+            '"prestart_worker_first_driver": false}',
             "--no-monitor",  # the autoscaler's monitor: nothing here scales
             # Ray's fixed defaults (8265, 52365, workers 10002-19999): 0 lets the kernel pick
             "--dashboard-port=0", "--dashboard-agent-listen-port=0",
