@@ -81,7 +81,8 @@ SMOKES = {
     "actor_step": Smoke(),
     "call_latency": Smoke(DEFAULT, within="multinode"),  # its embedded half, on the same server
     "control_flow": Smoke(DEFAULT, plot=True),
-    "dispatch": Smoke(DEFAULT, plot=True),
+    # its embedded half, on the same server (drawn on its own only, where it runs on its own)
+    "dispatch": Smoke(DEFAULT, plot=True, within="multinode"),
     "faults": Smoke(),
     "gang_order": Smoke((("--server", "grouped"),)),
     "host_moves": Smoke(),

@@ -2,8 +2,8 @@
 promises (`JSON_KEYS`, `bench.output`): a benchmark the code moved away from fails here, not
 when someone next measures. How each runs, and what is checked: `bench_smokes.py`.
 `bench.multinode`'s smoke is `test_bench_smoke_multinode.py` (one namespace cluster at a
-time), and where it runs it smokes `bench.call_latency` too (on the same server, its JSON
-checked there), which then does not run again here; `bench.soak`'s is `test_soak.py` (which
+time), and where it runs it smokes `bench.call_latency` and `bench.dispatch` too (on the same
+server, their JSON checked there), which then do not run again here; `bench.soak`'s is `test_soak.py` (which
 checks its counts); the GPU dispatch needs a GPU and is skipped, with the reason, without one.
 """
 

@@ -1,8 +1,8 @@
 """`bench.multinode --smoke`: the call-latency and dispatch smokes on the test run's server
 and on a Ray of five network namespaces (`bench.netns`), its JSON checked as every
-benchmark's is (`bench_smokes.py`), and the call-latency JSON of each half as that smoke's
-own would be (it does not run again in `test_bench_smoke.py`). Needs root and `ip netns`:
-skipped, with the reason, without them (the call-latency smoke then runs on its own)."""
+benchmark's is (`bench_smokes.py`), and the call-latency and dispatch JSON of each half as
+those smokes' own would be (they do not run again in `test_bench_smoke.py`). Needs root and
+`ip netns`: skipped, with the reason, without them (the two smokes then run on their own)."""
 
 from __future__ import annotations
 
