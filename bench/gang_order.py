@@ -3,17 +3,18 @@
     python -m bench.gang_order --json /tmp/gang_order.json [--deadline 120]
     python -m bench.gang_order --smoke --json /tmp/gang_order.json   # for CI: 2 clients, 1 program
 
-Two embedded servers, one after the other, both with `ISTHMUS_ISLAND_GROUPS=1`: one with the
-gang order (the default), one with `ISTHMUS_GANG_ORDER=0`, a debug switch under which each
-host of a submission takes it after a random delay of up to 5 ms, in its own arrival order,
-with no admission. The workload is the e2e test's: 8 clients, each running 50 programs of
-two all-reduces and an all-gather on a slice spanning both hosts of island `a` (the slices
-overlap). Reports, per setting, how many runs finished with the right value before the
-deadline, wrong, or failed (with the first line of the cause), and how many clients were
-still waiting at the deadline. Not a test: with the order off the island is expected to
-hang or to compute garbage. `--server URL` runs the ordered setting on a running server
-with island groups (its admin token in ISTHMUS_TOKEN) instead of starting one; the
-unordered one always has a server of its own, stopped after with whatever it left stuck.
+Two embedded servers of island `a` alone (`ISLAND_A`), one after the other, both with
+`ISTHMUS_ISLAND_GROUPS=1`: one with the gang order (the default), one with
+`ISTHMUS_GANG_ORDER=0`, a debug switch under which each host of a submission takes it after
+a random delay of up to 5 ms, in its own arrival order, with no admission. The workload is
+the e2e test's: 8 clients, each running 50 programs of two all-reduces and an all-gather on
+a slice spanning both hosts of island `a` (the slices overlap). Reports, per setting, how
+many runs finished with the right value before the deadline, wrong, or failed (with the
+first line of the cause), and how many clients were still waiting at the deadline. Not a
+test: with the order off the island is expected to hang or to compute garbage. `--server
+URL` runs the ordered setting on a running server with island groups (its admin token in
+ISTHMUS_TOKEN) instead of starting one; the unordered one always has a server of its own,
+stopped after with whatever it left stuck.
 
 `--smoke` runs 2 clients of 1 program each with a deadline of 20 s (`SMOKE`), for CI; with
 the order off even that may hang or be wrong, which it reports. Output (`--json PATH`, the
@@ -45,6 +46,8 @@ from bench.servers import server
 FULL = {"clients": 8, "programs": 50, "deadline": 120.0}
 SMOKE = {"clients": 2, "programs": 1, "deadline": 20.0}
 GROUPS = {"ISTHMUS_ISLAND_GROUPS": "1"}
+# A server of its own has island a alone, the workload's (two hosts of 4 CPU devices).
+ISLAND_A = {"islands": [{"name": "a", "hosts": 2, "devices_per_host": 4, "platform": "cpu"}]}
 JSON_KEYS = ("settings", "config", "machine")
 
 BUFFER_ID = re.compile(r"cl-[0-9a-f]+\.[0-9a-f]+")
@@ -123,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     for order in (True, False):
         name = "order_on" if order else "order_off"
         env = {**GROUPS, "ISTHMUS_GANG_ORDER": "1" if order else "0"}
-        with server(args.server if order else None, env) as (address, token):
+        with server(args.server if order else None, env, ISLAND_A) as (address, token):
             settings[name] = run(address, token, size["clients"], size["programs"], size["deadline"])
         print(describe(name, settings[name], size["clients"]), flush=True)
     result = {"settings": settings, "config": size | {"server_env": GROUPS}, "machine": machine()}

@@ -4,9 +4,9 @@
 `ISTHMUS_*` settings and an admin token made here, given to it in ISTHMUS_TOKEN, so that
 whatever ISTHMUS_TOKEN this process has (the token of a server another benchmark was
 pointed at) is not taken for its own; it yields (address, admin token) and stops the
-server after. `server(address, env)` is the server at `address`, its admin token in
-ISTHMUS_TOKEN, or else `own_server(env)`. `fork_exec_allowed` silences JAX's warning about
-`os.fork()` for the children that exec at once (Ray, the server).
+server after. `server(address, env, cluster)` is the server at `address`, its admin token
+in ISTHMUS_TOKEN, or else `own_server(env, cluster)`. `fork_exec_allowed` silences JAX's
+warning about `os.fork()` for the children that exec at once (Ray, the server).
 """
 
 from __future__ import annotations
@@ -58,11 +58,12 @@ def own_server(env: Mapping[str, str] | None = None, cluster: Mapping[str, Any] 
 
 
 @contextlib.contextmanager
-def server(address: str | None, env: Mapping[str, str] | None = None) -> Iterator[tuple[str, str]]:
+def server(address: str | None, env: Mapping[str, str] | None = None,
+           cluster: Mapping[str, Any] | None = None) -> Iterator[tuple[str, str]]:
     """(address, admin token) of the server at `address` (its token in ISTHMUS_TOKEN), or of
-    `own_server(env)` where `address` is None."""
+    `own_server(env, cluster)` where `address` is None."""
     if address is not None:
         yield address, os.environ.get("ISTHMUS_TOKEN", "")
         return
-    with own_server(env) as s:
+    with own_server(env, cluster) as s:
         yield s
