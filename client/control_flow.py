@@ -96,11 +96,13 @@ class _While:
     outputs: list[int]
     parallel_iterations: int
     swap: bool
+    counted: bool = False  # `pred` is the trip count, computed once (`WhileAttrs.counted`)
 
     def emit(self, trace: Trace, b: ProgramBuilder, names: Names) -> None:
         cond = _graph(self.cond, b, self.cond_args, [self.pred], names)
         body = _graph(self.body, b, self.body_args, self.results, names)
-        outs = b.while_([names[v] for v in self.carry], cond, body, self.parallel_iterations, self.swap)
+        outs = b.while_([names[v] for v in self.carry], cond, body, self.parallel_iterations, self.swap,
+                        counted=self.counted)
         names.update(zip(self.outputs, outs, strict=True))
 
 
@@ -148,9 +150,11 @@ def while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], i
 
 
 def _while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], init_val: Any,
-                parallel_iterations: int | None, what: str, carried: str = "", swap: bool = True) -> Any:
+                parallel_iterations: int | None, what: str, carried: str = "", swap: bool = True,
+                counted: bool = False) -> Any:
     """`while_loop`, for `what` (a `fori_loop` too): errors name the user's function and the
-    paths of the carry under `carried` (the path of the user's carry within `init_val`)."""
+    paths of the carry under `carried` (the path of the user's carry within `init_val`).
+    `counted`: `cond_fun` gives the trip count from the carry entered (`fori_loop`'s)."""
     trace = _trace(what)
     if not isinstance(swap, bool):
         raise InvalidArgument(f"{what}: swap must be True or False, found {swap!r}")
@@ -165,7 +169,9 @@ def _while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], 
     with tracing(cond):
         pred_tree = cond_fun(jax.tree_util.tree_unflatten(treedef, [cond.traced(v) for v in cond_args]))
     pred_leaves, _, _ = _flatten(cond, pred_tree)
-    if len(pred_leaves) != 1 or cond.values[pred_leaves[0]].aval != BOOL:
+    if counted:  # (made here, by fori_loop: always one integer scalar)
+        assert len(pred_leaves) == 1 and np.dtype(cond.values[pred_leaves[0]].aval.dtype).kind in "iu"
+    elif len(pred_leaves) != 1 or cond.values[pred_leaves[0]].aval != BOOL:
         found = ", ".join(str(cond.values[v].aval) for v in pred_leaves)
         raise InvalidArgument(f"{what}: cond_fun must return one bool[] scalar; it returned ({found})")
     pred = pred_leaves[0]
@@ -181,7 +187,7 @@ def _while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], 
                               f"it returned {out_def}")
     promoted = _promoted(trace, init_val, init, [body.values[v].aval for v in out_leaves], views, what)
     if promoted is not None:  # traced again, as jax.lax does, with weak carry leaves promoted
-        return _while_loop(cond_fun, body_fun, promoted, parallel_iterations, what, carried, swap)
+        return _while_loop(cond_fun, body_fun, promoted, parallel_iterations, what, carried, swap, counted)
     results = []
     for k, (v, path) in enumerate(zip(out_leaves, paths, strict=True)):
         if body.values[v].aval != avals[k] or body.values[v].view.key != views[k].key:
@@ -205,7 +211,7 @@ def _while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], 
     outputs = [trace.new_value(a, w, t) for a, w, t in zip(avals, views, kept, strict=True)]
     unused = [trace.new_value(trace.values[v].aval, trace.values[v].view, trace.typed(v)) for v in captured]
     trace.add(_While(init + captured, cond, body, cond_args, body_args, pred, results, outputs + unused,
-                     parallel, swap))
+                     parallel, swap, counted))
     return jax.tree_util.tree_unflatten(treedef, [trace.traced(v) for v in outputs])
 
 
@@ -337,7 +343,10 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any, Any], Any], init_
     `jax.lax.fori_loop`'s: the bounds' dtype, equal or a Python int's promoted to the other
     bound's signed integer type (else refused); with both bounds constants, `int()` of each
     and a weakly typed int counter, as `jax.lax.fori_loop` counts a loop of known length.
-    `parallel_iterations` and `swap` as in `while_loop`."""
+    `parallel_iterations` and `swap` as in `while_loop`. With an integer counter, the trip
+    count, `upper - lower` (none where not positive), is computed once, on the counter's
+    slice, as the loop is entered: each host of the loop then counts its iterations itself,
+    with no predicate computed or sent per iteration (`WhileAttrs.counted`)."""
     trace = _trace("fori_loop")
     dtype = _counter_dtype(trace, lower, upper)
     leaves, treedef, _ = _flatten(trace, init_val)
@@ -349,20 +358,24 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any, Any], Any], init_
                               "jitted function")
     where = trace.slices[typed[0].slice] if typed else next(iter(trace.slices.values()))
     inc = Function(None, lambda i: i + 1, where, in_specs=None, out_specs=None, name="fori_next")
+    # An integer counter's loop is counted: the cond gives its trip count, once; a float
+    # counter's (as jax.lax.fori_loop allows) is tested each iteration.
+    counted = np.issubdtype(dtype, np.integer)
+    test, what = (_trips, "trips") if counted else (lambda i, u: i < u, "below")
     if not _computed(lower) and not _computed(upper):  # a known trip count
         start, bound = _constant_bound(lower, "lower"), _constant_bound(upper, "upper")
-        below = Function(None, lambda i: i < bound, where, name=f"fori_below_{bound}")
-        keep_going: Callable[[Any], Any] = lambda c: below(c[0])  # noqa: E731
+        to = Function(None, lambda i: test(i, bound), where, name=f"fori_{what}_{bound}")
+        cond: Callable[[Any], Any] = lambda c: to(c[0])  # noqa: E731
     else:
         start = _as(where, lower, dtype)
         if _computed(upper):
-            less = Function(None, lambda i, u: i < jax.lax.convert_element_type(u, dtype), where,
-                            name="fori_less")
-            keep_going = lambda c: less(c[0], upper)  # noqa: E731
+            up = Function(None, lambda i, u: test(i, jax.lax.convert_element_type(u, dtype)), where,
+                          name=f"fori_{what}")
+            cond = lambda c: up(c[0], upper)  # noqa: E731
         else:
             limit = np.asarray(upper, dtype)
-            below = Function(None, lambda i: i < limit, where, name=f"fori_below_{limit}")
-            keep_going = lambda c: below(c[0])  # noqa: E731
+            to = Function(None, lambda i: test(i, limit), where, name=f"fori_{what}_{limit}")
+            cond = lambda c: to(c[0])  # noqa: E731
     counter = trace.use(trace.leaf(start), where, Spec(()))
 
     def step(c: tuple[Any, Any]) -> tuple[Any, Any]:
@@ -370,9 +383,14 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any, Any], Any], init_
         _check_returned(out, treedef)
         return inc(c[0]), out
 
-    _, carry = _while_loop(keep_going, step, (trace.traced(counter), init_val), parallel_iterations,
-                           "fori_loop", carried="[1]", swap=swap)
+    _, carry = _while_loop(cond, step, (trace.traced(counter), init_val), parallel_iterations,
+                           "fori_loop", carried="[1]", swap=swap, counted=counted)
     return carry
+
+
+def _trips(i: Any, upper: Any) -> Any:
+    """How many iterations `range(i, upper)` has: `upper - i`, or 0."""
+    return jax.numpy.where(i < upper, upper - i, jax.numpy.zeros_like(i))
 
 
 def _computed(x: Any) -> bool:

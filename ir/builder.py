@@ -94,8 +94,9 @@ class ProgramBuilder:
         return self._add(Op.TRANSFER, (value,), 1, TransferAttrs(target))[0]
 
     def while_(self, carry: Sequence[str], cond: Graph, body: Graph, parallel_iterations: int = 1,
-               swap: bool = True, trips: str | None = None, trips_depth: int = 0) -> tuple[str, ...]:
-        attrs = WhileAttrs(cond, body, parallel_iterations, swap, trips, trips_depth)
+               swap: bool = True, trips: str | None = None, trips_depth: int = 0,
+               counted: bool = False) -> tuple[str, ...]:
+        attrs = WhileAttrs(cond, body, parallel_iterations, swap, trips, trips_depth, counted)
         return self._add(Op.WHILE, tuple(carry), len(carry), attrs)
 
     def repeat(self, carry: Sequence[str], body: Graph, trips: str, depth: int = 0) -> tuple[str, ...]:

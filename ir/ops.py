@@ -41,7 +41,7 @@ from ir.node import (
     check_name,
 )
 from ir.program import SliceDef
-from ir.types import Aval
+from ir.types import DTYPES, Aval
 
 
 @dataclass(frozen=True)
@@ -300,6 +300,11 @@ class WhileAttrs(OpAttrs):
     # it back), keyed by the iterations of `trips_depth` loops around it (`StackAttrs`).
     trips: str | None = None
     trips_depth: int = 0
+    # `cond` gives, from the carry entered, how many iterations the loop runs (an integer
+    # scalar; none where not positive), once, before the loop: each host then counts its
+    # iterations itself (as a `REPEAT` does), so no predicate is computed or sent per
+    # iteration. `jax.lax.fori_loop`'s form, whose bounds the body cannot change.
+    counted: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.cond, Graph) or not isinstance(self.body, Graph):
@@ -310,6 +315,8 @@ class WhileAttrs(OpAttrs):
         if self.trips is not None:
             check_name(self.trips, IDENTIFIER, "while: trips stack")
         check_depth(self.trips_depth, "while: trips_depth", 0)
+        if not isinstance(self.counted, bool):
+            raise InvalidArgument(f"while: counted: expected a bool, found {self.counted!r}")
 
 
 def check_depth(depth: object, what: str, least: int) -> None:
@@ -333,7 +340,12 @@ def _while_rule(node: Node, env: Env) -> list[Type]:
     carry = [env.types[v] for v in node.inputs]
     cond_args, cond_results = env.check_graph(a.cond, "cond")
     _same("while cond arguments", carry, cond_args)
-    if len(cond_results) != 1 or cond_results[0].aval != BOOL_SCALAR:
+    if a.counted:
+        if len(cond_results) != 1 or cond_results[0].aval.shape != () or \
+                DTYPES[cond_results[0].aval.dtype].kind not in "iu":
+            raise RuleError("counted while cond results", "one integer scalar (the trip count)",
+                            "(" + ", ".join(map(str, cond_results)) + ")")
+    elif len(cond_results) != 1 or cond_results[0].aval != BOOL_SCALAR:
         raise RuleError("while cond results", "one bool[] scalar",
                         "(" + ", ".join(map(str, cond_results)) + ")")
     return _carried(node, env, a.body, "while")

@@ -77,7 +77,7 @@ def _forward(sweep: Sweep, node: Node, inputs: tuple[str, ...]) -> None:
     inner.fwd.result(*(inner.renamed[r] for r in body.results))
     trips = sweep.stacks.new()
     made = sweep.fwd.while_(inputs, attrs.cond, inner.fwd.graph(), attrs.parallel_iterations, attrs.swap,
-                            trips, sweep.depth)
+                            trips, sweep.depth, attrs.counted)
     sweep.define(node.outputs, made)
     sweep.tape.append(Entry(node, (), _Loop(inner, used, carries, trips, stacks, attrs.swap)))
 

@@ -175,7 +175,8 @@ class Sweep:
         elif node.op is Op.WHILE:  # the loss does not depend on it through a `wrt` argument: as it is
             w = node.attrs
             assert isinstance(w, WhileAttrs)
-            self.define(node.outputs, b.while_(inputs, w.cond, w.body, w.parallel_iterations, w.swap))
+            self.define(node.outputs, b.while_(inputs, w.cond, w.body, w.parallel_iterations, w.swap,
+                                               counted=w.counted))
         elif node.op is Op.COND:
             c = node.attrs
             assert isinstance(c, CondAttrs)

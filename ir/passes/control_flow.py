@@ -37,7 +37,7 @@ enter those collectives in one order, so such a loop runs one iteration at a tim
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -136,13 +136,15 @@ class _Frame:
         return held, [i for i in held if not self.invariant[i]]
 
     def head(self, walk: Lowering, hosts: list[str], parallel: int, guard: str | None,
-             extra: tuple[tuple[str, str], ...] = ()) -> None:
-        """Enter (the carry on each host, and `extra` (value, entered name) pairs) and Merge."""
+             extra: Mapping[str, tuple[str, str]] | None = None) -> None:
+        """Enter (the carry on each host, and the host's `extra` (value, entered name)) and
+        Merge."""
         entered = self.entered
         for h in hosts:
             on, _ = self.on(walk, h)
-            walk.emit((h,), Enter(self.name, (*(self.carry[i] for i in on), *(v for v, _ in extra)),
-                                  (*(entered[i] for i in on), *(e for _, e in extra)), parallel), guard)
+            more = () if extra is None else (extra[h],)
+            walk.emit((h,), Enter(self.name, (*(self.carry[i] for i in on), *(v for v, _ in more)),
+                                  (*(entered[i] for i in on), *(e for _, e in more)), parallel), guard)
         for h in hosts:
             _, moving = self.on(walk, h)
             walk.emit((h,), Merge(self.name, tuple((entered[i], self.nexts[i]) for i in moving),
@@ -167,6 +169,9 @@ class _Frame:
 
 
 def lower_while(walk: Lowering, node: Node, attrs: WhileAttrs, frame: str, guard: str | None) -> None:
+    if attrs.counted:
+        _lower_counted(walk, node, attrs, frame, guard)
+        return
     f = _Frame.of(frame, node, attrs.body)
     cond_names = dict(zip(attrs.cond.args, f.merged, strict=True))
     body_names = dict(zip(attrs.body.args, f.body_in, strict=True))
@@ -182,6 +187,23 @@ def lower_while(walk: Lowering, node: Node, attrs: WhileAttrs, frame: str, guard
            lambda inputs, outputs: Exit(frame, inputs, outputs, attrs.trips, attrs.trips_depth))
 
 
+def _lower_counted(walk: Lowering, node: Node, attrs: WhileAttrs, frame: str, guard: str | None) -> None:
+    """A counted `WHILE`: its cond run once, on the carry entered, before the frame; the trip
+    count sent to every participant, each of which counts its iterations (`Count`)."""
+    f = _Frame.of(frame, node, attrs.body)
+    body_names = dict(zip(attrs.body.args, f.body_in, strict=True))
+    hosts = sorted(_participants(walk, f.carry, [(attrs.body, body_names, f"{frame}.b.")], guard))
+    parallel = 1 if walk.spans_hosts(attrs.body) or attrs.trips is not None else attrs.parallel_iterations
+    (trips,) = walk.graph(attrs.cond, dict(zip(attrs.cond.args, f.carry, strict=True)), f"{frame}.c.", guard)
+    names = _broadcast(walk, trips, hosts, frame, guard)
+    counted, pred = f"%{frame}.et", f"%{frame}.q"
+    f.head(walk, hosts, parallel, guard, {h: (names[h], counted) for h in hosts})
+    for h in hosts:
+        walk.emit((h,), Count(frame, counted, pred), None)
+    f.tail(walk, hosts, dict.fromkeys(hosts, pred), attrs.body,
+           lambda inputs, outputs: Exit(frame, inputs, outputs, attrs.trips, attrs.trips_depth))
+
+
 def lower_repeat(walk: Lowering, node: Node, attrs: RepeatAttrs, frame: str, guard: str | None) -> None:
     """A `REPEAT` as a frame whose predicate each host counts itself (`Count`): its trip
     count popped from the stack its `WHILE` saved it on, before it is entered; no predicate
@@ -193,7 +215,7 @@ def lower_repeat(walk: Lowering, node: Node, attrs: RepeatAttrs, frame: str, gua
     trips, counted, pred = f"%{frame}.t", f"%{frame}.et", f"%{frame}.p"
     for h in hosts:
         walk.emit((h,), Pop(trips, attrs.trips, attrs.depth), guard)
-    f.head(walk, hosts, 1, guard, ((trips, counted),))
+    f.head(walk, hosts, 1, guard, dict.fromkeys(hosts, (trips, counted)))
     for h in hosts:
         walk.emit((h,), Count(frame, counted, pred), None)
     f.tail(walk, hosts, dict.fromkeys(hosts, pred), attrs.body,

@@ -15,7 +15,7 @@ from ir import (
 )
 from ir.ops import WhileAttrs
 from ir.passes import host_plans, lower
-from ir.plan import Enter, Exit, Merge, NextIteration, Recv, Send, Switch
+from ir.plan import Compute, Count, Enter, Exit, Merge, NextIteration, Recv, Send, Switch
 
 pytestmark = pytest.mark.unit
 
@@ -23,21 +23,25 @@ F32, I32, BOOL = Aval((4,), "float32"), Aval((), "int32"), Aval((), "bool")
 PLACES = {"sa": on("a", "a0", 0, 1), "sb": on("b", "b0", 0, 1)}
 
 
-def two_island_loop(parallel: int = 1):
-    """while n < k: x = back(g(move(f(x)))), n = inc(n); f on island a, g on island b; k invariant."""
+def two_island_loop(parallel: int = 1, counted: bool = False):
+    """while n < k: x = back(g(move(f(x)))), n = inc(n); f on island a, g on island b; k invariant.
+    `counted`: the cond gives k - n once, as `fori_loop`'s does."""
     b = ProgramBuilder()
     sa, sb = b.slice("sa", {"x": 2}, island="a"), b.slice("sb", {"y": 2}, island="b")
     x, n, k = b.arg(F32, ("x",), sa), b.arg(I32, (), sa), b.arg(I32, (), sa)
     cond = b.sub()
     _, cn, ck = cond.arg(F32, ("x",), sa), cond.arg(I32, (), sa), cond.arg(I32, (), sa)
-    cond.result(*cond.compute("lt", b"lt", sa, [cn, ck], [(BOOL, ())]))
+    if counted:
+        cond.result(*cond.compute("trips", b"trips", sa, [cn, ck], [(I32, ())]))
+    else:
+        cond.result(*cond.compute("lt", b"lt", sa, [cn, ck], [(BOOL, ())]))
     body = b.sub()
     bx, bn, bk = body.arg(F32, ("x",), sa), body.arg(I32, (), sa), body.arg(I32, (), sa)
     (f,) = body.compute("f", b"f", sa, [bx], [(F32, ("x",))])
     (g,) = body.compute("g", b"g", sb, [body.transfer(f, ("y",), sb)], [(F32, ("y",))])
     (n2,) = body.compute("inc", b"inc", sa, [bn], [(I32, ())])
     body.result(body.transfer(g, ("x",), sa), n2, bk)
-    out = b.while_([x, n, k], cond.graph(), body.graph(), parallel)
+    out = b.while_([x, n, k], cond.graph(), body.graph(), parallel, counted=counted)
     b.result(out[0])
     return b.build()
 
@@ -69,6 +73,42 @@ def test_a_loop_over_two_islands_lowers_to_the_five_primitives_on_each_host():
     # every host's steps are a subsequence of one order
     for plan in plans.values():
         assert list(plan.order) == sorted(plan.order)
+
+
+def test_a_counted_loop_computes_its_trip_count_once_and_each_host_counts_its_iterations():
+    program = two_island_loop(counted=True)
+    assert from_wire(to_wire(program)) == program
+    assert " counted" in print_program(program)
+    assert parse_program(print_program(program)).graph == program.graph
+    plans = host_plans(lower(program, PLACES, check=True))
+    a, b = plans["a0"], plans["b0"]
+    for plan in (a, b):
+        (enter,) = [s for s in plan.steps if isinstance(s, Enter)]
+        (count,) = [s for s in plan.steps if isinstance(s, Count)]
+        (switch,) = [s for s in plan.steps if isinstance(s, Switch)]
+        assert count.trips == enter.outputs[-1] and switch.pred == count.output  # entered, counted here
+        assert plan.steps.index(enter) < plan.steps.index(count) < plan.steps.index(switch)
+    # a0 computes the count before the loop and sends it to b0 once, outside the frame
+    (trips,) = [s for s in a.steps if isinstance(s, Compute) and s.label.startswith("trips")]
+    (sent,) = [s for s in a.steps if isinstance(s, Send) and s.tag.startswith("p.")]
+    (got,) = [s for s in b.steps if isinstance(s, Recv) and s.tag == sent.tag]
+    assert a.steps.index(trips) < a.steps.index(sent) < a.steps.index(next(s for s in a.steps
+                                                                             if isinstance(s, Enter)))
+    assert got.on_host and next(s for s in b.steps if isinstance(s, Enter)).inputs[-1] == got.output
+    assert a.guard(a.steps.index(trips)) is None  # not under the loop's body
+
+
+def test_a_counted_loop_s_cond_must_give_an_integer_scalar():
+    with pytest.raises(InvalidArgument, match="counted while cond results: expected one integer scalar"):
+        b = ProgramBuilder()
+        s = b.slice("s", {"x": 1})
+        n = b.arg(I32, (), s)
+        cond = b.sub()
+        cond.result(*cond.compute("pos", b"pos", s, [cond.arg(I32, (), s)], [(BOOL, ())]))
+        body = b.sub()
+        body.result(*body.compute("dec", b"dec", s, [body.arg(I32, (), s)], [(I32, ())]))
+        b.result(*b.while_([n], cond.graph(), body.graph(), counted=True))
+        b.build()
 
 
 def test_a_three_way_cond_after_a_loop(control_flow):
