@@ -26,7 +26,10 @@ A `COND` with predicate `p` and operands `o` becomes, on each participating host
 
 A `REPEAT` (reverse mode's backward loop) becomes the same frame with no predicate
 computed or sent: each host pops the trip count its `WHILE`'s `Exit` saved, enters it with
-the carry, and its `Count` step is the predicate (`lower_repeat`).
+the carry, and its `Count` step is the predicate (`lower_repeat`). A counted `WHILE`
+(`WhileAttrs.counted`, `fori_loop`'s) is lowered the same way, its cond's steps run once
+before the frame on the carry entered and the trip count they give sent once to every other
+participant (`_lower_counted`).
 
 Sub-graph values are renamed `%<frame>.<graph>.<name>` (`b` body, `c` cond, `kN` branch N)
 so that one run's environment holds every level. A host runs up to the loop's
