@@ -29,8 +29,9 @@ Swapping, on a server of its own whose hosts keep `stack_mb` of loop stacks on t
 and `swap_mb` more in host memory (`SWAP`; for the smoke `SWAP_SMOKE`, whose iterations save
 more), or on a running server with small stack budgets of its own (`--swap-server URL`, its
 settings ISTHMUS_EXECUTOR_STACK_MB and ISTHMUS_EXECUTOR_STACK_SWAP_MB): `max_len` is the
-longest sequence that trains with the loop's `swap=False` and with swapping (doubling, then
-bisecting, each probe a run), and `swap_step_s` the seconds per step at 0.9 of the longer,
+longest sequence that trains with the loop's `swap=False`, with swapping, and with
+`remat=True` and no swapping (doubling, then bisecting, each probe a run), and
+`swap_step_s` the seconds per step at 0.9 of the swapping one's,
 on that server (its stacks swapping) and on the measured server (none swapping).
 
 `step_s` is seconds per training step per mode; `trace_s` the first call's seconds (trace,
@@ -42,6 +43,8 @@ better for Isthmus's in-graph loop:
 - `ingraph_steps_vs_client_steps`: client- over graph-driven seconds for `steps` steps;
 - `jax_scan_vs_ingraph`: in-graph over JAX's seconds per step;
 - `max_len_swap_vs_no_swap`: the longest length with swapping over without (goal ≥ 2);
+- `max_len_remat_vs_no_swap`: the longest length of the loop with `remat=True` (saving only
+  its carry an iteration; no swapping) over the plain loop's;
 - `swap_overhead`: seconds per step swapping over not swapping (goal ≤ 1.2).
 
 Every mode's parameters are checked against JAX's. `--server URL` measures a running server
@@ -102,8 +105,8 @@ def data(hidden: int, batch: int) -> tuple[dict[str, Any], np.ndarray, np.ndarra
 class Model:
     """The model's functions on islands a and b, and its step programs."""
 
-    def __init__(self, c: isthmus.Client, swap: bool = True) -> None:
-        self.swap = swap
+    def __init__(self, c: isthmus.Client, swap: bool = True, remat: bool = False) -> None:
+        self.swap, self.remat = swap, remat
         sa, sb = c.slice({"x": 1}, island="a"), c.slice({"y": 1}, island="b")
         self.cell, self.head = c.jit(cell, slice=sa, name="cell"), c.jit(head, slice=sb, name="head")
         self.sgd_a, self.sgd_b = c.jit(sgd, slice=sa, name="sgd_a"), c.jit(sgd, slice=sb, name="sgd_b")
@@ -120,7 +123,8 @@ class Model:
 
     def _step(self, p: Any, h0: Any, y: Any, n: Any) -> Any:
         def loss(p: Any) -> Any:
-            h = isthmus.fori_loop(0, n, lambda i, h: self.cell(p["a"], h), h0, swap=self.swap)
+            h = isthmus.fori_loop(0, n, lambda i, h: self.cell(p["a"], h), h0, swap=self.swap,
+                                  remat=self.remat)
             return self.head(p["b"], h, y)
 
         value, g = isthmus.value_and_grad(loss)(p)
@@ -267,12 +271,12 @@ def measure_swap(c: isthmus.Client, size: dict[str, int], rounds: int,
            "ISTHMUS_EXECUTOR_STACK_SWAP_MB": str(size["swap_mb"])}
     with servers.server(swap_server, env) as (address, token), \
             isthmus.connect(address, token=token, name="bench-swap") as small:
-        models = {swap: Model(small, swap) for swap in (False, True)}
-        max_len = {("swap" if swap else "no_swap"): longest(lambda n, m=m: trains(m, params, h0, y, n),
-                                                          size["longest"])
-                   for swap, m in models.items()}
+        models = {"no_swap": Model(small, False), "swap": Model(small, True),
+                  "remat": Model(small, False, remat=True)}
+        max_len = {name: longest(lambda n, m=m: trains(m, params, h0, y, n), size["longest"])
+                   for name, m in models.items()}
         length = max(1, int(0.9 * max_len["swap"]))
-        plain, swapping = Model(c), models[True]
+        plain, swapping = Model(c), models["swap"]
         want, _ = jax_step(length)(params, h0, y)
         for model in (plain, swapping):
             close(fetched(model.ingraph(params, h0, y, np.int32(length))[0]), want, f"swap, length {length}")
@@ -310,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                    "ingraph_steps_vs_client_steps": s["client_steps"] / s["ingraph_steps"],
                    "jax_scan_vs_ingraph": s["ingraph"] / s["jax_scan"],
                    "max_len_swap_vs_no_swap": m["swap"] / max(1, m["no_swap"]),
+                   "max_len_remat_vs_no_swap": m["remat"] / max(1, m["no_swap"]),
                    "swap_overhead": w["swapping"] / w["not_swapping"]},
         "config": ({k: list(v) if isinstance(v, tuple) else v for k, v in size.items()}
                    | {"lr": LR, "swap": swap}),

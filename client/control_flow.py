@@ -97,12 +97,13 @@ class _While:
     parallel_iterations: int
     swap: bool
     counted: bool = False  # `pred` is the trip count, computed once (`WhileAttrs.counted`)
+    remat: bool = False  # its gradient computes the body's residuals again (`WhileAttrs.remat`)
 
     def emit(self, trace: Trace, b: ProgramBuilder, names: Names) -> None:
         cond = _graph(self.cond, b, self.cond_args, [self.pred], names)
         body = _graph(self.body, b, self.body_args, self.results, names)
         outs = b.while_([names[v] for v in self.carry], cond, body, self.parallel_iterations, self.swap,
-                        counted=self.counted)
+                        counted=self.counted, remat=self.remat)
         names.update(zip(self.outputs, outs, strict=True))
 
 
@@ -132,7 +133,7 @@ def _captured(children: Sequence[Trace], already: Sequence[int]) -> list[int]:
 
 
 def while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], init_val: Any,
-               parallel_iterations: int | None = None, swap: bool = True) -> Any:
+               parallel_iterations: int | None = None, swap: bool = True, remat: bool = False) -> Any:
     """`jax.lax.while_loop` in the graph: `while cond_fun(val): val = body_fun(val)`.
 
     `parallel_iterations` (default: the program's, 1 unless `c.program` says otherwise):
@@ -145,19 +146,25 @@ def while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], i
 
     `swap`: whether the values its gradient saves per iteration (`isthmus.grad`) may move to
     host memory once a host's stacks pass their budget on its devices (`executor_stack_mb`);
-    with False, a run whose stacks do not fit there fails, naming the budget."""
-    return _while_loop(cond_fun, body_fun, init_val, parallel_iterations, "while_loop", swap=swap)
+    with False, a run whose stacks do not fit there fails, naming the budget.
+
+    `remat`: its gradient saves only each iteration's carry, and its backward computes the
+    body's forward again from it before going back through it (`jax.checkpoint`'s trade:
+    less saved per iteration, the body's forward computed twice)."""
+    return _while_loop(cond_fun, body_fun, init_val, parallel_iterations, "while_loop", swap=swap,
+                       remat=remat)
 
 
 def _while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], init_val: Any,
                 parallel_iterations: int | None, what: str, carried: str = "", swap: bool = True,
-                counted: bool = False) -> Any:
+                counted: bool = False, remat: bool = False) -> Any:
     """`while_loop`, for `what` (a `fori_loop` too): errors name the user's function and the
     paths of the carry under `carried` (the path of the user's carry within `init_val`).
     `counted`: `cond_fun` gives the trip count from the carry entered (`fori_loop`'s)."""
     trace = _trace(what)
-    if not isinstance(swap, bool):
-        raise InvalidArgument(f"{what}: swap must be True or False, found {swap!r}")
+    for name, flag in (("swap", swap), ("remat", remat)):
+        if not isinstance(flag, bool):
+            raise InvalidArgument(f"{what}: {name} must be True or False, found {flag!r}")
     parallel = trace.root.parallel_iterations if parallel_iterations is None else \
         check_parallel_iterations(parallel_iterations)
     init, treedef, paths = _flatten(trace, init_val)
@@ -187,7 +194,8 @@ def _while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], 
                               f"it returned {out_def}")
     promoted = _promoted(trace, init_val, init, [body.values[v].aval for v in out_leaves], views, what)
     if promoted is not None:  # traced again, as jax.lax does, with weak carry leaves promoted
-        return _while_loop(cond_fun, body_fun, promoted, parallel_iterations, what, carried, swap, counted)
+        return _while_loop(cond_fun, body_fun, promoted, parallel_iterations, what, carried, swap, counted,
+                           remat)
     results = []
     for k, (v, path) in enumerate(zip(out_leaves, paths, strict=True)):
         if body.values[v].aval != avals[k] or body.values[v].view.key != views[k].key:
@@ -211,7 +219,7 @@ def _while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], 
     outputs = [trace.new_value(a, w, t) for a, w, t in zip(avals, views, kept, strict=True)]
     unused = [trace.new_value(trace.values[v].aval, trace.values[v].view, trace.typed(v)) for v in captured]
     trace.add(_While(init + captured, cond, body, cond_args, body_args, pred, results, outputs + unused,
-                     parallel, swap, counted))
+                     parallel, swap, counted, remat))
     return jax.tree_util.tree_unflatten(treedef, [trace.traced(v) for v in outputs])
 
 
@@ -336,14 +344,14 @@ def _predicate(trace: Trace, p: int, where: Slice) -> int:
 
 
 def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any, Any], Any], init_val: Any,
-              parallel_iterations: int | None = None, swap: bool = True) -> Any:
+              parallel_iterations: int | None = None, swap: bool = True, remat: bool = False) -> Any:
     """`jax.lax.fori_loop` in the graph: `for i in range(lower, upper): val = body_fun(i, val)`.
     The counter lives on the slice of the carry's first typed leaf (with none typed yet, of
     the first jitted function the program, or else the body, calls). Its type is
     `jax.lax.fori_loop`'s: the bounds' dtype, equal or a Python int's promoted to the other
     bound's signed integer type (else refused); with both bounds constants, `int()` of each
     and a weakly typed int counter, as `jax.lax.fori_loop` counts a loop of known length.
-    `parallel_iterations` and `swap` as in `while_loop`. With an integer counter, the trip
+    `parallel_iterations`, `swap` and `remat` as in `while_loop`. With an integer counter, the trip
     count, `upper - lower` (none where not positive), is computed once, on the counter's
     slice, as the loop is entered: each host of the loop then counts its iterations itself,
     with no predicate computed or sent per iteration (`WhileAttrs.counted`)."""
@@ -384,7 +392,7 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any, Any], Any], init_
         return inc(c[0]), out
 
     _, carry = _while_loop(cond, step, (trace.traced(counter), init_val), parallel_iterations,
-                           "fori_loop", carried="[1]", swap=swap, counted=counted)
+                           "fori_loop", carried="[1]", swap=swap, counted=counted, remat=remat)
     return carry
 
 

@@ -95,8 +95,8 @@ class ProgramBuilder:
 
     def while_(self, carry: Sequence[str], cond: Graph, body: Graph, parallel_iterations: int = 1,
                swap: bool = True, trips: str | None = None, trips_depth: int = 0,
-               counted: bool = False) -> tuple[str, ...]:
-        attrs = WhileAttrs(cond, body, parallel_iterations, swap, trips, trips_depth, counted)
+               counted: bool = False, remat: bool = False) -> tuple[str, ...]:
+        attrs = WhileAttrs(cond, body, parallel_iterations, swap, trips, trips_depth, counted, remat)
         return self._add(Op.WHILE, tuple(carry), len(carry), attrs)
 
     def repeat(self, carry: Sequence[str], body: Graph, trips: str, depth: int = 0) -> tuple[str, ...]:

@@ -305,6 +305,9 @@ class WhileAttrs(OpAttrs):
     # iterations itself (as a `REPEAT` does), so no predicate is computed or sent per
     # iteration. `jax.lax.fori_loop`'s form, whose bounds the body cannot change.
     counted: bool = False
+    # Its gradient saves each iteration's carry as it enters the body, not the residuals, and
+    # its backward computes the body's forward again from it (`jax.checkpoint`'s trade).
+    remat: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.cond, Graph) or not isinstance(self.body, Graph):
@@ -317,6 +320,8 @@ class WhileAttrs(OpAttrs):
         check_depth(self.trips_depth, "while: trips_depth", 0)
         if not isinstance(self.counted, bool):
             raise InvalidArgument(f"while: counted: expected a bool, found {self.counted!r}")
+        if not isinstance(self.remat, bool):
+            raise InvalidArgument(f"while: remat: expected a bool, found {self.remat!r}")
 
 
 def check_depth(depth: object, what: str, least: int) -> None:

@@ -89,7 +89,7 @@ _PRINT: dict[Op, Callable[[Node, Any], str]] = {
     Op.WHILE: lambda node, a: f"while ({_values(node.inputs)})" + (
         f" parallel_iterations {a.parallel_iterations}" if a.parallel_iterations != 1 else "") + (
         " no_swap" if not a.swap else "") + (f" trips {a.trips} depth {a.trips_depth}" if a.trips else "") + (
-        " counted" if a.counted else ""),
+        " counted" if a.counted else "") + (" remat" if a.remat else ""),
     Op.REPEAT: lambda node, a: f"repeat ({_values(node.inputs)}) trips {a.trips} depth {a.depth}",
     Op.COND: lambda node, a: f"cond {node.inputs[0] if node.inputs else ''} ({_values(node.inputs[1:])})",
     Op.PUSH: lambda node, a: f"push {_values(node.inputs)} {a.type} stack {a.stack} depth {a.depth}"
@@ -300,14 +300,14 @@ def _value_list(text: str, n: int) -> tuple[str, ...]:
 
 def _while(rest: str, blocks: list[tuple[str, Graph]], n: int) -> tuple[tuple[str, ...], Attrs]:
     m = _match(r"\((.*)\)(?: parallel_iterations (\d{1,4}))?( no_swap)?(?: trips (\S+) depth (\d{1,3}))?"
-               r"( counted)?", rest, n,
+               r"( counted)?( remat)?", rest, n,
                "'while (%carry, ...) [parallel_iterations N] [no_swap] [trips NAME depth N] [counted] "
-               "cond {'")
+               "[remat] cond {'")
     if [w for w, _ in blocks] != ["cond", "body"]:
         raise ParseError(f"line {n}: expected sub-graphs cond and body, found {[w for w, _ in blocks]}")
     parallel = int(m[2]) if m[2] else 1
     return _value_list(m[1], n), _build(n, lambda: WhileAttrs(blocks[0][1], blocks[1][1], parallel, not m[3],
-                                                              m[4], int(m[5] or 0), bool(m[6])))
+                                                              m[4], int(m[5] or 0), bool(m[6]), bool(m[7])))
 
 
 def _repeat(rest: str, blocks: list[tuple[str, Graph]], n: int) -> tuple[tuple[str, ...], Attrs]:

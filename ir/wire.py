@@ -86,7 +86,7 @@ _ENCODE: dict[Op, Callable[[Any], dict[str, Any]]] = {
         {"parallel_iterations": a.parallel_iterations} if a.parallel_iterations != 1 else {}), **(
         {"swap": False} if not a.swap else {}), **(
         {"trips": a.trips, "trips_depth": a.trips_depth} if a.trips is not None else {}), **(
-        {"counted": True} if a.counted else {})},
+        {"counted": True} if a.counted else {}), **({"remat": True} if a.remat else {})},
     Op.REPEAT: lambda a: {"body": _graph(a.body), "trips": a.trips, "depth": a.depth},
     Op.COND: lambda a: {"branches": [_graph(b) for b in a.branches]},
     Op.PUSH: lambda a: {"type": _type(a.type), "stack": a.stack, "depth": a.depth, "swap": a.swap},
@@ -324,7 +324,7 @@ _NESTED: dict[Op, Callable[[_At, int], Attrs]] = {
         lambda: WhileAttrs(_read_graph(at["cond"], d), _read_graph(at["body"], d),
                            _parallel(at.optional("parallel_iterations")), _flag(at.optional("swap"), True),
                            at.optional("trips").text_or_none(), _depth(at.optional("trips_depth")),
-                           _flag(at.optional("counted"), False))),
+                           _flag(at.optional("counted"), False), _flag(at.optional("remat"), False))),
     Op.REPEAT: lambda at, d: at.build(
         lambda: RepeatAttrs(_read_graph(at["body"], d), at["trips"].text(), _depth(at.optional("depth")))),
     Op.COND: lambda at, d: at.build(

@@ -21,6 +21,11 @@ count backwards, popping per-iteration stacks (TensorFlow's StackPush/StackPop).
   the outer backward body; its stacks are keyed by both loops' iterations. A `cond` in a
   body gives its predicate and residuals as values of the body (`branches.py`), pushed like
   any other.
+- **Rematerialisation** (`WhileAttrs.remat`, `jax.checkpoint`'s trade). The forward body is
+  the loop's own, and it pushes only the carry as each iteration enters it. The backward
+  body pops that carry and first runs the body's differentiated forward on it (the
+  residuals again, and what loops and conds in it save, pushed and popped within the one
+  backward iteration), then goes back through it as above.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ir.autodiff.sweep import BACKWARD, FORWARD, Entry, Sweep, inexact, needed, reached
+from ir.builder import ProgramBuilder
 from ir.node import Node, Op
 from ir.ops import WhileAttrs
 from ir.verify import graph_types
@@ -43,6 +49,18 @@ class _Loop:
     active: tuple[int, ...]
     trips: str  # the stack its trip count is saved on, on each of its hosts
     stacks: tuple[tuple[str, str], ...]  # (forward value in the body, its stack)
+    swap: bool
+
+
+@dataclass(frozen=True)
+class _Remat:
+    """What a rematerialised loop keeps: its body (the original), the active carries, its trip
+    count's stack and the stack of each of its body's arguments (the carry, per iteration)."""
+
+    body_depth: int
+    active: tuple[int, ...]
+    trips: str
+    stacks: tuple[str, ...]  # one per body argument
     swap: bool
 
 
@@ -67,6 +85,9 @@ def _forward(sweep: Sweep, node: Node, inputs: tuple[str, ...]) -> None:
     attrs = node.attrs
     assert isinstance(attrs, WhileAttrs)
     carries = _active_carries(sweep, node, attrs)
+    if attrs.remat:
+        _forward_remat(sweep, node, inputs, carries)
+        return
     body = attrs.body
     inner = Sweep(body, sweep.tables, sweep.rules, sweep.fwd.sub(), sweep.stacks, sweep.depth + 1)
     used = inner.active({body.args[k] for k in carries}, {body.results[k] for k in carries})
@@ -82,25 +103,66 @@ def _forward(sweep: Sweep, node: Node, inputs: tuple[str, ...]) -> None:
     sweep.tape.append(Entry(node, (), _Loop(inner, used, carries, trips, stacks, attrs.swap)))
 
 
+def _forward_remat(sweep: Sweep, node: Node, inputs: tuple[str, ...], carries: tuple[int, ...]) -> None:
+    """The loop as it is, its body also pushing its arguments (the carry entering it)."""
+    attrs = node.attrs
+    assert isinstance(attrs, WhileAttrs)
+    body, types = attrs.body, graph_types(attrs.body, *sweep.tables)
+    fb = sweep.fwd.sub()
+    args = [fb.arg(t.aval, t.spec, t.slice) for t in (types[a] for a in body.args)]
+    results = fb.splice(body, args)
+    stacks = tuple(sweep.stacks.new() for _ in args)
+    for a, stack in zip(args, stacks, strict=True):
+        fb.push(a, stack, sweep.depth + 1, attrs.swap)
+    fb.result(*results)
+    trips = sweep.stacks.new()
+    made = sweep.fwd.while_(inputs, attrs.cond, fb.graph(), attrs.parallel_iterations, attrs.swap,
+                            trips, sweep.depth, attrs.counted, attrs.remat)
+    sweep.define(node.outputs, made)
+    sweep.tape.append(Entry(node, (), _Remat(sweep.depth + 1, carries, trips, stacks, attrs.swap)))
+
+
 def _backward(sweep: Sweep, entry: Entry) -> None:
     node, kept = entry.node, entry.kept
-    assert isinstance(kept, _Loop)
+    assert isinstance(kept, _Loop | _Remat)
     if not any(node.outputs[k] in sweep.cts for k in kept.active):
         return  # no cotangent comes in: none goes out
-    inner, body = kept.body, kept.body.graph
+    attrs = node.attrs
+    assert isinstance(attrs, WhileAttrs)
     cts = [sweep.cotangent(node.outputs[k]) for k in kept.active]
     bb = sweep.bwd.sub()
     ct_args = [bb.arg(t.aval, t.spec, t.slice) for t in (sweep.types[node.inputs[k]] for k in kept.active)]
-    popped = {v: bb.pop(inner.fwd.type_of(v), stack, inner.depth, kept.swap) for v, stack in kept.stacks}
-    inner.start_backward(bb, popped.__getitem__)
+    if isinstance(kept, _Remat):
+        inner, used = _again(sweep, attrs, kept, bb)
+    else:
+        inner, used = kept.body, kept.used
+        popped = {v: bb.pop(inner.fwd.type_of(v), stack, inner.depth, kept.swap) for v, stack in kept.stacks}
+        inner.start_backward(bb, popped.__getitem__)
+    body = attrs.body
     for k, a in zip(kept.active, ct_args, strict=True):
-        if body.results[k] in kept.used:
+        if body.results[k] in used:
             inner.seed(body.results[k], a)
-    inner.backward(kept.used)
+    inner.backward(used)
     bb.result(*(inner.cotangent(body.args[k]) for k in kept.active))
     made = sweep.bwd.repeat(cts, bb.graph(), kept.trips, sweep.depth)
     for k, ct in zip(kept.active, made, strict=True):
         sweep.seed(node.inputs[k], ct)
+
+
+def _again(sweep: Sweep, attrs: WhileAttrs, kept: _Remat, bb: ProgramBuilder) -> tuple[Sweep, set[str]]:
+    """In the backward body `bb`: the carry popped, the body's differentiated forward run on
+    it; its sweep, ready to go back, and its active values."""
+    body, types = attrs.body, graph_types(attrs.body, *sweep.tables)
+    popped = [bb.pop(types[a], stack, kept.body_depth, kept.swap) for a, stack in zip(body.args, kept.stacks,
+                                                                                       strict=True)]
+    inner = Sweep(body, sweep.tables, sweep.rules, bb.sub(), sweep.stacks, kept.body_depth)
+    used = inner.active({body.args[k] for k in kept.active}, {body.results[k] for k in kept.active})
+    inner.forward(used)
+    saved = inner.saved()
+    inner.fwd.result(*saved)
+    again = dict(zip(saved, bb.splice(inner.fwd.graph(), popped), strict=True))
+    inner.start_backward(bb, again.__getitem__)
+    return inner, used
 
 
 FORWARD[Op.WHILE], BACKWARD[Op.WHILE] = _forward, _backward

@@ -176,7 +176,7 @@ class Sweep:
             w = node.attrs
             assert isinstance(w, WhileAttrs)
             self.define(node.outputs, b.while_(inputs, w.cond, w.body, w.parallel_iterations, w.swap,
-                                               counted=w.counted))
+                                               counted=w.counted, remat=w.remat))
         elif node.op is Op.COND:
             c = node.attrs
             assert isinstance(c, CondAttrs)

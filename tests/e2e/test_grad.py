@@ -141,14 +141,17 @@ def test_a_cond_s_gradient_is_the_taken_branch_s_across_islands_and_nested(c):
     assert seen == {(True, True), (True, False), (False, False)}
 
 
-def test_a_fori_loop_rnn_s_gradient_runs_its_steps_backwards_across_islands(c):
+@pytest.mark.parametrize("remat", [False, True])
+def test_a_fori_loop_rnn_s_gradient_runs_its_steps_backwards_across_islands(c, remat):
+    """With `remat`, each iteration saves its carry, and the backward computes the cell's
+    residuals again from it: the same gradient."""
     sa, sb = c.slice({"x": 2}, island="a"), c.slice({"y": 2}, island="b")
     cell = lambda w, h: jnp.tanh(h @ w["kernel"] + w["bias"])  # noqa: E731
     head = lambda v, h: jnp.sum((h @ v) ** 2)  # noqa: E731
     on_a, on_b = c.jit(cell, slice=sa, name="cell"), c.jit(head, slice=sb, name="head")
 
     def loss(w, v, h):  # the recurrence on island a, its last state's loss on island b
-        return on_b(v, isthmus.fori_loop(0, 6, lambda i, h: on_a(w, h), h))
+        return on_b(v, isthmus.fori_loop(0, 6, lambda i, h: on_a(w, h), h, remat=remat))
 
     def local(w, v, h):
         for _ in range(6):
@@ -200,7 +203,10 @@ def test_a_while_loop_s_gradient_follows_its_data_dependent_trip_count(c):
     assert_nothing_held(c)
 
 
-def test_nested_loops_and_a_branch_in_a_loop_across_islands(c):
+@pytest.mark.parametrize("remat", [False, True])
+def test_nested_loops_and_a_branch_in_a_loop_across_islands(c, remat):
+    """With `remat` on the outer loop, its backward runs the branch's and the inner loop's
+    forward again (their saves pushed and popped within one backward iteration)."""
     sa, sb = c.slice({"x": 2}, island="a"), c.slice({"y": 2}, island="b")
     fa = lambda w, h: jnp.tanh(h @ w)  # noqa: E731
     fb = lambda w, h: jnp.sin(h @ w) * 0.8  # noqa: E731
@@ -214,7 +220,7 @@ def test_nested_loops_and_a_branch_in_a_loop_across_islands(c):
             h = isthmus.cond(positive(h), lambda h: on_b(wb, h), lambda h: on_a(wa, h), h)
             return isthmus.fori_loop(0, inc(i), lambda j, h: on_a(wa, h), h)
 
-        return total(isthmus.fori_loop(0, 3, outer, h))
+        return total(isthmus.fori_loop(0, 3, outer, h, remat=remat))
 
     def local(wa, wb, h):
         for i in range(3):

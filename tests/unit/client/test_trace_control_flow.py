@@ -65,6 +65,22 @@ def test_the_structure_and_the_predicate_are_checked():
         trace(lambda x: isthmus.while_loop(lambda v: F(v), F, F(x)), X)
     with pytest.raises(InvalidArgument, match="inside a @c"):
         isthmus.while_loop(SMALL, F, np.ones(4, np.float32))
+    for flag in ("swap", "remat"):
+        with pytest.raises(InvalidArgument, match=f"while_loop: {flag} must be True or False, found 'yes'"):
+            trace(lambda x, flag=flag: isthmus.while_loop(SMALL, F, F(x), **{flag: "yes"}), X)
+        with pytest.raises(InvalidArgument, match=f"fori_loop: {flag} must be True or False, found 1"):
+            trace(lambda x, flag=flag: isthmus.fori_loop(0, 3, lambda i, v: F(v), F(x), **{flag: 1}), X)
+
+
+def test_an_integer_fori_loop_is_counted_and_a_float_one_tests_each_iteration():
+    program, _ = trace(lambda x: isthmus.fori_loop(0, 3, lambda i, v: F(v), F(x), remat=True), X)
+    (loop,) = [n for n in program.nodes if n.op is Op.WHILE]
+    assert loop.attrs.counted and loop.attrs.remat
+    assert loop.attrs.cond.nodes[-2].attrs.name == "fori_trips_3"
+    half = np.float32(2.5)
+    program, _ = trace(lambda x: isthmus.fori_loop(np.float32(0), half, lambda i, v: F(v), F(x)), X)
+    (loop,) = [n for n in program.nodes if n.op is Op.WHILE]
+    assert not loop.attrs.counted and not loop.attrs.remat
 
 
 def test_a_captured_value_is_an_invariant_entered_once_and_moved_before_the_loop():

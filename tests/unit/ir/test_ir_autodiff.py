@@ -133,7 +133,7 @@ def test_what_the_loss_does_not_depend_on_through_wrt_stays_as_it_was():
     assert "compute pre_bwd" not in lines(d) and "compute loss_bwd" in lines(d)
 
 
-def looped(through_w: bool, swap: bool = True) -> Program:
+def looped(through_w: bool, swap: bool = True, remat: bool = False) -> Program:
     """A loop doubling a carry (w's, or x's), then a loss of the loop's result and w."""
     b = ProgramBuilder()
     s = b.slice("s", {"x": 2})
@@ -146,7 +146,7 @@ def looped(through_w: bool, swap: bool = True) -> Program:
     y = body.arg(V, ("x", None), s)
     (y2,) = body.compute("double", b"double", s, [y], [(V, ("x", None))])
     body.result(y2)
-    (z,) = b.while_([w if through_w else x], cond.graph(), body.graph(), swap=swap)
+    (z,) = b.while_([w if through_w else x], cond.graph(), body.graph(), swap=swap, remat=remat)
     (loss,) = b.compute("loss", b"loss", s, [z, w], [(SCALAR, ())])
     b.result(loss)
     return b.build()
@@ -173,6 +173,24 @@ def test_a_loop_s_transpose_repeats_its_trip_count_backwards_popping_what_it_pus
     assert set(d.graph.nodes[7].inputs) == {d.graph.nodes[5].outputs[1], bwd.outputs[0]}
     text = print_program(d)
     assert print_program(parse_program(text)) == text and from_wire(to_wire(d)) == d
+
+
+def test_a_rematerialised_loop_saves_its_carry_and_its_backward_computes_the_forward_again():
+    d = reverse(looped(through_w=True, remat=True), [0], Rules())
+    verify(d)
+    fwd, bwd = (n for n in d.graph.nodes if n.op in (Op.WHILE, Op.REPEAT))
+    assert fwd.attrs.remat and (fwd.attrs.trips, bwd.attrs.trips) == ("gs1", "gs1")
+    body = fwd.attrs.body
+    assert lines_of(body) == ["arg", "compute double", "push", "result"]  # the loop's own body
+    push = next(n for n in body.nodes if n.op is Op.PUSH)
+    assert push.inputs[0] == body.args[0]  # the carry as the iteration enters it
+    back = bwd.attrs.body
+    assert lines_of(back) == ["arg", "pop", "compute double_fwd", "compute double_bwd", "result"]
+    pop, again, grad = back.nodes[1], back.nodes[2], back.nodes[3]
+    assert (pop.attrs.stack, pop.attrs.depth) == (push.attrs.stack, 1) and again.inputs == pop.outputs
+    assert grad.inputs[0] == again.outputs[1]  # the residual computed again, not popped
+    text = print_program(d)
+    assert " remat" in text and print_program(parse_program(text)) == text and from_wire(to_wire(d)) == d
 
 
 def test_a_stack_needs_one_push_and_one_pop_alike_and_a_repeat_its_while():
