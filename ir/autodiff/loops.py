@@ -22,8 +22,9 @@ count backwards, popping per-iteration stacks (TensorFlow's StackPush/StackPop).
   body gives its predicate and residuals as values of the body (`branches.py`), pushed like
   any other.
 - **Rematerialisation** (`WhileAttrs.remat`, `jax.checkpoint`'s trade). The forward body is
-  the loop's own, and it pushes only the carry as each iteration enters it. The backward
-  body pops that carry and first runs the body's differentiated forward on it (the
+  the loop's own, and it pushes only the carry as each iteration enters it, but for its
+  invariants: those the backward `REPEAT` carries, unchanged, from the loop's inputs. The
+  backward body pops that carry and first runs the body's differentiated forward on it (the
   residuals again, and what loops and conds in it save, pushed and popped within the one
   backward iteration), then goes back through it as above.
 """
@@ -54,13 +55,14 @@ class _Loop:
 
 @dataclass(frozen=True)
 class _Remat:
-    """What a rematerialised loop keeps: its body (the original), the active carries, its trip
-    count's stack and the stack of each of its body's arguments (the carry, per iteration)."""
+    """What a rematerialised loop keeps: the depth of its body, the active carries, its trip
+    count's stack, and the stack of each of its body's arguments (the carry, per iteration),
+    or None for an invariant (which the backward carries, its value the loop's input)."""
 
     body_depth: int
     active: tuple[int, ...]
     trips: str
-    stacks: tuple[str, ...]  # one per body argument
+    stacks: tuple[str | None, ...]  # one per body argument
     swap: bool
 
 
@@ -104,22 +106,26 @@ def _forward(sweep: Sweep, node: Node, inputs: tuple[str, ...]) -> None:
 
 
 def _forward_remat(sweep: Sweep, node: Node, inputs: tuple[str, ...], carries: tuple[int, ...]) -> None:
-    """The loop as it is, its body also pushing its arguments (the carry entering it)."""
+    """The loop as it is, its body also pushing its arguments (the carry entering it) but for
+    the invariants, which the backward reads as the loop's inputs."""
     attrs = node.attrs
     assert isinstance(attrs, WhileAttrs)
     body, types = attrs.body, graph_types(attrs.body, *sweep.tables)
     fb = sweep.fwd.sub()
     args = [fb.arg(t.aval, t.spec, t.slice) for t in (types[a] for a in body.args)]
     results = fb.splice(body, args)
-    stacks = tuple(sweep.stacks.new() for _ in args)
+    invariant = [body.results[k] == a for k, a in enumerate(body.args)]
+    stacks = tuple(None if same else sweep.stacks.new() for same in invariant)
     for a, stack in zip(args, stacks, strict=True):
-        fb.push(a, stack, sweep.depth + 1, attrs.swap)
+        if stack is not None:
+            fb.push(a, stack, sweep.depth + 1, attrs.swap)
     fb.result(*results)
     trips = sweep.stacks.new()
     made = sweep.fwd.while_(inputs, attrs.cond, fb.graph(), attrs.parallel_iterations, attrs.swap,
                             trips, sweep.depth, attrs.counted, attrs.remat)
     sweep.define(node.outputs, made)
-    sweep.tape.append(Entry(node, (), _Remat(sweep.depth + 1, carries, trips, stacks, attrs.swap)))
+    kept = tuple(v for v, stack in zip(inputs, stacks, strict=True) if stack is None)
+    sweep.tape.append(Entry(node, kept, _Remat(sweep.depth + 1, carries, trips, stacks, attrs.swap)))
 
 
 def _backward(sweep: Sweep, entry: Entry) -> None:
@@ -132,8 +138,9 @@ def _backward(sweep: Sweep, entry: Entry) -> None:
     cts = [sweep.cotangent(node.outputs[k]) for k in kept.active]
     bb = sweep.bwd.sub()
     ct_args = [bb.arg(t.aval, t.spec, t.slice) for t in (sweep.types[node.inputs[k]] for k in kept.active)]
+    carried: list[str] = []  # the invariants a rematerialised loop's backward carries
     if isinstance(kept, _Remat):
-        inner, used = _again(sweep, attrs, kept, bb)
+        inner, used, carried = _again(sweep, attrs, kept, bb)
     else:
         inner, used = kept.body, kept.used
         popped = {v: bb.pop(inner.fwd.type_of(v), stack, inner.depth, kept.swap) for v, stack in kept.stacks}
@@ -143,18 +150,24 @@ def _backward(sweep: Sweep, entry: Entry) -> None:
         if body.results[k] in used:
             inner.seed(body.results[k], a)
     inner.backward(used)
-    bb.result(*(inner.cotangent(body.args[k]) for k in kept.active))
-    made = sweep.bwd.repeat(cts, bb.graph(), kept.trips, sweep.depth)
-    for k, ct in zip(kept.active, made, strict=True):
+    bb.result(*(inner.cotangent(body.args[k]) for k in kept.active), *carried)
+    invariants = [sweep.need(v) for v in entry.saved]
+    made = sweep.bwd.repeat([*cts, *invariants], bb.graph(), kept.trips, sweep.depth)
+    for k, ct in zip(kept.active, made[:len(cts)], strict=True):
         sweep.seed(node.inputs[k], ct)
 
 
-def _again(sweep: Sweep, attrs: WhileAttrs, kept: _Remat, bb: ProgramBuilder) -> tuple[Sweep, set[str]]:
-    """In the backward body `bb`: the carry popped, the body's differentiated forward run on
-    it; its sweep, ready to go back, and its active values."""
+def _again(sweep: Sweep, attrs: WhileAttrs, kept: _Remat, bb: ProgramBuilder
+           ) -> tuple[Sweep, set[str], list[str]]:
+    """In the backward body `bb`: the carry popped (its invariants carried: arguments of `bb`
+    after the cotangents), the body's differentiated forward run on it; its sweep, ready to
+    go back, its active values, and the invariants' arguments."""
     body, types = attrs.body, graph_types(attrs.body, *sweep.tables)
-    popped = [bb.pop(types[a], stack, kept.body_depth, kept.swap) for a, stack in zip(body.args, kept.stacks,
-                                                                                       strict=True)]
+    carried = [bb.arg(types[a].aval, types[a].spec, types[a].slice)
+               for a, stack in zip(body.args, kept.stacks, strict=True) if stack is None]
+    left = iter(carried)
+    popped = [next(left) if stack is None else bb.pop(types[a], stack, kept.body_depth, kept.swap)
+              for a, stack in zip(body.args, kept.stacks, strict=True)]
     inner = Sweep(body, sweep.tables, sweep.rules, bb.sub(), sweep.stacks, kept.body_depth)
     used = inner.active({body.args[k] for k in kept.active}, {body.results[k] for k in kept.active})
     inner.forward(used)
@@ -162,7 +175,7 @@ def _again(sweep: Sweep, attrs: WhileAttrs, kept: _Remat, bb: ProgramBuilder) ->
     inner.fwd.result(*saved)
     again = dict(zip(saved, bb.splice(inner.fwd.graph(), popped), strict=True))
     inner.start_backward(bb, again.__getitem__)
-    return inner, used
+    return inner, used, carried
 
 
 FORWARD[Op.WHILE], BACKWARD[Op.WHILE] = _forward, _backward

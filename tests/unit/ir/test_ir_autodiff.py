@@ -42,10 +42,11 @@ class Rules:
     def __init__(self) -> None:
         self.asked: list[tuple[str, tuple[bool, ...], tuple[bool, ...]]] = []
 
-    def vjp(self, node: ComputeAttrs, wrt: tuple[bool, ...], cts: tuple[bool, ...]) -> Vjp:
+    def vjp(self, node: ComputeAttrs, wrt: tuple[bool, ...], cts: tuple[bool, ...],
+            acc: tuple[bool, ...] = ()) -> Vjp:
         self.asked.append((node.name, wrt, cts))
         return Vjp(Artifact.of(f"fwd:{node.name}".encode()), node.ins,
-                   Artifact.of(f"bwd:{node.name}:{wrt}:{cts}".encode()))
+                   Artifact.of(f"bwd:{node.name}:{wrt}:{cts}:{acc}".encode()))
 
     def zeros(self, t: Type) -> Artifact:
         return Artifact.of(f"zeros:{t}".encode())
@@ -191,6 +192,29 @@ def test_a_rematerialised_loop_saves_its_carry_and_its_backward_computes_the_for
     assert grad.inputs[0] == again.outputs[1]  # the residual computed again, not popped
     text = print_program(d)
     assert " remat" in text and print_program(parse_program(text)) == text and from_wire(to_wire(d)) == d
+
+
+def test_a_rematerialised_loop_carries_its_invariants_back_instead_of_saving_them():
+    b = ProgramBuilder()
+    s = b.slice("s", {"x": 2})
+    w, x = b.arg(V, ("x", None), s), b.arg(V, ("x", None), s)
+    cond = b.sub()
+    c, _ = cond.arg(V, ("x", None), s), cond.arg(V, ("x", None), s)
+    cond.result(*cond.compute("small", b"small", s, [c], [(Aval((), "bool"), ())]))
+    body = b.sub()
+    y, bw = body.arg(V, ("x", None), s), body.arg(V, ("x", None), s)
+    (y2,) = body.compute("tilt", b"tilt", s, [y, bw], [(V, ("x", None))])
+    body.result(y2, bw)  # w: invariant
+    z, _ = b.while_([x, w], cond.graph(), body.graph(), remat=True)
+    b.result(*b.compute("loss", b"loss", s, [z], [(SCALAR, ())]))
+    d = reverse(b.build(), [0, 1], Rules())
+    verify(d)
+    fwd, bwd = (n for n in d.graph.nodes if n.op in (Op.WHILE, Op.REPEAT))
+    pushes = [n for n in fwd.attrs.body.nodes if n.op is Op.PUSH]
+    assert [p.inputs[0] for p in pushes] == [fwd.attrs.body.args[0]]  # the moving carry only
+    assert bwd.inputs[-1] == fwd.inputs[1] == d.graph.args[0]  # w, carried back unchanged
+    back = bwd.attrs.body
+    assert back.results[-1] == back.args[-1] and lines_of(back).count("pop") == 1
 
 
 def test_a_stack_needs_one_push_and_one_pop_alike_and_a_repeat_its_while():
