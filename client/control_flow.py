@@ -351,10 +351,11 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any, Any], Any], init_
     `jax.lax.fori_loop`'s: the bounds' dtype, equal or a Python int's promoted to the other
     bound's signed integer type (else refused); with both bounds constants, `int()` of each
     and a weakly typed int counter, as `jax.lax.fori_loop` counts a loop of known length.
-    `parallel_iterations`, `swap` and `remat` as in `while_loop`. With an integer counter, the trip
-    count, `upper - lower` (none where not positive), is computed once, on the counter's
-    slice, as the loop is entered: each host of the loop then counts its iterations itself,
-    with no predicate computed or sent per iteration (`WhileAttrs.counted`)."""
+    `parallel_iterations`, `swap` and `remat` as in `while_loop`. With an integer counter,
+    the trip count, `upper - lower` (none where not positive), is computed once, on the
+    counter's slice, as the loop is entered: each host of the loop then counts its
+    iterations itself, with no predicate computed or sent per iteration
+    (`WhileAttrs.counted`)."""
     trace = _trace("fori_loop")
     dtype = _counter_dtype(trace, lower, upper)
     leaves, treedef, _ = _flatten(trace, init_val)
