@@ -36,8 +36,8 @@ from client.arrays import PLAIN, View, is_key
 from client.jit import Function
 from client.slices import Slice
 from client.trace import Names, Trace, Traced, current_trace, tracing
-from ir import Aval, InvalidArgument, ProgramBuilder, Spec, Type, parse_dtype
-from ir.ops import check_parallel_iterations
+from ir import Aval, Graph, InvalidArgument, Node, Op, ProgramBuilder, Spec, Type, parse_dtype
+from ir.ops import ResultAttrs, check_parallel_iterations
 
 __all__ = ["cond", "fori_loop", "while_loop"]
 
@@ -61,6 +61,28 @@ def _graph(trace: Trace, b: ProgramBuilder, args: Sequence[int], results: Sequen
     sub = b.sub()
     _emit(trace, sub, args, results, names)
     return sub.graph()
+
+
+def _unread_counter(body: Graph) -> Graph:
+    """A counted loop's body whose counter (carry 0) nothing reads but its own increment: the
+    increment left out and the counter returned unchanged, an invariant (entered once, no
+    computation an iteration). The count was taken from the counter as the loop was entered,
+    and the loop's result for it is not the user's."""
+    counter = body.args[0]
+    chain: set[int] = set()  # the nodes the counter's value flows through
+    made = {counter}
+    for i, node in enumerate(body.nodes[:-1]):
+        if made & set(node.inputs):
+            if node.op not in (Op.COMPUTE, Op.TRANSFER):
+                return body
+            chain.add(i)
+            made.update(node.outputs)
+    reads = [v for i, n in enumerate(body.nodes[:-1]) if i not in chain for v in n.inputs]
+    results = body.results
+    if not chain or made & set(reads) or made & set(results[1:]) or results[0] not in made:
+        return body  # the body reads it, or returns it elsewhere
+    kept = tuple(n for i, n in enumerate(body.nodes[:-1]) if i not in chain)
+    return Graph((*kept, Node(Op.RESULT, (counter, *results[1:]), (), ResultAttrs())))
 
 
 def _emit(trace: Trace, b: ProgramBuilder, args: Sequence[int], results: Sequence[int], names: Names) -> None:
@@ -98,10 +120,13 @@ class _While:
     swap: bool
     counted: bool = False  # `pred` is the trip count, computed once (`WhileAttrs.counted`)
     remat: bool = False  # its gradient computes the body's residuals again (`WhileAttrs.remat`)
+    counter: bool = False  # carry 0 is a counted loop's counter, whose result no one reads
 
     def emit(self, trace: Trace, b: ProgramBuilder, names: Names) -> None:
         cond = _graph(self.cond, b, self.cond_args, [self.pred], names)
         body = _graph(self.body, b, self.body_args, self.results, names)
+        if self.counter:
+            body = _unread_counter(body)
         outs = b.while_([names[v] for v in self.carry], cond, body, self.parallel_iterations, self.swap,
                         counted=self.counted, remat=self.remat)
         names.update(zip(self.outputs, outs, strict=True))
@@ -219,7 +244,7 @@ def _while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], 
     outputs = [trace.new_value(a, w, t) for a, w, t in zip(avals, views, kept, strict=True)]
     unused = [trace.new_value(trace.values[v].aval, trace.values[v].view, trace.typed(v)) for v in captured]
     trace.add(_While(init + captured, cond, body, cond_args, body_args, pred, results, outputs + unused,
-                     parallel, swap, counted, remat))
+                     parallel, swap, counted, remat, counted))
     return jax.tree_util.tree_unflatten(treedef, [trace.traced(v) for v in outputs])
 
 

@@ -77,6 +77,13 @@ def test_an_integer_fori_loop_is_counted_and_a_float_one_tests_each_iteration():
     (loop,) = [n for n in program.nodes if n.op is Op.WHILE]
     assert loop.attrs.counted and loop.attrs.remat
     assert loop.attrs.cond.nodes[-2].attrs.name == "fori_trips_3"
+    # the counter's increment is left out where the body does not read it, kept where it does
+    (body,) = [n.attrs.body for n in program.nodes if n.op is Op.WHILE]
+    assert body.results[0] == body.args[0] and "fori_next" not in str(body)
+    plus_i = Function(None, lambda x, i: x + i, SA, in_specs=(P("x"), P()), out_specs=P("x"))
+    program, _ = trace(lambda x: isthmus.fori_loop(0, 3, lambda i, v: plus_i(v, i), F(x)), X)
+    (body,) = [n.attrs.body for n in program.nodes if n.op is Op.WHILE]
+    assert body.results[0] != body.args[0] and "fori_next" in str(body)
     half = np.float32(2.5)
     program, _ = trace(lambda x: isthmus.fori_loop(np.float32(0), half, lambda i, v: F(v), F(x)), X)
     (loop,) = [n for n in program.nodes if n.op is Op.WHILE]
