@@ -14,8 +14,9 @@ differentiate a composition of jitted functions on the hosts (`client.grad`).
 
 from client.buffer import Buffer
 from client.connection import Client, Slice, connect
-from client.control_flow import cond, fori_loop, while_loop
+from client.control_flow import cond, while_loop
 from client.devices import DeviceTable
+from client.fori import fori_loop
 from client.grad import grad, value_and_grad
 from client.jit import Function
 from client.transport import OverQuota, Unauthorized
