@@ -25,10 +25,8 @@ from ir.ops import (
     CondAttrs,
     Env,
     RecvAttrs,
-    RepeatAttrs,
     ResultAttrs,
     SendAttrs,
-    StackAttrs,
     TransferAttrs,
     WhileAttrs,
     transfer_route,
@@ -47,6 +45,7 @@ from ir.plan import (
     executable_key,
 )
 from ir.program import Artifact, Placement, Program, SliceDef, content_hash
+from ir.stack_ops import RepeatAttrs, StackAttrs
 from ir.text import ParseError, node_line, parse_program, print_program
 from ir.types import DTYPES, Aval, MeshAxes, Spec, dtype_name, parse_dtype
 from ir.verify import VerifyError, graph_signature, infer_node, value_types, verify

@@ -16,18 +16,9 @@ from typing import Any, cast
 
 from ir.errors import InvalidArgument
 from ir.node import Graph, Node, Op, Sig, Type
-from ir.ops import (
-    ArgAttrs,
-    Attrs,
-    ComputeAttrs,
-    CondAttrs,
-    RepeatAttrs,
-    ResultAttrs,
-    StackAttrs,
-    TransferAttrs,
-    WhileAttrs,
-)
+from ir.ops import ArgAttrs, ComputeAttrs, CondAttrs, ResultAttrs, TransferAttrs, WhileAttrs
 from ir.program import Artifact, Program, SliceDef
+from ir.stack_ops import Attrs, RepeatAttrs, StackAttrs
 from ir.text import node_line
 from ir.types import Aval, MeshAxes, Spec
 from ir.verify import VerifyError, infer_node, verify

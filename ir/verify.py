@@ -20,8 +20,9 @@ from typing import NoReturn
 
 from ir.errors import InvalidArgument
 from ir.node import Graph, GraphSig, Node, Op, RuleError, Type
-from ir.ops import TYPE_RULES, Env, RecvAttrs, RepeatAttrs, SendAttrs, StackAttrs, WhileAttrs
+from ir.ops import TYPE_RULES, Env, RecvAttrs, SendAttrs, WhileAttrs
 from ir.program import Program, SliceDef
+from ir.stack_ops import RepeatAttrs, StackAttrs
 from ir.text import node_line
 
 

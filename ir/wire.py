@@ -33,18 +33,16 @@ from ir.errors import InvalidArgument
 from ir.node import Graph, Node, Op, Sig, Type
 from ir.ops import (
     ArgAttrs,
-    Attrs,
     ComputeAttrs,
     CondAttrs,
     RecvAttrs,
-    RepeatAttrs,
     ResultAttrs,
     SendAttrs,
-    StackAttrs,
     TransferAttrs,
     WhileAttrs,
 )
 from ir.program import Artifact, Placement, Program, SliceDef
+from ir.stack_ops import Attrs, RepeatAttrs, StackAttrs
 from ir.types import Aval, MeshAxes, Spec
 
 FORMAT, VERSION = "isthmus.ir", 1

@@ -45,8 +45,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ir.node import Graph, Node
-from ir.ops import CondAttrs, RepeatAttrs, WhileAttrs
+from ir.ops import CondAttrs, WhileAttrs
 from ir.plan import Count, DeviceMesh, Enter, Exit, Merge, NextIteration, Pop, Recv, Send, Step, Switch
+from ir.stack_ops import RepeatAttrs
 from ir.types import Spec
 
 

@@ -41,21 +41,12 @@ from functools import partial
 from ir import plan
 from ir.errors import InvalidArgument
 from ir.node import Graph, Node, Op, Type
-from ir.ops import (
-    ArgAttrs,
-    ComputeAttrs,
-    CondAttrs,
-    RecvAttrs,
-    RepeatAttrs,
-    SendAttrs,
-    StackAttrs,
-    TransferAttrs,
-    WhileAttrs,
-)
+from ir.ops import ArgAttrs, ComputeAttrs, CondAttrs, RecvAttrs, SendAttrs, TransferAttrs, WhileAttrs
 from ir.passes.control_flow import lower_cond, lower_repeat, lower_while
 from ir.passes.footprint import held_bytes, per_device
 from ir.plan import CompileJob, Compute, DeviceMesh, HostPlan, Recv, Reshard, Send, Step, executable_key
 from ir.program import Placement, Program, SliceDef
+from ir.stack_ops import RepeatAttrs, StackAttrs
 from ir.text import node_line
 from ir.types import MeshAxes
 from ir.verify import graph_types

@@ -13,8 +13,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from ir.node import Graph, Node, Op, Type
-from ir.ops import CondAttrs, RepeatAttrs, WhileAttrs
+from ir.ops import CondAttrs, WhileAttrs
 from ir.program import Program
+from ir.stack_ops import RepeatAttrs
 from ir.verify import graph_types
 
 GraphRewrite = Callable[[Graph, Mapping[str, Type]], Graph]
