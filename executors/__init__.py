@@ -4,10 +4,9 @@ This is the only package that imports Ray.
 """
 
 from executors.host import Host
-from executors.messages import Lost, State
+from executors.messages import Lost, RunMessage, State
 from executors.options import RayOptions
 from executors.pool import ExecutorPool
-from executors.runner import RunMessage
 from executors.stats import Answered, Held, HostStats, PeerSends, StatsAnswer
 
 __all__ = [

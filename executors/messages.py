@@ -11,11 +11,14 @@
   again), and the results it closed that this host holds computed without error.
 - The pool sums a run's answers into a `Settlement`.
 - A host taken over by a restarted server answers `Adopted`.
+- The server hands a host a `RunMessage`: which steps of which plan it runs, and the run's
+  buffer bindings (`executors.runner`).
 """
 
 from __future__ import annotations
 
 import enum
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -96,3 +99,19 @@ class State(enum.Enum):
 Reply = Ready | Failed
 Payload = Whole | Shards | Failed | Dead | Abort
 Settled = Ran | Lost
+
+
+@dataclass
+class RunMessage:
+    """One run message: which steps of which plan, and the run's buffer bindings."""
+
+    run_id: str
+    plan_key: str
+    lo: int
+    hi: int
+    args: Sequence[tuple[str, str]]  # (value, buffer id)
+    results: Sequence[tuple[str, str]]  # (value, buffer id)
+    final: bool
+    timeout: float
+    limit: float = math.inf  # the most seconds the run may loop on this host (from its first message)
+    trace: bool = False  # record what the run does here (`executors.tracing`)

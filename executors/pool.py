@@ -30,12 +30,11 @@ from executors import ray_start, startup
 from executors.deletes import Deletes
 from executors.islands import IslandLifecycle
 from executors.links import Links, new_executor
-from executors.messages import Adopted, Failed, Lost, Settled, Settlement, State
+from executors.messages import Adopted, Failed, Lost, RunMessage, Settled, Settlement, State
 from executors.options import RayOptions
 from executors.outbox import Outbox
 from executors.ray_host import DIRECT_PUT_BYTES
 from executors.replies import on_missed, settled, settlement
-from executors.runner import RunMessage
 from executors.shards import Index
 from executors.stats import Answered, HostStats, StatsAnswer
 from executors.tracing import HostTrace

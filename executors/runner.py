@@ -49,7 +49,6 @@ Contract:
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 import traceback
@@ -68,7 +67,7 @@ from executors.issued import Issued
 from executors.iterations import run_frame
 from executors.liveness import dead_after
 from executors.mail import Mail
-from executors.messages import Abort, Failed, Payload
+from executors.messages import Abort, Failed, Payload, RunMessage
 from executors.payloads import part_tag, payload_of, received
 from executors.signatures import Signature, Signatures
 from executors.stacks import StackMemory, Stacks
@@ -81,22 +80,6 @@ from ir.plan import Count, Enter, Exit, Merge, NextIteration, Switch, defines
 log = logging.getLogger("isthmus.executors")
 IN_FLIGHT = 8  # computations issued and not known finished, per host (see docs/architecture.md)
 Deliver = Callable[[str, str, str, Payload], None]  # (to host, run id, tag, payload)
-
-
-@dataclass
-class RunMessage:
-    """One run message: which steps of which plan, and the run's buffer bindings."""
-
-    run_id: str
-    plan_key: str
-    lo: int
-    hi: int
-    args: Sequence[tuple[str, str]]  # (value, buffer id)
-    results: Sequence[tuple[str, str]]  # (value, buffer id)
-    final: bool
-    timeout: float
-    limit: float = math.inf  # the most seconds the run may loop on this host (from its first message)
-    trace: bool = False  # record what the run does here (`executors.tracing`)
 
 
 @dataclass
