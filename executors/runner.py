@@ -29,7 +29,8 @@ Contract:
   frame with the frame and iteration, a step under a dead guard (or reading a dead value)
   defines dead values without running, and a `Send` of a dead value delivers `Dead`, so a
   host whose branch was not taken finishes. The predicate comes from its host as a value
-  like any other, so no iteration involves the server. A loop whose `Enter` allows more
+  like any other (a counted loop's trip count, once, each host then counting its
+  iterations: `Count`), so no iteration involves the server. A loop whose `Enter` allows more
   than one iteration at once runs whole in `executors.iterations` (its iterations'
   steps interleaved on this thread), the rest of the plan around it as above.
 - A failure never hangs: a `Recv` or an executable that does not arrive within the run's
