@@ -59,7 +59,6 @@ class Smoke:
     # that one can run (`runs_within`): then this one's is not run again on its own.
     within: str = ""
 
-
     @property
     def group(self) -> str | None:
         """The pytest-xdist group of the tests that share its server (tests/conftest.py), so
