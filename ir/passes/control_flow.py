@@ -154,6 +154,17 @@ class _Frame:
             walk.emit((h,), Merge(self.name, tuple((entered[i], self.nexts[i]) for i in moving),
                                   tuple(self.merged[i] for i in moving)), None)
 
+    def counted(self, walk: Lowering, hosts: list[str], parallel: int, guard: str | None,
+                trips: Mapping[str, str], body: Graph,
+                exit_: Callable[[tuple[str, ...], tuple[str, ...]], Exit]) -> None:
+        """The frame with its trip count (`trips`: its name on each host) entered with the
+        carry, and each host's `Count` of its iterations as the predicate."""
+        counted, pred = f"%{self.name}.et", f"%{self.name}.q"
+        self.head(walk, hosts, parallel, guard, {h: (trips[h], counted) for h in hosts})
+        for h in hosts:
+            walk.emit((h,), Count(self.name, counted, pred), None)
+        self.tail(walk, hosts, dict.fromkeys(hosts, pred), body, exit_)
+
     def tail(self, walk: Lowering, hosts: list[str], preds: dict[str, str], body: Graph,
              exit_: Callable[[tuple[str, ...], tuple[str, ...]], Exit]) -> None:
         """Switch on each host's predicate, the body under `%F.body`, NextIteration, Exit."""
@@ -199,13 +210,8 @@ def _lower_counted(walk: Lowering, node: Node, attrs: WhileAttrs, frame: str, gu
     hosts = sorted(_participants(walk, f.carry, [(attrs.body, body_names, f"{frame}.b.")], guard))
     parallel = 1 if walk.spans_hosts(attrs.body) or attrs.trips is not None else attrs.parallel_iterations
     (trips,) = walk.graph(attrs.cond, dict(zip(attrs.cond.args, f.carry, strict=True)), f"{frame}.c.", guard)
-    names = _broadcast(walk, trips, hosts, frame, guard)
-    counted, pred = f"%{frame}.et", f"%{frame}.q"
-    f.head(walk, hosts, parallel, guard, {h: (names[h], counted) for h in hosts})
-    for h in hosts:
-        walk.emit((h,), Count(frame, counted, pred), None)
-    f.tail(walk, hosts, dict.fromkeys(hosts, pred), attrs.body,
-           lambda inputs, outputs: Exit(frame, inputs, outputs, attrs.trips, attrs.trips_depth))
+    f.counted(walk, hosts, parallel, guard, _broadcast(walk, trips, hosts, frame, guard), attrs.body,
+              lambda inputs, outputs: Exit(frame, inputs, outputs, attrs.trips, attrs.trips_depth))
 
 
 def lower_repeat(walk: Lowering, node: Node, attrs: RepeatAttrs, frame: str, guard: str | None) -> None:
@@ -216,14 +222,11 @@ def lower_repeat(walk: Lowering, node: Node, attrs: RepeatAttrs, frame: str, gua
     f = _Frame.of(frame, node, attrs.body)
     body_names = dict(zip(attrs.body.args, f.body_in, strict=True))
     hosts = sorted(_participants(walk, f.carry, [(attrs.body, body_names, f"{frame}.b.")], guard))
-    trips, counted, pred = f"%{frame}.t", f"%{frame}.et", f"%{frame}.p"
+    trips = f"%{frame}.t"
     for h in hosts:
         walk.emit((h,), Pop(trips, attrs.trips, attrs.depth), guard)
-    f.head(walk, hosts, 1, guard, dict.fromkeys(hosts, (trips, counted)))
-    for h in hosts:
-        walk.emit((h,), Count(frame, counted, pred), None)
-    f.tail(walk, hosts, dict.fromkeys(hosts, pred), attrs.body,
-           lambda inputs, outputs: Exit(frame, inputs, outputs))
+    f.counted(walk, hosts, 1, guard, dict.fromkeys(hosts, trips), attrs.body,
+              lambda inputs, outputs: Exit(frame, inputs, outputs))
 
 
 def lower_cond(walk: Lowering, node: Node, attrs: CondAttrs, frame: str, guard: str | None) -> None:
