@@ -161,17 +161,18 @@ def step(s: ControlStep, i: int, env: MutableMapping[str, Any], frames: Frames, 
 
 def _counted(env: MutableMapping[str, Any], s: Count, frames: Frames) -> Any:
     """Whether the frame's iteration is below its trip count: a popped count, a received
-    one, or the array its computation made here (whose failure in XLA shows as it is read:
-    the count is then that failure, kept for the iterations after)."""
+    one, or the array its computation made here, read once (its failure in XLA shows as it
+    is read: the count is then that failure, kept for the iterations after)."""
     trips = env[s.trips]
     if trips is DEAD or isinstance(trips, Failure):
         return trips
-    try:
-        count = int(trips)
-    except Exception as e:
-        trips = env[s.trips] = Failure(f"in {frames.where()}: the trip count: {type(e).__name__}: {e}")
-        return trips
-    return np.bool_(frames.stack[-1][1] < count)
+    if not isinstance(trips, int):
+        try:
+            trips = env[s.trips] = int(trips)  # the later iterations compare with a plain int
+        except Exception as e:
+            trips = env[s.trips] = Failure(f"in {frames.where()}: the trip count: {type(e).__name__}: {e}")
+            return trips
+    return np.bool_(frames.stack[-1][1] < trips)
 
 
 def _taken(pred: Any) -> int | None:
