@@ -9,12 +9,13 @@ Contract:
   here), so a peer's data can land while earlier work is still running. A finished run
   leaves no mailbox, and deliveries that come after it are dropped (`executors.mail`).
 - Steps run in plan order on the host's dispatch thread, the only thread that issues
-  computations to XLA. A computation on this host's devices is issued without waiting for
-  it (XLA's asynchronous dispatch: its outputs are futures that later steps consume), and
-  `executors.issued` bounds those left unfinished (`in_flight` of them, not counting those
-  a later one read from). A computation spanning hosts (an island's JAX group) runs alone:
-  every issued computation finishes first, and it finishes before the next step. Values
-  of a run live in a per-run environment; only the program's results enter the store.
+  computations to XLA (`executors.computing`). A computation on this host's devices is
+  issued without waiting for it (XLA's asynchronous dispatch: its outputs are futures that
+  later steps consume), and `executors.issued` bounds those left unfinished (`in_flight`
+  of them, not counting those a later one read from). A computation spanning hosts (an
+  island's JAX group) runs alone: every issued computation finishes first, and it
+  finishes before the next step. Values of a run live in a per-run environment; only the
+  program's results enter the store.
 - `Send` hands the value (host memory, numpy) straight to every host of the receiving
   slice through the injected `deliver`, never through the server: `Whole` from a slice on
   one host, this host's distinct `Shards` from a slice spanning hosts. Deliveries are
@@ -63,6 +64,7 @@ import numpy as np
 
 from executors import control
 from executors.compile import HostArray, on_devices, place
+from executors.computing import Computations
 from executors.control import DEAD, Frames, Layout, blocked
 from executors.issued import Issued
 from executors.iterations import run_frame
@@ -70,7 +72,6 @@ from executors.liveness import dead_after
 from executors.mail import Mail
 from executors.messages import Abort, Failed, Payload, RunMessage
 from executors.payloads import part_tag, payload_of, received
-from executors.signatures import Signature, Signatures
 from executors.stacks import StackMemory, Stacks
 from executors.stats import Held
 from executors.store import BufferStore, Failure
@@ -103,7 +104,6 @@ class Runner:
         self.host = host
         self.stack_memory = StackMemory(stack_budget, swap_budget)
         self.store = store
-        self._executable = executable
         self._deliver = deliver
         self._failed = failed  # told every step failure's cause (the host watches for collectives)
         self._plans: dict[str, HostPlan] = {}
@@ -111,10 +111,9 @@ class Runner:
         self._lock = threading.Lock()  # `_runs`, read by `held` on other threads
         self.mail = Mail(host)
         self.issued = Issued(in_flight, failed, temp_budget)  # computations issued, not known finished
+        self.computations = Computations(executable, self.issued)
         self._dead: dict[str, tuple[tuple[str, ...], ...]] = {}  # plan key -> values dead after each step
         self._layouts: dict[str, Layout] = {}  # plan key -> its frames (loop heads)
-        self._signatures = Signatures()  # by key: what each step needs of its executable
-        self._ready: dict[str, tuple[Any, Signature]] = {}  # by key: the compiled executable
         self.traces = Traces(host)  # what traced runs did here
 
     # -- on arrival (actor thread) ---------------------------------------------------------
@@ -178,9 +177,7 @@ class Runner:
             self._plans.pop(key, None)
             self._dead.pop(key, None)
             self._layouts.pop(key, None)
-        self._signatures.forget(executables)
-        for key in executables:
-            self._ready.pop(key, None)
+        self.computations.forget(executables)
 
     @property
     def plans(self) -> int:
@@ -221,7 +218,7 @@ class Runner:
         rec = self._recorder(message) if message.trace else None
         started = 0 if rec is None else time.time_ns()
         if message.lo == 0:
-            run.failure = self._uncompiled(plan, message.timeout)
+            run.failure = self.computations.uncompiled(plan, message.timeout)
             if rec is not None:
                 rec.span("executables", "wait", started, {"compiles": len(plan.compiles)})
                 started = time.time_ns()
@@ -255,23 +252,6 @@ class Runner:
                     self.store.set(buffer_id, on_devices(outcome))
             self._finish(message.run_id)
         return self.issued.outputs()
-
-    def _uncompiled(self, plan: HostPlan, timeout: float) -> Failure | None:
-        """Why an executable of the plan is not there (waited for up to `timeout`), or None.
-        A run fails whole when one of its computations does not compile, taken or not, as a
-        `jax.jit` of the program would: whether it ran would otherwise depend on when the
-        compiler's answer came (its values then fail from the start, so its peers hear why)."""
-        for job in plan.compiles:
-            if job.key in self._ready:
-                continue
-            try:
-                exe = self._executable(job.key).result(timeout)
-            except FutureTimeout:
-                return Failure(f"executable {job.key} not compiled within {timeout:g}s")
-            except Failure as f:
-                return Failure(f"a computation of the program ({job.key}) did not compile: {f.cause}")
-            self._ready[job.key] = (exe, self._signatures.of(job.key, exe))
-        return None
 
     def _dead_after(self, plan: HostPlan) -> tuple[tuple[str, ...], ...]:
         """Per step, the values to free after it (`executors.liveness`), once per plan."""
@@ -345,7 +325,7 @@ class Runner:
         guarded = None if guard is None else blocked([env.get(guard, DEAD)])
         try:
             if guarded is None and isinstance(step, Compute):  # the common step, tested first
-                self._compute(step, env, message, frames)
+                self.computations.compute(step, env, frames, message.run_id, message.timeout)
                 return i + 1
             if isinstance(step, Enter | Merge | Switch | NextIteration | Exit | Count):
                 layout = self._layout(plan)
@@ -428,40 +408,6 @@ class Runner:
                 self._deliver(peer, run_id, "abort", abort)
             except Exception:  # the peer is gone: its own waits are bounded
                 log.exception("host %s: cannot tell host %s it left a loop", self.host, peer)
-
-    def _compute(self, step: Compute, env: MutableMapping[str, Any], message: RunMessage,
-                 frames: Frames) -> None:
-        args = [env[v] for v in step.inputs]
-        failure = blocked(args)
-        ready = self._ready.get(step.key)
-        if failure is None and ready is None:
-            try:
-                exe = self._executable(step.key).result(message.timeout)
-                ready = self._ready[step.key] = (exe, self._signatures.of(step.key, exe))
-            except FutureTimeout:
-                where = f" (in {frames.where()})" if len(frames) else ""
-                failure = Failure(f"{step.label}{where}: executable {step.key} not compiled "
-                                  f"within {message.timeout:g}s")
-            except Failure as f:  # it failed to compile: where in the loops it was wanted, if in one
-                failure = Failure(f"{step.label} (in {frames.where()}): {f.cause}") if len(frames) else f
-        if failure is not None or ready is None:
-            for value in step.outputs:
-                env[value] = failure
-            return
-        exe, known = ready
-        if known.spans_hosts:
-            args = [on_devices(a) for a in args]
-        args = [self._signatures.laid_out(a, s) for a, s in zip(args, known.in_shardings, strict=True)]
-        if known.spans_hosts:
-            import jax
-
-            self.issued.drain()  # alone: nothing else of this host in flight while its collectives run
-            results = jax.block_until_ready(exe(*args))
-        else:
-            self.issued.make_room(args, known.temp)
-            results = exe(*args)
-            self.issued.issue(step.label, args, results, known.temp, message.run_id)
-        env.update(zip(step.outputs, results, strict=True))
 
     def _send(self, run_id: str, step: Send, value: Any, frames: Frames) -> None:
         sent = payload_of(value)
