@@ -124,7 +124,8 @@ def test_calls_queued_when_their_island_restarts_are_made_again_when_read(server
 
 
 def spinning(c: isthmus.Client, s: isthmus.Slice) -> isthmus.Buffer:
-    """A computation that never ends: a float32 count stops growing at 2**24."""
+    """A computation that never ends: a float32 count stops growing at 2**24. Its slice is
+    one device, so one thread spins (a core of CI's two), not one per device of the host."""
     return c.jit(lambda v: jax.lax.while_loop(lambda u: u >= 0, lambda u: u + 1.0, v), slice=s)(np.float32(0))
 
 
@@ -150,7 +151,7 @@ def test_a_computation_that_never_ends_stops_with_its_executor_once_its_client_c
     serves the others."""
     address, token = server
     greedy = isthmus.connect(address, token=token, name="spinning")
-    s = greedy.slice({"x": 4}, island="a")
+    s = greedy.slice({"x": 1}, island="a")
     host = s.hosts[0]
     out = spinning(greedy, s)
     before = until(lambda: (row := admin_hosts(address, token)[host])["running_s"] and row["running_s"] > 1
@@ -171,7 +172,7 @@ def test_a_host_replaced_under_a_computation_that_never_ends_keeps_another_clien
     address, token = limited
     with isthmus.connect(address, token=token, name="bystander") as c:
         greedy = isthmus.connect(address, token=token, name="spinning")
-        s = greedy.slice({"x": 4}, island="a")
+        s = greedy.slice({"x": 1}, island="a")
         host = s.hosts[0]
         mine = next(t for t in (c.slice({"x": 4}, island="a") for _ in range(2)) if host in t.hosts)
         x0 = np.arange(32, dtype=np.float32).reshape(8, 4)
@@ -338,14 +339,16 @@ def test_both_islands_restarted_at_once_know_each_other_s_new_executors(server):
 
 
 @contextmanager
-def sharing_a_host(server: tuple[str, str], mesh: dict[str, int], island: str, tries: int) -> Iterator[tuple]:
-    """Two clients with a slice each on one host of the server, whose runs may hold a host
-    another client waits on for 4 s (`max_hold_s`): (address, token, the waiting client,
-    its slice, the holding client, its slice, the host)."""
+def sharing_a_host(server: tuple[str, str], mesh: dict[str, int], island: str, tries: int,
+                   holding: dict[str, int] | None = None) -> Iterator[tuple]:
+    """Two clients with a slice each on one host of the server (the holding one's of mesh
+    `holding`, where given), whose runs may hold a host another client waits on for 4 s
+    (`max_hold_s`): (address, token, the waiting client, its slice, the holding client, its
+    slice, the host)."""
     address, token = server
     with isthmus.connect(address, token=token, name="waiting") as c, \
             isthmus.connect(address, token=token, name="holding") as greedy:
-        s = greedy.slice(mesh, island=island)
+        s = greedy.slice(holding or mesh, island=island)
         host = s.hosts[0]
         mine = next(t for t in (c.slice(mesh, island=island) for _ in range(tries)) if host in t.hosts)
         yield address, token, c, mine, greedy, s, host
@@ -357,7 +360,7 @@ def test_a_computation_holding_a_shared_host_past_max_hold_s_is_stopped_for_the_
     other client's values on the host are kept, and the stopped run is not repeated when
     its output is read. Before, the waiting client hung for up to `max_run_s` (3600 s),
     while its neighbour kept its own client open (an attack run's finding)."""
-    with sharing_a_host(server, {"x": 4}, "a", 2) as (address, token, c, mine, greedy, s, host):
+    with sharing_a_host(server, {"x": 4}, "a", 2, {"x": 1}) as (address, token, c, mine, greedy, s, host):
         x0 = np.arange(8, dtype=np.float32)
         x = c.put(x0, mine)
         tripled = c.jit(lambda v: v * 3.0, slice=mine)(x)
