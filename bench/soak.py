@@ -1,7 +1,7 @@
 """A soak: clients run programs while a driver kills hosts' executors and the server itself.
 
     python -m bench.soak --json /tmp/soak.json [--seconds 90] [--clients 3] [--every 8]
-    python -m bench.soak --smoke --json /tmp/soak.json   # for CI: 24 s, a fault every 3 s or so
+    python -m bench.soak --smoke --json /tmp/soak.json   # for CI: 18 s, a fault every 3 s or so
 
 One local server (its own Ray daemon, islands a and b of two hosts each, a health probe
 every second), on a fixed port and state dir. Each client thread, until the end: uploads an
@@ -29,7 +29,7 @@ Counts (`soak` in the JSON):
 A client whose run fails waits `BACKOFF_S` before the next (as a client would while the
 server restarts), so `typed_failures` counts attempts, not a busy loop.
 
-`--smoke` soaks 24 s with 3 clients and a fault every 3 s or so (`SMOKE`), for CI
+`--smoke` soaks 18 s with 3 clients and a fault every 3 s or so (`SMOKE`), for CI
 (tests/e2e/test_soak.py checks its counts). Output (`--json PATH`, the keys `JSON_KEYS`):
 `soak` (the counts above), `server_restart_s` (median, kill to serving), `config`, `machine`.
 """
@@ -67,7 +67,7 @@ SETTLE_S = 120.0  # the longest the ledger waits for the islands to drain
 RECOVER_S = 60.0  # a fault is recovered from when every client succeeds again within this
 TAIL_S = 20.0  # the chaos-free end of the soak
 BACKOFF_S = 0.2
-SMOKE = {"seconds": 24.0, "clients": 3, "every": 3.0}
+SMOKE = {"seconds": 18.0, "clients": 3, "every": 3.0}
 JSON_KEYS = ("soak", "server_restart_s", "config", "machine")
 
 

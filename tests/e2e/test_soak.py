@@ -6,8 +6,8 @@ is checked as every benchmark's is (`bench_smokes.py`), and its counts here.
 
 Its own server and Ray daemon, stopped by the soak itself (the server by pid, its Ray with
 it on the clean stop at the end; what is left of the daemon killed by pid after). A CI-sized
-run: 16 s of chaos, a fault every 3 s or so (host kills and server restarts in turn), then
-8 s without faults.
+run: 12 s of chaos, a fault every 3 s or so (host kills and server restarts in turn), then
+6 s without faults.
 """
 
 from __future__ import annotations
