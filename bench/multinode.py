@@ -21,7 +21,10 @@ simulated CPU devices, on the same machine, one after the other:
 The benchmarks run in this process, one after the other (`main(argv)`, their JSON read
 back), with this process set up as `bench.dispatch` wants it before JAX starts.
 `--smoke` passes `--smoke` to both and has two worker nodes (a0, b0; chain16, which needs
-four hosts, is then absent on the cluster), for CI; its figures mean nothing. Output (`--json
+four hosts, is then absent on the cluster), for CI; its figures mean nothing. `--cluster-server
+URL` runs the multi-node half on a running server of a cluster of namespaces (its admin token
+in the file `--cluster-token-file`, its hosts those of its islands' table) instead of starting
+one (tests/e2e/test_multinode.py runs the smoke on its own cluster so). Output (`--json
 PATH`, the keys `JSON_KEYS`): `embedded` and `multinode` (benchmark -> its whole JSON), and
 `multinode_vs_embedded`: for call latency, multi-node µs per call over embedded µs per call
 (`isthmus_sync`, `isthmus_pipelined`); for dispatch, embedded computations/s over multi-node
@@ -42,6 +45,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import client as isthmus
 from bench.call_latency import machine
 from bench.dispatch import configure_processes
 from bench.netns import netns_cluster, unusable
@@ -98,6 +102,14 @@ def multinode(tmp: Path, extra: list[str], workers: dict[str, str]) -> dict[str,
             server.stop()
 
 
+def shape(address: str, token: str) -> tuple[dict[str, str], int]:
+    """A running server's hosts, each with its island, and the most devices a host has."""
+    with isthmus.connect(address, token=token, name="bench-multinode") as c:
+        table = c.devices()
+    hosts = {h["name"]: island["name"] for island in table.islands for h in island["hosts"]}
+    return hosts, max(sum(d["host"] == h for d in table.devices) for h in hosts)
+
+
 def ratios(embedded: dict[str, Any], multi: dict[str, Any]) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for m in LATENCY_MODES:
@@ -116,19 +128,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="both benchmarks with --smoke: for CI")
     p.add_argument("--server", help="a running server of the embedded default's shape for the embedded "
                                     "half (admin token in ISTHMUS_TOKEN) instead of one per benchmark")
+    p.add_argument("--cluster-server", help="a running server of a cluster of network namespaces for the "
+                                            "multi-node half instead of a cluster of its own")
+    p.add_argument("--cluster-token-file", type=Path, help="the admin token of --cluster-server")
     args = p.parse_args(argv)
+    if (args.cluster_server is None) != (args.cluster_token_file is None):
+        p.error("--cluster-server and --cluster-token-file go together")
     why = unusable()
-    if why is not None:
+    if why is not None and args.cluster_server is None:
         p.error(f"a multi-node cluster of network namespaces {why}")
     configure_processes()  # before JAX starts here: the devices and pool bench.dispatch needs
     extra, workers = (["--smoke"], SMOKE_WORKERS) if args.smoke else ([], WORKERS)
     with tempfile.TemporaryDirectory(prefix="isthmus-multinode-") as tmp:
         print("embedded (one node)", file=sys.stderr)
         embedded = both(Path(tmp), "embedded", extra, args.server, os.environ.get("ISTHMUS_TOKEN"))
-        print(f"multi-node ({len(workers)} workers and a head, each in a network namespace)", file=sys.stderr)
-        multi = multinode(Path(tmp), extra, workers)
+        devices = DEVICES
+        if args.cluster_server is None:
+            print(f"multi-node ({len(workers)} workers and a head, each in a namespace)", file=sys.stderr)
+            multi = multinode(Path(tmp), extra, workers)
+        else:
+            token = args.cluster_token_file.read_text().strip()
+            workers, devices = shape(args.cluster_server, token)
+            print(f"multi-node ({len(workers)} workers at {args.cluster_server})", file=sys.stderr)
+            multi = both(Path(tmp), "multinode", extra, args.cluster_server, token)
     result = {"embedded": embedded, "multinode": multi, "multinode_vs_embedded": ratios(embedded, multi),
-              "machine": machine(), "workers": workers, "devices_per_host": DEVICES}
+              "machine": machine(), "workers": workers, "devices_per_host": devices}
     for k, v in result["multinode_vs_embedded"].items():
         print(f"  {k:<44} {'-' if v is None else f'{v:.2f}'}", file=sys.stderr)
     write_json(args.json, result, JSON_KEYS)

@@ -1,6 +1,6 @@
-"""How a benchmark's `--smoke` runs in the tests (`test_bench_smoke.py`,
-`test_bench_smoke_multinode.py`): the list of every benchmark and of the modules of `bench/`
-that are not benchmarks, the servers each is pointed at, and the checks of its JSON.
+"""How a benchmark's `--smoke` runs in the tests (`test_bench_smoke.py`; `test_multinode.py`
+for `bench.multinode`): the list of every benchmark and of the modules of `bench/` that are
+not benchmarks, the servers each is pointed at, and the checks of its JSON.
 
 A benchmark whose measurement needs only a running server shares the test run's
 (`--server`, the admin token in ISTHMUS_TOKEN); one that kills or restarts its server, or
@@ -86,7 +86,7 @@ SMOKES = {
     "gang_order": Smoke((("--server", "grouped"),)),
     "host_moves": Smoke(),
     "loop_grad": Smoke((("--server", "limited"), ("--swap-server", "limited"))),
-    "multinode": Smoke(DEFAULT, elsewhere="test_bench_smoke_multinode.py"),
+    "multinode": Smoke(DEFAULT, elsewhere="test_multinode.py"),  # its multi-node half on that test's cluster
     "multitenancy": Smoke((("--server", "window_1"), ("--share-server", "window_1"))),
     "overlap": Smoke(),
     "soak": Smoke(elsewhere="test_soak.py"),  # its counts checked there

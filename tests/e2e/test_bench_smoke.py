@@ -1,10 +1,11 @@
 """Every benchmark in `bench/` runs its `--smoke` size to the end and writes the JSON keys it
 promises (`JSON_KEYS`, `bench.output`): a benchmark the code moved away from fails here, not
 when someone next measures. How each runs, and what is checked: `bench_smokes.py`.
-`bench.multinode`'s smoke is `test_bench_smoke_multinode.py` (one namespace cluster at a
-time), and where it runs it smokes `bench.call_latency` and `bench.dispatch` too (on the same
-server, their JSON checked there), which then do not run again here; `bench.soak`'s is `test_soak.py` (which
-checks its counts); the GPU dispatch needs a GPU and is skipped, with the reason, without one.
+`bench.multinode`'s smoke is in `test_multinode.py` (on that test's namespace cluster), and
+where it runs it smokes `bench.call_latency` and `bench.dispatch` too (on the same servers,
+their JSON checked there), which then do not run again here; `bench.soak`'s is in
+`test_soak.py` (which checks its counts); the GPU dispatch needs a GPU and is skipped, with
+the reason, without one.
 """
 
 from __future__ import annotations

@@ -8,6 +8,12 @@ for island b then joins the running cluster and becomes host b1, which a new sli
 Last, node b0 stops: a call there fails typed within 10 s while island a goes on, and the
 island heals by itself (b0, whose node Ray finds gone, is marked down; b1 serves again).
 
+Before the node joins, `bench.multinode --smoke` runs its multi-node half on this cluster's
+server (`--cluster-server`) and its embedded half on the test run's; its JSON is checked as
+every benchmark's is (`bench_smokes.py`), and the call-latency and dispatch JSON of each half
+as those smokes' own would be (they do not run again in `test_bench_smoke.py`). One cluster,
+started once, serves both.
+
 The cluster is `bench.netns`'s: it stops every process in its namespaces by pid, then
 removes the namespaces.
 """
@@ -21,6 +27,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from bench_smokes import SMOKES, addresses, baseline_ray, check_result, run_smoke, runs_within
 from polling import admin_hosts, until
 
 from bench.netns import Cluster, netns_cluster, unusable
@@ -31,7 +38,9 @@ XDIST_EARLY = True  # a long module: handed out first under pytest-xdist (tests/
 
 WORKERS = {"a0": "a", "a1": "a", "b0": "b"}  # node -> its island
 LATER = {"b1": "b"}  # a node that joins once the server runs
-DEVICES = 2  # simulated CPU devices per worker node
+DEVICES = 4  # simulated CPU devices per worker node (bench.dispatch's slices fill a host)
+
+__all__ = ["addresses", "baseline_ray"]  # fixtures, from bench_smokes
 
 
 @pytest.fixture
@@ -43,7 +52,8 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         yield c
 
 
-def test_islands_are_nodes_and_values_move_between_them(cluster: Cluster, tmp_path: Path) -> None:
+def test_islands_are_nodes_and_values_move_between_them(cluster: Cluster, tmp_path: Path, baseline_ray: None,
+                                                        addresses) -> None:
     import client as isthmus
 
     srv, api_token = cluster.start_server(tmp_path / "state", {"ISTHMUS_NODE_POLL_S": "0.5"})
@@ -68,6 +78,16 @@ def test_islands_are_nodes_and_values_move_between_them(cluster: Cluster, tmp_pa
             want = np.asarray(jax.jit(lambda v: jax.numpy.cumsum(v * 2.0 + 1.0) - 3.0)(x))
             np.testing.assert_array_equal(two_islands(c.put(x, sa)).numpy(), want)
             np.testing.assert_array_equal(g(f(c.put(x, sa))).numpy(), want)  # op by op too
+
+            token_file = tmp_path / "cluster_token"
+            token_file.write_text(api_token)
+            smoked = run_smoke("multinode", tmp_path, addresses, "--cluster-server", srv.address,
+                               "--cluster-token-file", str(token_file))
+            assert smoked["workers"] == WORKERS and smoked["devices_per_host"] == DEVICES
+            for name, smoke in SMOKES.items():  # the smokes it ran, in both halves, as their own would be
+                if runs_within(smoke):
+                    check_result(name, smoked["embedded"][name])
+                    check_result(name, smoked["multinode"][name])
 
             # A node labelled for island b joins: it becomes host b1, and a new slice takes it
             # (b0 holds sb already, so b1 is the least loaded host of b).
