@@ -207,7 +207,7 @@ class _Rules:
                 raise InvalidArgument(f"value_and_grad: {node.name} cannot be differentiated: "
                                       f"{type(e).__name__}: {reason}") from None
             self._vjps[key] = Vjp(Artifact.of(made.fwd), tuple(Sig(a, s) for a, s in made.residuals),
-                                  Artifact.of(made.bwd))
+                                  Artifact.of(made.bwd), made.sources)
         return self._vjps[key]
 
     def zeros(self, t: Type) -> Artifact:

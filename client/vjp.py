@@ -10,9 +10,14 @@ Contract:
   pullback's residual arrays (`jax.tree.flatten` of it); the backward rebuilds the pullback
   from the residuals and applies it to the cotangents given (zeros for the outputs not in
   `cts`), returning the `wrt` inputs' cotangents, each with its input's spec.
+- A residual that is one of the function's inputs or outputs itself (a weight a matmul
+  reads, an activation it returns) is not an output of the forward: the backward reads that
+  input or output (`VjpExport.sources`), so nothing is stored twice, and a loop's invariant
+  read by its backward need not be saved each iteration.
 - A residual keeps one spec, the forward's output sharding and the backward's input
-  sharding alike, so it never leaves its slice: the spec of the one input or output of the
-  same aval, else replicated (correct, though XLA may then gather it).
+  sharding alike, so it never leaves its slice: its input's or output's spec, else the spec
+  of the one input or output of the same aval, else replicated (correct, though XLA may
+  then gather it).
 - Both are exported as `Function` calls are (`jax.jit` with the shardings, `jax.export`
   for the slice's platform): artifacts the executors run as any other computation.
 """
@@ -32,11 +37,13 @@ from ir import Aval, InvalidArgument, Spec, dtype_name, parse_dtype
 
 @dataclass(frozen=True)
 class VjpExport:
-    """The serialized forward and backward, and each residual's aval and spec."""
+    """The serialized forward and backward, each residual's aval and spec (what the backward
+    takes first), and where each comes from (`ir.autodiff.sweep.Vjp.sources`)."""
 
     fwd: bytes
     bwd: bytes
     residuals: tuple[tuple[Aval, Spec], ...]
+    sources: tuple[tuple[str, int], ...]
 
 
 def export_vjp(flat: Callable[..., tuple[Any, ...]], avals: Sequence[jax.ShapeDtypeStruct],
@@ -51,7 +58,8 @@ def export_vjp(flat: Callable[..., tuple[Any, ...]], avals: Sequence[jax.ShapeDt
     which = [i for i, w in enumerate(wrt) if w]
     box: list[Any] = []
 
-    def fwd(*xs: Any) -> tuple[Any, ...]:
+    def traced(*xs: Any) -> tuple[Any, ...]:
+        """The outputs and every residual, with where each residual comes from (in `box`)."""
         def of(*d: Any) -> tuple[Any, ...]:
             full = list(xs)
             for i, v in zip(which, d, strict=True):
@@ -60,18 +68,25 @@ def export_vjp(flat: Callable[..., tuple[Any, ...]], avals: Sequence[jax.ShapeDt
 
         ys, pullback = jax.vjp(of, *(xs[i] for i in which))
         residuals, tree = jax.tree_util.tree_flatten(pullback)
-        box[:] = [tree]
+        box[:] = [tree, _sources(residuals, xs, ys)]
         return (*ys, *residuals)
 
-    shapes = jax.eval_shape(fwd, *avals)
+    def fwd(*xs: Any) -> tuple[Any, ...]:
+        """The outputs, then the residuals that are neither an input nor an output."""
+        made = traced(*xs)
+        ys = made[:len(out_specs)]
+        return (*ys, *(r for r, (kind, _) in zip(made[len(ys):], box[1], strict=True) if kind == "res"))
+
+    shapes = jax.eval_shape(traced, *avals)
     outs = len(out_specs)
     if len(cts) != outs or len(shapes) < outs:
         raise InvalidArgument(f"vjp: expected a cts mask over the {outs} outputs, got {cts}")
-    (tree,) = box
+    tree, sources = box
     out_avals = [_aval(s) for s in shapes[:outs]]
     res_avals = [_aval(s) for s in shapes[outs:]]
     known = [*zip(map(_aval, avals), in_specs, strict=True), *zip(out_avals, out_specs, strict=True)]
-    res_specs = [_residual_spec(a, known) for a in res_avals]
+    res_specs = [in_specs[i] if kind == "in" else out_specs[i] if kind == "out" else _residual_spec(a, known)
+                 for a, (kind, i) in zip(res_avals, sources, strict=True)]
     res_shapes = list(shapes[outs:])
     ct_shapes = [shapes[k] for k in range(outs) if cts[k]]
 
@@ -89,16 +104,34 @@ def export_vjp(flat: Callable[..., tuple[Any, ...]], avals: Sequence[jax.ShapeDt
     def sharding(spec: Spec) -> NamedSharding:
         return NamedSharding(mesh, PartitionSpec(*spec.entries))
 
-    fwd_specs = [*out_specs, *res_specs]
+    fwd_specs = [*out_specs, *(r for r, (kind, _) in zip(res_specs, sources, strict=True) if kind == "res")]
     bwd_out = [in_specs[i] for i in which]
     bwd_in = [*res_specs, *(out_specs[k] for k in range(outs) if cts[k]),
               *(s for s, a in zip(bwd_out, added, strict=True) if a)]
     acc_shapes = [avals[i] for i, a in zip(which, added, strict=True) if a]
+    exported_fwd = _export(fwd, avals, [sharding(s) for s in in_specs], [sharding(s) for s in fwd_specs],
+                           platform)
+    if box[1] != sources:  # (traced twice: the same function, the same residuals)
+        raise InvalidArgument(f"vjp: the residuals' sources changed between traces: {sources} then {box[1]}")
     return VjpExport(
-        _export(fwd, avals, [sharding(s) for s in in_specs], [sharding(s) for s in fwd_specs], platform),
+        exported_fwd,
         _export(bwd, [*res_shapes, *ct_shapes, *acc_shapes], [sharding(s) for s in bwd_in],
                 [sharding(s) for s in bwd_out], platform),
-        tuple(zip(res_avals, res_specs, strict=True)))
+        tuple(zip(res_avals, res_specs, strict=True)), sources)
+
+
+def _sources(residuals: Sequence[Any], inputs: Sequence[Any],
+             outputs: Sequence[Any]) -> tuple[tuple[str, int], ...]:
+    """Per residual: `("in", i)` where it is input i itself (a traced value, by identity),
+    `("out", k)` where it is output k, else `("res", j)`, the j-th of those computed."""
+    made, out = 0, []
+    for r in residuals:
+        source = next((("in", i) for i, x in enumerate(inputs) if r is x), None) or \
+            next((("out", k) for k, y in enumerate(outputs) if r is y), None)
+        if source is None:
+            source, made = ("res", made), made + 1
+        out.append(source)
+    return tuple(out)
 
 
 def export_fill(aval: Aval, spec: Spec, value: float, mesh: AbstractMesh, platform: str) -> bytes:

@@ -33,13 +33,31 @@ class NotDifferentiable(InvalidArgument):
 
 @dataclass(frozen=True)
 class Vjp:
-    """A computation's reverse mode: `fwd` computes its outputs and then `residuals`; `bwd`
-    takes the residuals and the cotangents of the outputs asked for (`cts`) and returns the
-    cotangents of the inputs asked for (`wrt`), in order. Sigs are on the computation's slice."""
+    """A computation's reverse mode: `bwd` takes the `residuals` and the cotangents of the
+    outputs asked for (`cts`) and returns the cotangents of the inputs asked for (`wrt`), in
+    order; `fwd` computes the outputs and then the residuals that are neither an input nor an
+    output of the computation. `sources` says, per residual, which it is: `("in", i)` input
+    i, `("out", k)` output k, `("res", j)` fwd's j-th output after the computation's own
+    (every one a `res` where empty). Sigs are on the computation's slice."""
 
     fwd: Artifact
     residuals: tuple[Sig, ...]
     bwd: Artifact
+    sources: tuple[tuple[str, int], ...] = ()
+
+    def made(self) -> tuple[Sig, ...]:
+        """The residuals `fwd` computes, after the computation's own outputs."""
+        if not self.sources:
+            return self.residuals
+        return tuple(r for r, (kind, _) in zip(self.residuals, self.sources, strict=True) if kind == "res")
+
+    def saved(self, inputs: Sequence[str], outputs: Sequence[str], made: Sequence[str]) -> tuple[str, ...]:
+        """The forward values `bwd` reads, in order, given the computation's inputs, its
+        outputs and the residuals `fwd` made."""
+        if not self.sources:
+            return tuple(made)
+        of = {"in": inputs, "out": outputs, "res": made}
+        return tuple(of[kind][i] for kind, i in self.sources)
 
 
 class Rules(Protocol):
@@ -152,9 +170,10 @@ class Sweep:
             assert isinstance(a, ComputeAttrs)
             vjp = self.rules.vjp(a, tuple(live_in), tuple(live_out))
             ref = b.artifact(vjp.fwd.data, dict(vjp.fwd.meta))
-            made = b.compute(f"{a.name}_fwd", ref, a.slice, inputs, [*a.outs, *vjp.residuals], ins=a.ins)
-            self.define(node.outputs, made[:len(a.outs)])
-            self.tape.append(Entry(node, made[len(a.outs):], vjp))
+            made = b.compute(f"{a.name}_fwd", ref, a.slice, inputs, [*a.outs, *vjp.made()], ins=a.ins)
+            outs = made[:len(a.outs)]
+            self.define(node.outputs, outs)
+            self.tape.append(Entry(node, vjp.saved(inputs, outs, made[len(a.outs):]), vjp))
         elif node.op is Op.COMPUTE:
             a = node.attrs
             assert isinstance(a, ComputeAttrs)

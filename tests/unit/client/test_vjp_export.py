@@ -1,6 +1,7 @@
 """client.vjp: a computation's forward-with-residuals and backward, exported from JAX and
 run back here through `jax.export.deserialize`, equal `jax.vjp` of the function: outputs,
-and the cotangents of the inputs asked for, with the outputs' cotangents given or zero."""
+and the cotangents of the inputs asked for, with the outputs' cotangents given or zero. A
+residual that is an input or an output itself is read from there, not computed."""
 
 from __future__ import annotations
 
@@ -39,9 +40,13 @@ def test_forward_and_backward_equal_jax_vjp(wrt, cts):
     h, total = layer(x, w, b)
     np.testing.assert_allclose(out[0], h, rtol=1e-5, atol=1e-6)  # (jitted against op by op: an ulp)
     np.testing.assert_allclose(out[1], total, rtol=1e-5, atol=1e-6)
-    residuals = out[2:]
-    assert [(tuple(r.shape), str(r.dtype)) for r in residuals] == [
+    made_here = iter(out[2:])  # the residuals the forward computes; the others are x, w, b or its outputs
+    of_source = {"in": (x, w, b), "out": out[:2]}
+    residuals = [next(made_here) if kind == "res" else of_source[kind][i] for kind, i in made.sources]
+    assert next(made_here, None) is None
+    assert [(tuple(np.shape(r)), str(np.asarray(r).dtype)) for r in residuals] == [
         (a.shape, a.dtype) for a, _ in made.residuals]
+    assert any(kind == "in" for kind, _ in made.sources)  # x or w, which x @ w's pullback reads
     ct_h, ct_total = np.ones((4, 3), np.float32) * 0.5, np.float32(2.0)
     given = [c for c, on in zip((ct_h, ct_total), cts, strict=True) if on]
     grads = run(made.bwd, *residuals, *given)
