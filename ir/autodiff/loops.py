@@ -8,7 +8,9 @@ count backwards, popping per-iteration stacks (TensorFlow's StackPush/StackPop).
   (`WhileAttrs.trips`: its `Exit` pushes it, keyed as the loop's residuals are by the
   differentiated loops around it). Its body is differentiated by its own `Sweep` (one loop
   deeper), and every forward value its backward reads is pushed, in the body, on a stack of
-  its own (`PUSH`, keyed by the iterations of the differentiated loops around it).
+  its own (`PUSH`, keyed by the iterations of the differentiated loops around it), but for
+  the loop's invariants (a weight its body reads, returned unchanged): the backward carries
+  those, unchanged, from the loop's inputs, so a weight is not saved once per iteration.
 - **Backward.** A `REPEAT` of the forward's trip count, taken back from that stack: each host
   counts its iterations itself, so no predicate is computed or sent. Its carries are the
   cotangents of the active carries, from those of the loop's outputs. Its body pops the
@@ -43,7 +45,8 @@ from ir.verify import graph_types
 @dataclass(frozen=True)
 class _Loop:
     """What a differentiated loop keeps for its backward: its body's sweep and active values,
-    the active carries, its trip count's stack, and the stack of each value its backward reads."""
+    the active carries, its trip count's stack, the stack of each value its backward reads,
+    and the invariants it reads (which the backward carries, their value the loop's input)."""
 
     body: Sweep
     used: set[str]
@@ -51,6 +54,7 @@ class _Loop:
     trips: str  # the stack its trip count is saved on, on each of its hosts
     stacks: tuple[tuple[str, str], ...]  # (forward value in the body, its stack)
     swap: bool
+    invariants: tuple[str, ...] = ()  # forward values in the body: arguments the body returns as they came
 
 
 @dataclass(frozen=True)
@@ -94,7 +98,9 @@ def _forward(sweep: Sweep, node: Node, inputs: tuple[str, ...]) -> None:
     inner = Sweep(body, sweep.tables, sweep.rules, sweep.fwd.sub(), sweep.stacks, sweep.depth + 1)
     used = inner.active({body.args[k] for k in carries}, {body.results[k] for k in carries})
     inner.forward(used)
-    stacks = tuple((v, sweep.stacks.new()) for v in inner.saved())
+    invariant = {inner.renamed[a]: k for k, a in enumerate(body.args) if body.results[k] == a}
+    saved = inner.saved()
+    stacks = tuple((v, sweep.stacks.new()) for v in saved if v not in invariant)
     for v, stack in stacks:
         inner.fwd.push(v, stack, inner.depth, attrs.swap)
     inner.fwd.result(*(inner.renamed[r] for r in body.results))
@@ -102,7 +108,9 @@ def _forward(sweep: Sweep, node: Node, inputs: tuple[str, ...]) -> None:
     made = sweep.fwd.while_(inputs, attrs.cond, inner.fwd.graph(), attrs.parallel_iterations, attrs.swap,
                             trips, sweep.depth, attrs.counted)
     sweep.define(node.outputs, made)
-    sweep.tape.append(Entry(node, (), _Loop(inner, used, carries, trips, stacks, attrs.swap)))
+    read = tuple(v for v in saved if v in invariant)
+    sweep.tape.append(Entry(node, tuple(inputs[invariant[v]] for v in read),
+                            _Loop(inner, used, carries, trips, stacks, attrs.swap, read)))
 
 
 def _forward_remat(sweep: Sweep, node: Node, inputs: tuple[str, ...], carries: tuple[int, ...]) -> None:
@@ -144,6 +152,9 @@ def _backward(sweep: Sweep, entry: Entry) -> None:
     else:
         inner, used = kept.body, kept.used
         popped = {v: bb.pop(inner.fwd.type_of(v), stack, inner.depth, kept.swap) for v, stack in kept.stacks}
+        for v in kept.invariants:
+            t = inner.fwd.type_of(v)
+            carried.append(popped.setdefault(v, bb.arg(t.aval, t.spec, t.slice)))
         inner.start_backward(bb, popped.__getitem__)
     body = attrs.body
     for k, a in zip(kept.active, ct_args, strict=True):

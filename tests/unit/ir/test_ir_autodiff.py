@@ -194,7 +194,8 @@ def test_a_rematerialised_loop_saves_its_carry_and_its_backward_computes_the_for
     assert " remat" in text and print_program(parse_program(text)) == text and from_wire(to_wire(d)) == d
 
 
-def test_a_rematerialised_loop_carries_its_invariants_back_instead_of_saving_them():
+def tilted(remat: bool) -> Program:
+    """A loop whose body tilts its carry by w, an invariant, then a loss of the loop's result."""
     b = ProgramBuilder()
     s = b.slice("s", {"x": 2})
     w, x = b.arg(V, ("x", None), s), b.arg(V, ("x", None), s)
@@ -205,9 +206,13 @@ def test_a_rematerialised_loop_carries_its_invariants_back_instead_of_saving_the
     y, bw = body.arg(V, ("x", None), s), body.arg(V, ("x", None), s)
     (y2,) = body.compute("tilt", b"tilt", s, [y, bw], [(V, ("x", None))])
     body.result(y2, bw)  # w: invariant
-    z, _ = b.while_([x, w], cond.graph(), body.graph(), remat=True)
+    z, _ = b.while_([x, w], cond.graph(), body.graph(), remat=remat)
     b.result(*b.compute("loss", b"loss", s, [z], [(SCALAR, ())]))
-    d = reverse(b.build(), [0, 1], Rules())
+    return b.build()
+
+
+def test_a_rematerialised_loop_carries_its_invariants_back_instead_of_saving_them():
+    d = reverse(tilted(remat=True), [0, 1], Rules())
     verify(d)
     fwd, bwd = (n for n in d.graph.nodes if n.op in (Op.WHILE, Op.REPEAT))
     pushes = [n for n in fwd.attrs.body.nodes if n.op is Op.PUSH]
@@ -215,6 +220,34 @@ def test_a_rematerialised_loop_carries_its_invariants_back_instead_of_saving_the
     assert bwd.inputs[-1] == fwd.inputs[1] == d.graph.args[0]  # w, carried back unchanged
     back = bwd.attrs.body
     assert back.results[-1] == back.args[-1] and lines_of(back).count("pop") == 1
+
+
+class Reading(Rules):
+    """Stand-in VJPs whose residuals are the computation's inputs read where they are (as
+    `client.vjp` finds a weight a matmul's pullback reads): the forward computes none."""
+
+    def vjp(self, node: ComputeAttrs, wrt: tuple[bool, ...], cts: tuple[bool, ...],
+            acc: tuple[bool, ...] = ()) -> Vjp:
+        made = super().vjp(node, wrt, cts, acc)
+        return Vjp(made.fwd, made.residuals, made.bwd, tuple(("in", i) for i in range(len(node.ins))))
+
+
+def test_a_loop_s_backward_carries_an_invariant_it_reads_instead_of_saving_it_each_iteration():
+    d = reverse(tilted(remat=False), [0, 1], Reading())
+    verify(d)
+    fwd, bwd = (n for n in d.graph.nodes if n.op in (Op.WHILE, Op.REPEAT))
+    forward = fwd.attrs.body
+    assert lines_of(forward) == ["arg", "arg", "compute tilt_fwd", "push", "result"]
+    assert len(forward.nodes[2].outputs) == 1  # tilt's own output: its residuals are its inputs
+    push = forward.nodes[3]
+    assert push.inputs[0] == forward.args[0]  # the moving carry, read by tilt's backward
+    assert bwd.inputs[-1] == fwd.inputs[1] == d.graph.args[0]  # w, carried back unchanged
+    back = bwd.attrs.body
+    assert back.results[-1] == back.args[-1] and lines_of(back).count("pop") == 1
+    pop, grad = (next(n for n in back.nodes if n.op is op) for op in (Op.POP, Op.COMPUTE))
+    assert grad.inputs[:2] == (pop.outputs[0], back.args[-1])  # y popped, w as it came
+    text = print_program(d)
+    assert print_program(parse_program(text)) == text and from_wire(to_wire(d)) == d
 
 
 def test_a_stack_needs_one_push_and_one_pop_alike_and_a_repeat_its_while():
