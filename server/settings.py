@@ -138,7 +138,8 @@ class Settings(BaseSettings):
     max_bodies_mb: int = Field(2048, ge=1)  # request bodies in progress at once, all clients
     max_artifact_mb: int = Field(32, ge=1)  # one serialized jax.export artifact
     max_artifact_ops: int = Field(200_000, ge=1)  # operations in one artifact's module
-    # Processes reading artifacts (server.readers): one client's reads take one at a time.
+    # Processes reading artifacts (server.readers): one client's reads take one at a time;
+    # one starts with the server, the others once reads overlap.
     artifact_readers: int = Field(2, ge=1, le=16)
     max_clients: int = Field(1024, ge=1)  # open client sessions
     max_slices: int = Field(64, ge=1)  # per client

@@ -28,9 +28,12 @@ class Reads:
         self.started: list[bytes] = []
         self.gates: dict[bytes, threading.Event] = {}
         self.changed = asyncio.Event()
+        self.used: list[int] = []  # the reader (by number, in the order made) of each read
+        self.made = 0
 
     def reader(self) -> Any:
-        reads = self
+        reads, number = self, self.made
+        self.made += 1
 
         class Reader:
             def start(self) -> None: ...
@@ -38,6 +41,7 @@ class Reads:
             def close(self) -> None: ...
 
             def read(self, data: bytes, mesh: MeshAxes, platform: str, max_ops: int | None) -> dict[str, Any]:
+                reads.used.append(number)
                 gate = reads.gates.setdefault(data, threading.Event())
                 reads.loop.call_soon_threadsafe(reads.begun, data)
                 assert gate.wait(20), f"read {data!r} was never released"
@@ -121,3 +125,21 @@ async def test_a_refused_read_raises_to_its_caller_and_frees_the_reader():
     reads.release(b"ok")
     assert (await readers.read("a", b"ok", MESH, "cpu")).nr_devices == 1
     assert readers.waiting() == 0
+
+
+async def test_reads_one_after_another_keep_to_the_reader_started_first():
+    """Only reads that overlap start a second reader process (each imports JAX)."""
+    reads = Reads(asyncio.get_running_loop())
+    readers = Readers(2, make=reads.reader)
+    for i, caller in enumerate("abc"):
+        reads.release(caller.encode())
+        await readers.read(caller, caller.encode(), MESH, "cpu")
+        assert reads.used == [0] * (i + 1)
+    first = asyncio.create_task(readers.read("a", b"a1", MESH, "cpu"))
+    await reads.until_started(4)
+    second = asyncio.create_task(readers.read("b", b"b1", MESH, "cpu"))
+    await reads.until_started(5)
+    assert reads.used[-2:] == [0, 1]
+    reads.release(b"a1")
+    reads.release(b"b1")
+    await asyncio.gather(first, second)
