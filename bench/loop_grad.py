@@ -34,6 +34,10 @@ longest sequence that trains with the loop's `swap=False`, with swapping, and wi
 `swap_step_s` the seconds per step at 0.9 of the swapping one's,
 on that server (its stacks swapping) and on the measured server (none swapping).
 
+`--hidden N --batch N` time the steps on a wider cell (the swap measurement keeps its own
+size): at the default size each computation takes tens of microseconds, so a step is
+mostly the executors' work per step, not XLA's.
+
 `step_s` is seconds per training step per mode; `trace_s` the first call's seconds (trace,
 compile and run) of `ingraph` and `unrolled` at each length measured. Ratios, larger is
 better for Isthmus's in-graph loop:
@@ -298,8 +302,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--swap-server", help="a running server with small stack budgets for the swap "
                                          "measurement (admin token in ISTHMUS_TOKEN) instead of "
                                          "one of its own")
+    p.add_argument("--hidden", type=int, help=f"the cell's width, for the steps (default {FULL['hidden']})")
+    p.add_argument("--batch", type=int, help=f"the batch for the step timings (default {FULL['batch']})")
     args = p.parse_args(argv)
-    size = SMOKE if args.smoke else FULL
+    size = {**(SMOKE if args.smoke else FULL)}
+    size.update({k: getattr(args, k) for k in ("hidden", "batch") if getattr(args, k) is not None})
     with isthmus_client(args.server) as c:
         measured = measure(c, size["hidden"], size["batch"], size["lengths"], size["steps"], size["rounds"])
         swap = SWAP_SMOKE if args.smoke else SWAP
