@@ -10,7 +10,11 @@ count backwards, popping per-iteration stacks (TensorFlow's StackPush/StackPop).
   deeper), and every forward value its backward reads is pushed, in the body, on a stack of
   its own (`PUSH`, keyed by the iterations of the differentiated loops around it), but for
   the loop's invariants (a weight its body reads, returned unchanged): the backward carries
-  those, unchanged, from the loop's inputs, so a weight is not saved once per iteration.
+  those, unchanged, from the loop's inputs, so a weight is not saved once per iteration. A
+  body result k that iteration t+1 saves as its argument k (an RNN's state, read by the
+  cell's pullback as its input and as its output) is saved once: the backward carries it
+  from one iteration to the one before (argument k as it popped it), starting from the
+  loop's output k.
 - **Backward.** A `REPEAT` of the forward's trip count, taken back from that stack: each host
   counts its iterations itself, so no predicate is computed or sent. Its carries are the
   cotangents of the active carries, from those of the loop's outputs. Its body pops the
@@ -37,7 +41,7 @@ from dataclasses import dataclass
 
 from ir.autodiff.sweep import BACKWARD, FORWARD, Entry, Sweep, inexact, needed, reached
 from ir.builder import ProgramBuilder
-from ir.node import Node, Op
+from ir.node import Graph, Node, Op
 from ir.ops import WhileAttrs
 from ir.verify import graph_types
 
@@ -55,6 +59,9 @@ class _Loop:
     stacks: tuple[tuple[str, str], ...]  # (forward value in the body, its stack)
     swap: bool
     invariants: tuple[str, ...] = ()  # forward values in the body: arguments the body returns as they came
+    # (forward value in the body, k): body result k, which is argument k of the next
+    # iteration (saved there) or, after the last, the loop's output k
+    chained: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -100,7 +107,8 @@ def _forward(sweep: Sweep, node: Node, inputs: tuple[str, ...]) -> None:
     inner.forward(used)
     invariant = {inner.renamed[a]: k for k, a in enumerate(body.args) if body.results[k] == a}
     saved = inner.saved()
-    stacks = tuple((v, sweep.stacks.new()) for v in saved if v not in invariant)
+    chained = _chained(body, inner.renamed, saved, set(invariant))
+    stacks = tuple((v, sweep.stacks.new()) for v in saved if v not in invariant and v not in chained)
     for v, stack in stacks:
         inner.fwd.push(v, stack, inner.depth, attrs.swap)
     inner.fwd.result(*(inner.renamed[r] for r in body.results))
@@ -109,8 +117,25 @@ def _forward(sweep: Sweep, node: Node, inputs: tuple[str, ...]) -> None:
                             trips, sweep.depth, attrs.counted)
     sweep.define(node.outputs, made)
     read = tuple(v for v in saved if v in invariant)
-    sweep.tape.append(Entry(node, tuple(inputs[invariant[v]] for v in read),
-                            _Loop(inner, used, carries, trips, stacks, attrs.swap, read)))
+    carried = (*(inputs[invariant[v]] for v in read), *(made[k] for k in chained.values()))
+    kept = _Loop(inner, used, carries, trips, stacks, attrs.swap, read, tuple(chained.items()))
+    sweep.tape.append(Entry(node, carried, kept))
+
+
+def _chained(body: Graph, renamed: dict[str, str], saved: tuple[str, ...],
+             invariant: set[str]) -> dict[str, int]:
+    """The saved body results (forward names -> k) that the next iteration saves again as its
+    argument k: each is taken back from there (or from the loop's output k, after the last
+    iteration) instead of being saved twice (an RNN's state: the pullback of the cell reads
+    its input and its output)."""
+    args = {renamed[a] for a in body.args}
+    pushed = set(saved) - invariant
+    chained = {}
+    for k, r in enumerate(body.results):
+        v = renamed[r]
+        if v in pushed and v not in args and v not in chained and renamed[body.args[k]] in pushed:
+            chained[v] = k
+    return chained
 
 
 def _forward_remat(sweep: Sweep, node: Node, inputs: tuple[str, ...], carries: tuple[int, ...]) -> None:
@@ -146,15 +171,18 @@ def _backward(sweep: Sweep, entry: Entry) -> None:
     cts = [sweep.cotangent(node.outputs[k]) for k in kept.active]
     bb = sweep.bwd.sub()
     ct_args = [bb.arg(t.aval, t.spec, t.slice) for t in (sweep.types[node.inputs[k]] for k in kept.active)]
-    carried: list[str] = []  # the invariants a rematerialised loop's backward carries
+    carried: list[str] = []  # what the backward carries besides the cotangents (see `_Loop`, `_Remat`)
     if isinstance(kept, _Remat):
         inner, used, carried = _again(sweep, attrs, kept, bb)
     else:
         inner, used = kept.body, kept.used
         popped = {v: bb.pop(inner.fwd.type_of(v), stack, inner.depth, kept.swap) for v, stack in kept.stacks}
-        for v in kept.invariants:
+        for v in (*kept.invariants, *(v for v, _ in kept.chained)):
             t = inner.fwd.type_of(v)
-            carried.append(popped.setdefault(v, bb.arg(t.aval, t.spec, t.slice)))
+            popped[v] = bb.arg(t.aval, t.spec, t.slice)
+        carried = [popped[v] for v in kept.invariants]
+        # a chained result of iteration t-1 is argument k as iteration t saved it
+        carried += [popped[inner.renamed[attrs.body.args[k]]] for _, k in kept.chained]
         inner.start_backward(bb, popped.__getitem__)
     body = attrs.body
     for k, a in zip(kept.active, ct_args, strict=True):

@@ -250,6 +250,32 @@ def test_a_loop_s_backward_carries_an_invariant_it_reads_instead_of_saving_it_ea
     assert print_program(parse_program(text)) == text and from_wire(to_wire(d)) == d
 
 
+class Activations(Rules):
+    """Stand-in VJPs whose residuals are the computation's first input and its output, read
+    where they are (as a tanh cell's pullback reads its state and its result)."""
+
+    def vjp(self, node: ComputeAttrs, wrt: tuple[bool, ...], cts: tuple[bool, ...],
+            acc: tuple[bool, ...] = ()) -> Vjp:
+        made = super().vjp(node, wrt, cts, acc)
+        return Vjp(made.fwd, (node.ins[0], node.outs[0]), made.bwd, (("in", 0), ("out", 0)))
+
+
+def test_a_loop_saves_its_state_once_and_its_backward_hands_each_iteration_s_back_to_the_one_before():
+    d = reverse(looped(through_w=True), [0], Activations())
+    verify(d)
+    fwd, bwd = (n for n in d.graph.nodes if n.op in (Op.WHILE, Op.REPEAT))
+    forward = fwd.attrs.body
+    assert lines_of(forward) == ["arg", "compute double_fwd", "push", "result"]
+    assert forward.nodes[2].inputs[0] == forward.args[0]  # y as it came: its double is next's y
+    assert bwd.inputs[-1] == fwd.outputs[0]  # the last iteration's double: the loop's output
+    back = bwd.attrs.body
+    pop, grad = (next(n for n in back.nodes if n.op is op) for op in (Op.POP, Op.COMPUTE))
+    assert grad.inputs[:2] == (pop.outputs[0], back.args[-1])  # this iteration's y and its double
+    assert back.results[-1] == pop.outputs[0]  # y: the double of the iteration before
+    text = print_program(d)
+    assert print_program(parse_program(text)) == text and from_wire(to_wire(d)) == d
+
+
 def test_a_stack_needs_one_push_and_one_pop_alike_and_a_repeat_its_while():
     d = reverse(looped(through_w=True), [0], Rules())
     wire = json.dumps(to_wire(d))
