@@ -80,9 +80,10 @@ LR = 0.05
 FULL = {"hidden": 64, "batch": 16, "lengths": (16, 64), "steps": 20, "rounds": 5}
 SMOKE = {"hidden": 8, "batch": 2, "lengths": (2, 3), "steps": 2, "rounds": 1}
 JSON_KEYS = ("step_s", "trace_s", "max_len", "swap_step_s", "ratios", "config", "machine")
-# the swapping server's budgets and model (the smoke's saves 256 KiB an iteration: few probes)
+# the swapping server's budgets and model (the smoke's saves 512 KiB an iteration, its state
+# and an activation: short lengths, few probes)
 SWAP = {"hidden": 64, "batch": 16, "stack_mb": 1, "swap_mb": 1, "longest": 4096}
-SWAP_SMOKE = {"hidden": 256, "batch": 4, "stack_mb": 1, "swap_mb": 1, "longest": 64}
+SWAP_SMOKE = {"hidden": 256, "batch": 256, "stack_mb": 1, "swap_mb": 1, "longest": 16}
 
 
 def cell(w: Any, h: Any) -> Any:
